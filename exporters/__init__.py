@@ -1,0 +1,1 @@
+"""Exporters: OTLP, stdout, the archive writer, the drain controller sink."""

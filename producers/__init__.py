@@ -1,0 +1,1 @@
+"""Producers: the NVML GPU agent, Slurm hooks and watcher, health checks, the simulated fleet."""

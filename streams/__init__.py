@@ -1,0 +1,1 @@
+"""Stream processors: attribution, per-job windows, the straggler detector, the drain policy."""
