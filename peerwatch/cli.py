@@ -1,2 +1,55 @@
-def main() -> int:
-    return 0
+"""The ``peerwatch`` console script. Intentionally thin: it parses options and dispatches to
+``peerwatch.commands.<name>``, each of which wires objects together and holds no logic of its own."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from peerwatch import __version__
+from peerwatch.errors import PeerwatchError
+
+#: Subcommand -> module in peerwatch.commands providing ``register(subparsers)``.
+COMMANDS: dict[str, str] = {
+    "kafka": "kafka",
+    "topics": "topics",
+    "demo": "demo",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="peerwatch",
+        description="GPU-cluster monitoring for Slurm training clusters on Apache Kafka.",
+    )
+    parser.add_argument("--version", action="version", version=f"peerwatch {__version__}")
+    parser.add_argument("--config", help="TOML config file (default: $PEERWATCH_CONFIG)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS.values():
+        importlib.import_module(f"peerwatch.commands.{module}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = args.func(args)
+    except PeerwatchError as exc:
+        print(f"peerwatch {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

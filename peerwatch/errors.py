@@ -1,13 +1,13 @@
 """The documented exception hierarchy. Library errors are translated into these at the boundary.
 
-    PeerwatchError
-    ├── ConfigError            a setting is invalid; ``field`` names it
-    ├── CodecError             a record could not be encoded or decoded
-    │   ├── UnknownSchemaError     the writer-schema fingerprint (or registry id) is not known
-    │   ├── CorruptRecordError     the bytes are not a valid record (bad magic, truncated, garbage)
-    │   └── EncodeError            a value does not fit the schema
-    ├── TopicError             a topic does not exist or does not match the catalogue
-    └── ServiceError           a local service (Kafka, Slurm, collector) could not be started or reached
+PeerwatchError
+├── ConfigError            a setting is invalid; ``field`` names it
+├── CodecError             a record could not be encoded or decoded
+│   ├── UnknownSchemaError     the writer-schema fingerprint (or registry id) is not known
+│   ├── CorruptRecordError     the bytes are not a valid record (bad magic, truncated, garbage)
+│   └── EncodeError            a value does not fit the schema
+├── TopicError             a topic does not exist or does not match the catalogue
+└── ServiceError           a local service (Kafka, Slurm, collector) could not be started or reached
 """
 
 from __future__ import annotations

@@ -1,0 +1,45 @@
+"""``peerwatch kafka start|stop|status|fetch`` — a real local Apache Kafka without Docker."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from peerwatch.commands import settings_of
+from peerwatch.local.kafka import LocalKafka
+from peerwatch.settings import expand
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("kafka", help="run a local single-node Kafka (KRaft) on 127.0.0.1")
+    p.add_argument("action", choices=["start", "stop", "status", "fetch"])
+    p.add_argument("--port", type=int, default=9092, help="broker port (default 9092)")
+    p.add_argument("--controller-port", type=int, default=9093, help="KRaft controller port")
+    p.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for readiness")
+    p.set_defaults(func=run)
+
+
+def local_kafka(args: argparse.Namespace) -> LocalKafka:
+    settings = settings_of(args)
+    return LocalKafka(
+        cache_dir=expand(settings.cache_dir),
+        state_dir=expand(settings.state_dir),
+        port=args.port,
+        controller_port=args.controller_port,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    kafka = local_kafka(args)
+    if args.action == "fetch":
+        print(kafka.fetch())
+    elif args.action == "start":
+        outcome = kafka.start(timeout_s=args.timeout)
+        print(f"kafka {outcome}: {kafka.bootstrap} (log: {kafka.log_file})")
+    elif args.action == "stop":
+        print(f"kafka {kafka.stop()}")
+    else:
+        status = kafka.status()
+        print(f"kafka {status}")
+        return 0 if status.startswith("running") else 1
+    return 0

@@ -1,0 +1,89 @@
+"""The one place where settings become Kafka client configuration (librdkafka and aiokafka)."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from peerwatch.settings import KafkaSettings
+
+#: Producer defaults for telemetry: nothing lost, nothing duplicated by retries, keys partitioned
+#: exactly as aiokafka/faust do (librdkafka's default CRC32 partitioner would not match murmur2).
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 10,
+    "compression.type": "lz4",
+    "partitioner": "murmur2_random",
+}
+
+
+def _common(settings: KafkaSettings) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "client.id": settings.client_id,
+        "security.protocol": settings.security_protocol,
+    }
+    if settings.sasl_mechanism:
+        conf["sasl.mechanism"] = settings.sasl_mechanism
+    if settings.sasl_username:
+        conf["sasl.username"] = settings.sasl_username
+    if settings.sasl_password:
+        conf["sasl.password"] = settings.sasl_password.reveal()
+    for key, value in (
+        ("ssl.ca.location", settings.ssl_ca_location),
+        ("ssl.certificate.location", settings.ssl_certificate_location),
+        ("ssl.key.location", settings.ssl_key_location),
+    ):
+        if value:
+            conf[key] = value
+    if settings.ssl_key_password:
+        conf["ssl.key.password"] = settings.ssl_key_password.reveal()
+    conf.update(settings.librdkafka_extra)
+    return conf
+
+
+def producer_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
+    """confluent-kafka Producer config: idempotent, acks=all, lz4, murmur2 partitioner."""
+    return {**_common(settings), **PRODUCER_DEFAULTS, **overrides}
+
+
+def consumer_config(settings: KafkaSettings, group_id: str, **overrides: Any) -> dict[str, Any]:
+    """confluent-kafka Consumer config; offsets are committed explicitly by the caller."""
+    return {
+        **_common(settings),
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        **overrides,
+    }
+
+
+def admin_config(settings: KafkaSettings) -> dict[str, Any]:
+    """confluent-kafka AdminClient config."""
+    return _common(settings)
+
+
+def aiokafka_kwargs(settings: KafkaSettings) -> dict[str, Any]:
+    """Keyword arguments for aiokafka clients (and so faust) with the same security settings."""
+    kwargs: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "client_id": settings.client_id,
+        "security_protocol": settings.security_protocol,
+    }
+    if settings.security_protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=settings.ssl_ca_location)
+        if settings.ssl_certificate_location:
+            context.load_cert_chain(
+                settings.ssl_certificate_location,
+                settings.ssl_key_location,
+                settings.ssl_key_password.reveal() if settings.ssl_key_password else None,
+            )
+        kwargs["ssl_context"] = context
+    if settings.sasl_mechanism:
+        kwargs["sasl_mechanism"] = settings.sasl_mechanism
+    if settings.sasl_username:
+        kwargs["sasl_plain_username"] = settings.sasl_username
+    if settings.sasl_password:
+        kwargs["sasl_plain_password"] = settings.sasl_password.reveal()
+    return kwargs

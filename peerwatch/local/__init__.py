@@ -1,0 +1,1 @@
+"""Local services for development, tests and the demo: a real Kafka broker, started without Docker."""

@@ -1,0 +1,93 @@
+"""The topic catalogue: every topic peerwatch reads or writes, declared once.
+
+Partition counts matter beyond throughput: the stream app co-partitions the allocation table with
+the samples, so every topic keyed by node has the same partition count as the hot topic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+NODE_PARTITIONS = 12
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic: its name, what its key is, its value schema, and its configuration."""
+
+    name: str
+    key: str
+    value_schema: str | None
+    partitions: int
+    cleanup_policy: str
+    retention_ms: int
+    doc: str
+
+    def config(self) -> dict[str, str]:
+        """Topic-level configuration to create the topic with."""
+        return {"cleanup.policy": self.cleanup_policy, "retention.ms": str(self.retention_ms)}
+
+
+SAMPLES = TopicSpec(
+    "peerwatch.gpu.samples", "node", "NodeGpuSample", NODE_PARTITIONS, "delete", DAY_MS,
+    "All GPUs of one node at one tick, plus XID events since the last tick (the hot topic).",
+)  # fmt: skip
+JOB_EVENTS = TopicSpec(
+    "peerwatch.slurm.job-events", "job_id", "JobEvent", 6, "delete", 14 * DAY_MS,
+    "Job lifecycle with per-node GPU indices, from the prolog/epilog hooks and the watcher.",
+)  # fmt: skip
+NODE_EVENTS = TopicSpec(
+    "peerwatch.slurm.node-events", "node", "NodeStateEvent", NODE_PARTITIONS, "delete", 30 * DAY_MS,
+    "Node state changes (DRAIN/DOWN, reason, who, when).",
+)  # fmt: skip
+HEALTH = TopicSpec(
+    "peerwatch.health.results", "node", "HealthCheckResult", NODE_PARTITIONS, "delete", 30 * DAY_MS,
+    "Prolog, epilog and periodic health-check results (Nagios status).",
+)  # fmt: skip
+STEP_TIMES = TopicSpec(
+    "peerwatch.training.step-times", "job_id", "StepTime", 6, "delete", DAY_MS,
+    "Optional per-rank step durations published by training code.",
+)  # fmt: skip
+JOB_WINDOWS = TopicSpec(
+    "peerwatch.gpu.job-windows", "job_id", "GpuWindow", NODE_PARTITIONS, "delete", 3 * DAY_MS,
+    "Per job, per GPU, per window aggregates with the GPU's straggler score.",
+)  # fmt: skip
+STRAGGLERS = TopicSpec(
+    "peerwatch.stragglers", "job_id", "StragglerFinding", 6, "delete", 30 * DAY_MS,
+    "Straggler findings with evidence (robust z, peer median, persistence).",
+)  # fmt: skip
+RECOMMENDATIONS = TopicSpec(
+    "peerwatch.drain.recommendations", "node", "DrainRecommendation", 6, "delete", 30 * DAY_MS,
+    "Drain recommendations with evidence and a deterministic id; read by the drain controller.",
+)  # fmt: skip
+ACTIONS = TopicSpec(
+    "peerwatch.drain.actions", "node", "DrainAction", 6, "delete", 365 * DAY_MS,
+    "What the drain controller did or refused, and why (the audit trail).",
+)  # fmt: skip
+DEADLETTER = TopicSpec(
+    "peerwatch.deadletter", "original key", None, 3, "delete", 14 * DAY_MS,
+    "Records a stage could not decode or process: original bytes, reason in headers.",
+)  # fmt: skip
+
+TOPICS: tuple[TopicSpec, ...] = (
+    SAMPLES, JOB_EVENTS, NODE_EVENTS, HEALTH, STEP_TIMES,
+    JOB_WINDOWS, STRAGGLERS, RECOMMENDATIONS, ACTIONS, DEADLETTER,
+)  # fmt: skip
+BY_NAME: dict[str, TopicSpec] = {t.name: t for t in TOPICS}
+
+
+def topic_for_schema(schema_name: str) -> TopicSpec:
+    """The topic that carries records of ``schema_name``. Raises KeyError if none does."""
+    for spec in TOPICS:
+        if spec.value_schema == schema_name:
+            return spec
+    raise KeyError(schema_name)
+
+
+def catalogue(prefix: str = "") -> tuple[TopicSpec, ...]:
+    """The catalogue with every name prefixed (``topic_prefix`` setting: test isolation, tenants)."""
+    if not prefix:
+        return TOPICS
+    return tuple(replace(t, name=prefix + t.name) for t in TOPICS)

@@ -1,0 +1,325 @@
+"""Delivery that loses nothing, shared by every producer (agent, hooks, watcher, health, simulator).
+
+The caller's loop only ever calls :meth:`Delivery.send`, which puts the record on a bounded
+in-memory queue and returns at once: sampling never blocks on Kafka. A worker thread owns the
+confluent-kafka producer (idempotent, acks=all, lz4, murmur2 partitioner) and the on-disk
+:class:`~peerwatch.producers.spool.Spool`:
+
+* DIRECT mode: records go straight to librdkafka, which retries them itself with their
+  idempotent sequence numbers, so the broker discards any copy it already has.
+* When every broker is down (librdkafka's error callback), or librdkafka's bounded queue is full,
+  the worker switches to SPOOL mode: new records go to the spool and are never handed to
+  librdkafka, so they cannot be duplicated. Records librdkafka already holds stay there.
+* When the broker answers again and librdkafka has delivered everything it held, the spool is
+  replayed in order, chunk by chunk, each chunk removed only after it was delivered (a partly
+  delivered chunk puts back exactly the failed records); then DIRECT mode resumes.
+* :meth:`close` flushes; records librdkafka never sent are purged from it and spooled.
+
+Within one process nothing is lost, duplicated or reordered, except for one documented case: a
+record librdkafka itself gave up on after ``message_timeout_ms`` (5 minutes by default) may or may
+not have reached the broker; it is spooled behind newer records and may arrive late or twice. The
+per-node sequence number makes that visible to consumers.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from peerwatch.kafka_config import producer_config
+from peerwatch.producers.spool import Spool, SpooledRecord
+from peerwatch.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeliverySettings:
+    """Knobs of the delivery path (all have safe defaults)."""
+
+    spool_dir: Path
+    spool_max_bytes: int = 256 * 1024 * 1024
+    spool_max_age_s: float = 24 * 3600.0
+    #: librdkafka retries a record for this long before giving up (then we spool it).
+    message_timeout_ms: int = 300_000
+    #: Records held in memory between ``send`` and the worker; beyond it ``send`` spools directly.
+    queue_max_records: int = 100_000
+    #: Records librdkafka may hold (in memory) before new ones go to the spool.
+    librdkafka_max_records: int = 20_000
+    replay_chunk_records: int = 2_000
+    retry_interval_s: float = 2.0
+
+
+@dataclass
+class DeliveryStats:
+    sent: int = 0
+    delivered: int = 0
+    spooled: int = 0
+    replayed: int = 0
+    dropped: int = 0
+    failed_attempts: int = 0
+
+
+class Delivery:
+    """Non-blocking, spooling Kafka delivery. Thread-safe ``send``; call :meth:`close` at the end."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        settings: DeliverySettings,
+        producer_factory: Callable[[dict[str, Any]], Producer] = Producer,
+        **producer_overrides: Any,
+    ) -> None:
+        self._config = producer_config(
+            kafka,
+            **{
+                "message.timeout.ms": settings.message_timeout_ms,
+                "queue.buffering.max.messages": settings.librdkafka_max_records,
+                "error_cb": self._on_error,
+                **producer_overrides,
+            },
+        )
+        self._factory = producer_factory
+        self._settings = settings
+        self._queue: queue.Queue[SpooledRecord | None] = queue.Queue(settings.queue_max_records)
+        self.stats = DeliveryStats()
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._overflow: list[SpooledRecord] = []
+        self._overflow_lock = threading.Lock()
+        # Worker-thread state.
+        self._producer: Producer | None = None
+        self._spool: Spool | None = None
+        self._inflight = 0
+        self._failed: list[SpooledRecord] = []
+        self._held: list[SpooledRecord] = []
+        self._spooling = False
+        self._next_attempt = 0.0
+
+    # -- caller side ----------------------------------------------------------------------------
+    def start(self) -> Delivery:
+        """Start the worker thread (connects lazily; never blocks on the broker)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="peerwatch-delivery", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] = (),
+        ts_ms: int = 0,
+    ) -> None:
+        """Queue one record for delivery; returns at once."""
+        with self._seq_lock:
+            self._seq += 1
+            rec = SpooledRecord(topic, key, value, tuple(headers), ts_ms, self._seq)
+        try:
+            self._queue.put_nowait(rec)
+        except queue.Full:
+            with self._overflow_lock:  # the worker spools these in order at its next turn
+                self._overflow.append(rec)
+
+    @property
+    def spooled_records(self) -> int:
+        return len(self._spool) if self._spool is not None else 0
+
+    @property
+    def spooling(self) -> bool:
+        return self._spooling
+
+    def close(self, timeout_s: float = 10.0) -> DeliveryStats:
+        """Deliver what can be delivered within ``timeout_s``; spool the rest; stop the worker."""
+        self._close_timeout_s = timeout_s
+        self._stopping.set()
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout_s + 30)
+        return self.stats
+
+    # -- worker side ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        self._spool = Spool(
+            self._settings.spool_dir,
+            max_bytes=self._settings.spool_max_bytes,
+            max_age_s=self._settings.spool_max_age_s,
+        )
+        self._producer = self._factory(self._config)
+        if len(self._spool):
+            log.info("delivery: %d records waiting in the spool from earlier", len(self._spool))
+            self._spooling = True
+        while True:
+            stop = self._drain_queue(timeout_s=0.05)
+            self._producer.poll(0)
+            self._settle()
+            if self._spooling:
+                self._maybe_replay()
+            if stop:
+                break
+        self._shutdown()
+
+    def _drain_queue(self, timeout_s: float) -> bool:
+        stop = False
+        try:
+            item = self._queue.get(timeout=timeout_s)
+        except queue.Empty:
+            item = None
+            if not self._stopping.is_set():
+                return False
+        batch = [] if item is None else [item]
+        stop = item is None and self._stopping.is_set()
+        while len(batch) < 10_000:
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                stop = True
+                continue
+            batch.append(nxt)
+        with self._overflow_lock:
+            overflow, self._overflow = self._overflow, []
+        for rec in batch:
+            self._dispatch(rec)
+        if overflow:
+            self._enter_spooling("in-memory queue full")
+            self._held.extend(overflow)
+        return stop
+
+    def _dispatch(self, rec: SpooledRecord) -> None:
+        self.stats.sent += 1
+        if self._spooling:
+            self._held.append(rec)
+            return
+        if not self._produce(rec, replay=False):
+            self._enter_spooling("librdkafka queue full")
+            self._held.append(rec)
+
+    def _produce(self, rec: SpooledRecord, replay: bool) -> bool:
+        assert self._producer is not None
+        try:
+            self._producer.produce(
+                rec.topic, rec.value, rec.key, headers=list(rec.headers) or None,
+                on_delivery=lambda err, msg, r=rec: self._on_delivery(err, r, replay),
+                **({"timestamp": rec.ts_ms} if rec.ts_ms else {}),
+            )  # fmt: skip
+        except BufferError:
+            return False
+        self._inflight += 1
+        return True
+
+    def _on_delivery(self, err: KafkaError | None, rec: SpooledRecord, replay: bool) -> None:
+        self._inflight -= 1
+        if err is None:
+            self.stats.delivered += 1
+            if replay:
+                self._replay_ok += 1
+            return
+        self.stats.failed_attempts += 1
+        if replay:
+            self._replay_failures.append(rec)
+            return
+        if not self._spooling:
+            self._enter_spooling(err.str())
+        self._failed.append(rec)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT):
+            self._enter_spooling(err.str())
+        else:
+            log.debug("kafka client: %s", err.str())
+
+    def _enter_spooling(self, why: str) -> None:
+        if not self._spooling:
+            log.warning("delivery: Kafka unavailable (%s); spooling to disk", why)
+            self._spooling = True
+            self._next_attempt = time.monotonic() + self._settings.retry_interval_s
+
+    def _settle(self) -> None:
+        """Move records librdkafka gave up on, then held-back records, to the spool (durable)."""
+        if not (self._failed or self._held):
+            return
+        assert self._spool is not None
+        records = sorted(self._failed, key=lambda r: r.seq) + self._held
+        self._failed, self._held = [], []
+        before = self._spool.dropped
+        self._spool.append(records)
+        self.stats.spooled += len(records)
+        self.stats.dropped += self._spool.dropped - before
+
+    def _maybe_replay(self) -> None:
+        assert self._spool is not None and self._producer is not None
+        # Older records still inside librdkafka go first: replay only once it has delivered them.
+        if self._inflight or time.monotonic() < self._next_attempt:
+            return
+        self._settle()
+        if not len(self._spool):
+            if not self._held:
+                log.info("delivery: spool drained; back to direct delivery")
+                self._spooling = False
+            return
+        if not self._broker_answers():
+            self._next_attempt = time.monotonic() + self._settings.retry_interval_s
+            return
+        while len(self._spool) and not self._stopping.is_set():
+            chunk = self._spool.peek(self._settings.replay_chunk_records)
+            self._replay_ok, self._replay_failures = 0, []
+            produced = 0
+            for rec in chunk:
+                if not self._produce(rec, replay=True):
+                    break
+                produced += 1
+            deadline = time.monotonic() + self._settings.message_timeout_ms / 1000 + 5
+            while self._inflight and time.monotonic() < deadline:
+                self._producer.poll(0.05)
+                self._drain_queue(timeout_s=0)  # keep accepting (held back) records meanwhile
+            # Remove what was produced; put back exactly the records that failed, in order.
+            self._spool.pop(produced)
+            self._spool.prepend(sorted(self._replay_failures, key=lambda r: r.seq))
+            self.stats.replayed += self._replay_ok
+            if self._replay_failures or produced < len(chunk):
+                self._next_attempt = time.monotonic() + self._settings.retry_interval_s
+                return
+            self._settle()
+
+    def _broker_answers(self) -> bool:
+        assert self._producer is not None
+        try:
+            md = self._producer.list_topics(timeout=1.0)
+        except KafkaException:
+            return False
+        return bool(md.brokers) and any(b.id >= 0 for b in md.brokers.values())
+
+    def _shutdown(self) -> None:
+        assert self._producer is not None and self._spool is not None
+        remaining = self._producer.flush(self._close_timeout_s)
+        if remaining:
+            # Undeliverable now: take them back from librdkafka (their callbacks mark them failed).
+            self._producer.purge(in_queue=True, in_flight=False)
+            self._producer.poll(0.5)
+            if self._inflight:
+                self._producer.purge(in_queue=True, in_flight=True)
+                self._producer.flush(1)
+            self._inflight = 0
+        self._settle()
+        if self._spool.dropped:
+            self.stats.dropped = self._spool.dropped
+        log.info("delivery closed: %s (spool holds %d)", self.stats, len(self._spool))
+
+    _replay_ok = 0
+    _close_timeout_s = 10.0
+    _replay_failures: list[SpooledRecord] = []  # noqa: RUF012 - reset per chunk before use

@@ -1,0 +1,80 @@
+"""Fixtures for integration tests: real Kafka, real Slurm (and later the real collector).
+
+``kafka_bootstrap`` takes, in order: ``$PEERWATCH_KAFKA_BOOTSTRAP``; a testcontainers broker when a
+Docker engine answers; else the project's own broker (``peerwatch kafka start``), on test ports,
+started here and stopped at the end. Nothing here skips: a missing service is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from peerwatch.local.kafka import LocalKafka, metadata_ready
+from peerwatch.settings import KafkaSettings, expand
+
+pytest_plugins = ["tests.integration.slurm_fixture"]
+
+TEST_KAFKA_PORT = int(os.environ.get("PEERWATCH_TEST_KAFKA_PORT", "19092"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = pathlib.Path(__file__).parent
+    for item in items:
+        if here in pathlib.Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env(timeout=3).ping()
+    except Exception:  # any failure means "no usable engine"
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """A reachable Kafka bootstrap address (real Apache Kafka)."""
+    configured = os.environ.get("PEERWATCH_KAFKA_BOOTSTRAP")
+    if configured:
+        if not metadata_ready(configured, timeout_s=10):
+            pytest.fail(f"PEERWATCH_KAFKA_BOOTSTRAP={configured} does not answer")
+        yield configured
+        return
+    if _docker_answers():
+        from testcontainers.community.kafka import KafkaContainer
+
+        with KafkaContainer("confluentinc/cp-kafka:8.0.0").with_kraft() as container:
+            yield container.get_bootstrap_server()
+        return
+    state = pathlib.Path(tempfile.mkdtemp(prefix="peerwatch-test-kafka-"))
+    kafka = LocalKafka(
+        cache_dir=expand(os.environ.get("PEERWATCH_CACHE_DIR", "~/.cache/peerwatch")),
+        state_dir=state,
+        port=TEST_KAFKA_PORT,
+        controller_port=TEST_KAFKA_PORT + 1,
+    )
+    kafka.start()
+    try:
+        yield kafka.bootstrap
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_settings(kafka_bootstrap: str) -> KafkaSettings:
+    return KafkaSettings(bootstrap_servers=kafka_bootstrap, client_id="peerwatch-tests")
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    """A unique prefix so each test's topics and groups never see another test's records."""
+    return f"t{uuid.uuid4().hex[:10]}."

@@ -1,0 +1,27 @@
+"""Unit tests start no process and open no network connection: enforce it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from typing import Any
+
+import pytest
+
+
+def _refuse(*_: Any, **__: Any) -> None:
+    raise AssertionError("unit tests must not start processes or open network connections")
+
+
+@pytest.fixture(autouse=True)
+def _no_processes_or_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(subprocess.Popen, "__init__", _refuse)
+    real_connect = socket.socket.connect
+
+    def guarded_connect(self: socket.socket, address: Any) -> Any:
+        if self.family == socket.AF_UNIX:
+            return real_connect(self, address)
+        return _refuse()
+
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", lambda *a, **k: _refuse())
