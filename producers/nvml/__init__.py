@@ -1,0 +1,1 @@
+"""NVML GPU agent core: the narrow NVML interface, per-GPU probing, the sampler and the XID watcher."""

@@ -1,0 +1,129 @@
+"""The narrow NVML interface: exactly the ``pynvml`` functions peerwatch calls.
+
+The real implementation is the ``pynvml`` module itself (package ``nvidia-ml-py``); the test double
+is ``tests.fakes.FakeNvml``. Names and signatures are pynvml's, so either is a drop-in for the other.
+Constants (``NVML_FI_DEV_*``, ``NVML_CLOCK_SM`` ...) are read from ``pynvml`` directly, except NVML
+field ids, which are resolved by name from the NVML object at hand (see ``probe.resolve_field_ids``)
+because they differ between binding versions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, cast
+
+import pynvml
+
+from peerwatch.errors import ServiceError
+
+# NVML answers these when a quantity does not exist on this GPU, driver or privilege level: the
+# quantity is then published as null and never asked for again.
+UNSUPPORTED_ERRORS: tuple[type[pynvml.NVMLError], ...] = (
+    pynvml.NVMLError_NotSupported,
+    pynvml.NVMLError_NoPermission,
+    pynvml.NVMLError_FunctionNotFound,
+)
+
+
+class NvmlUnavailableError(ServiceError):
+    """NVML cannot be used on this node: library missing, driver not loaded, or init failed.
+
+    ``nvml_code`` is the NVML return code (e.g. 12 = NVML_ERROR_LIBRARY_NOT_FOUND), or None.
+    """
+
+    def __init__(self, message: str, nvml_code: int | None = None) -> None:
+        super().__init__(message)
+        self.nvml_code = nvml_code
+
+
+class NvmlApi(Protocol):
+    """The pynvml functions peerwatch calls (same names and signatures as ``pynvml``).
+
+    Every function raises ``pynvml.NVMLError`` subclasses on failure (``NVMLError_NotSupported``,
+    ``NVMLError_GpuIsLost``, ``NVMLError_Timeout`` ...). Handles are opaque.
+    """
+
+    # library and system
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> str: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetIndex(self, handle: Any) -> int: ...
+
+    # identity
+    def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
+    def nvmlDeviceGetName(self, handle: Any) -> str: ...
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any: ...
+
+    # clocks, throttling, power, thermals, utilisation, memory
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int: ...
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int: ...
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int: ...
+    def nvmlDeviceGetViolationStatus(self, device: Any, perfPolicyType: int) -> Any: ...
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int: ...
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any: ...
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Any: ...
+
+    # errors and links
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int: ...
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]: ...
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int: ...
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int: ...
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int: ...
+    def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int: ...
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int: ...
+
+    # GPM (Hopper and newer)
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any: ...
+    def nvmlGpmSampleAlloc(self) -> Any: ...
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None: ...
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any: ...
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any: ...
+
+    # events (XID)
+    def nvmlEventSetCreate(self) -> Any: ...
+    def nvmlEventSetFree(self, eventSet: Any) -> None: ...
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int: ...
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None: ...
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any: ...
+
+
+def load_nvml() -> NvmlApi:
+    """Return the real NVML binding (the ``pynvml`` module). Does not initialise it."""
+    return cast(NvmlApi, pynvml)
+
+
+def init_nvml(nvml: NvmlApi) -> None:
+    """Call ``nvmlInit`` and translate failure into a clear error.
+
+    Raises:
+        NvmlUnavailableError: libnvidia-ml.so.1 is missing (no NVIDIA driver), the driver is not
+            loaded, or NVML refused to start; the message says which and what to check.
+    """
+    try:
+        nvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound as exc:
+        raise NvmlUnavailableError(
+            "NVML library libnvidia-ml.so.1 not found: no NVIDIA driver on this node "
+            "(or it is not on the loader path)",
+            nvml_code=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+        ) from exc
+    except pynvml.NVMLError_DriverNotLoaded as exc:
+        raise NvmlUnavailableError(
+            "NVIDIA kernel driver is not loaded (check `lsmod | grep nvidia`)",
+            nvml_code=pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        ) from exc
+    except pynvml.NVMLError as exc:
+        code = getattr(exc, "value", None)
+        raise NvmlUnavailableError(f"nvmlInit failed: {exc}", nvml_code=code) from exc
+
+
+def is_unsupported(exc: BaseException) -> bool:
+    """True when ``exc`` means "this quantity does not exist here" rather than a fault."""
+    return isinstance(exc, UNSUPPORTED_ERRORS)

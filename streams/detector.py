@@ -1,0 +1,405 @@
+"""The straggler detector: one job, one window, all its GPUs compared with their peers.
+
+A pure function of records: ``detect_job_window(job, windows, state, settings)`` takes the
+job's GpuWindow dicts for one window and the job's :class:`JobDetectorState` (updated in place),
+and returns the windows annotated (``score``, ``gated``) plus StragglerFinding dicts. No I/O,
+no clock: time comes from ``window_start_ms``. The live stream, replay and the evaluation
+harness all call this function. The algorithm is DETECTION.md's, step by step:
+
+1. gate the window (warm-up after start/requeue, < 90% of GPUs reported, median sm < 0.2);
+   hard rules fire on every window, gated or not, at any group size;
+2. split the reporting GPUs into peer groups by role; n >= min_peers uses robust z per feature,
+   smaller groups compare each GPU's clk with its own rolling median of recent clean windows;
+3. candidate = slow-direction |z| >= z_threshold AND a material effect (own baseline: the clk
+   effect alone, as there is no spread to compare with);
+4. more than job_wide_frac of a group being candidates -> one JOB_WIDE finding, no GPU blamed;
+5. persistence (k of n, or CUSUM) -> SUSPECT on the first candidate window, CONFIRMED on the
+   transition (re-emitted every ``confirmed_heartbeat_windows``), CLEARED after
+   ``clear_after_windows`` clean windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from peerwatch.streams.detector_state import GpuDetectorState, JobDetectorState
+from peerwatch.streams.findings import job_wide_finding, make_finding, straggler_reason
+from peerwatch.streams.hard_rules import hard_rules, recorded_xids
+from peerwatch.streams.model import (
+    CLEARED,
+    CONFIRMED,
+    HARD_ERROR,
+    SUSPECT,
+    InvalidRecordError,
+    JobContext,
+    gpu_key,
+    require,
+)
+from peerwatch.streams.peers import GpuVerdict, baseline_verdict, peer_verdicts
+from peerwatch.streams.robust import median
+from peerwatch.streams.settings import DetectorSettings
+
+DEFAULT_SETTINGS = DetectorSettings()
+
+GATE_WARMUP = "warmup"
+GATE_INCOMPLETE = "incomplete"
+GATE_LOW_ACTIVITY = "low_activity"
+GATE_NO_DATA = "no_data"
+GATE_JOB_WIDE = "job_wide"
+GATE_NO_BASELINE = "no_baseline"
+
+_JobWideGroup = tuple[str, list[Mapping[str, Any]], list[GpuVerdict]]
+
+
+@dataclass
+class DetectionResult:
+    """What one call produced.
+
+    ``windows``: the input GpuWindow dicts (copies) with ``score`` and ``gated`` set, sorted by
+    (node, gpu_index). ``findings``: StragglerFinding dicts in a deterministic order.
+    ``gated``: the job-level gate of this window or None. ``recorded_xids``: every XID seen
+    (category hard/app/other), for counting. ``skipped``: set (e.g. ``"already_processed"``)
+    when the window was not processed at all; then ``windows`` and ``findings`` are empty.
+    """
+
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    gated: str | None = None
+    job_wide: bool = False
+    recorded_xids: list[dict[str, Any]] = field(default_factory=list)
+    skipped: str | None = None
+
+
+def detect_job_window(
+    job: JobContext,
+    windows: Sequence[Mapping[str, Any]],
+    state: JobDetectorState,
+    settings: DetectorSettings = DEFAULT_SETTINGS,
+) -> DetectionResult:
+    """Run the detector on one window of one job; ``state`` is updated in place.
+
+    ``windows``: the job's GpuWindow dicts for one window (any order; at most one per GPU).
+    Windows must arrive in increasing ``window_start_ms``; an older or repeated window is
+    skipped (``result.skipped``), so redelivery after a restart emits nothing twice.
+    Raises InvalidRecordError when a window lacks a key field, belongs to another job, mixes
+    window starts or repeats a GPU.
+    """
+    if state.job_id != job.job_id:
+        raise InvalidRecordError(f"state of job {state.job_id!r} given for job {job.job_id!r}")
+    if not windows:
+        return DetectionResult(skipped="empty")
+    ordered = _validated(job, windows)
+    start_ms = int(ordered[0]["window_start_ms"])
+    end_ms = int(ordered[0]["window_end_ms"])
+    if state.last_window_start_ms is not None and start_ms <= state.last_window_start_ms:
+        return DetectionResult(skipped="already_processed")
+
+    _follow_requeue(job, state)
+    state.windows_seen += 1
+    state.last_window_start_ms = start_ms
+    state.max_gpus_seen = max(state.max_gpus_seen, len(ordered))
+
+    result = DetectionResult()
+    groups = _groups(job, [w for w in ordered if _reports(w)])
+    group_size = {gpu_key(w["node"], w["gpu_index"]): len(g) for g in groups.values() for w in g}
+    for window in ordered:
+        key = gpu_key(window["node"], window["gpu_index"])
+        gpu_state = state.gpu(key)
+        gpu_state.last_seen_ms = start_ms
+        result.recorded_xids.extend(recorded_xids(window, settings))
+        finding = _hard_finding(job, window, gpu_state, group_size.get(key, 0), settings)
+        if finding is not None:
+            result.findings.append(finding)
+
+    gate = _gate(job, ordered, groups, state, settings)
+    result.gated = gate
+    verdicts: dict[str, GpuVerdict] = {}
+    gpu_gate: dict[str, str] = {}
+    if gate is None:
+        job_wide_groups = _evaluate(job, groups, state, settings, result, verdicts, gpu_gate)
+        result.findings.extend(_job_wide(job, start_ms, end_ms, job_wide_groups, state, settings))
+        result.job_wide = bool(job_wide_groups)
+
+    for window in ordered:
+        key = gpu_key(window["node"], window["gpu_index"])
+        out = dict(window)
+        seen = verdicts.get(key)
+        out["score"] = seen.score if seen is not None and gate is None else None
+        out["gated"] = gate or gpu_gate.get(key) or (None if _reports(window) else GATE_NO_DATA)
+        result.windows.append(out)
+    return result
+
+
+def _evaluate(
+    job: JobContext,
+    groups: dict[str, list[Mapping[str, Any]]],
+    state: JobDetectorState,
+    settings: DetectorSettings,
+    result: DetectionResult,
+    verdicts: dict[str, GpuVerdict],
+    gpu_gate: dict[str, str],
+) -> list[_JobWideGroup]:
+    """Per-GPU verdicts of an ungated window, group by group; returns the job-wide groups.
+
+    Fills ``verdicts`` and ``gpu_gate`` and appends straggler findings to ``result``.
+    """
+    job_wide_groups: list[_JobWideGroup] = []
+    for role in sorted(groups):
+        group = groups[role]
+        if len(group) >= settings.min_peers:
+            group_verdicts = peer_verdicts(group, settings)
+        else:
+            group_verdicts = [
+                baseline_verdict(w, state.gpu(gpu_key(w["node"], w["gpu_index"])), settings)
+                for w in group
+            ]
+        candidates = [v for v in group_verdicts if v.flags]
+        if (
+            len(candidates) > settings.job_wide_frac * len(group)
+            and len(candidates) >= settings.job_wide_min_gpus
+        ):
+            job_wide_groups.append((role, group, group_verdicts))
+            for v in group_verdicts:
+                gpu_gate[v.key] = GATE_JOB_WIDE
+                verdicts[v.key] = v
+            continue
+        for window, verdict in zip(group, group_verdicts, strict=True):
+            verdicts[verdict.key] = verdict
+            gpu_state = state.gpu(verdict.key)
+            if verdict.baseline:
+                _learn_baseline(gpu_state, window, verdict, settings)
+            if not verdict.evaluated:
+                gpu_gate[verdict.key] = GATE_NO_BASELINE if verdict.baseline else GATE_NO_DATA
+                continue
+            result.findings.extend(_advance(job, window, verdict, gpu_state, len(group), settings))
+    return job_wide_groups
+
+
+def _validated(job: JobContext, windows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    seen: set[tuple[str, int]] = set()
+    first_start = windows[0].get("window_start_ms")
+    for w in windows:
+        require(
+            w, "job_id", "node", "gpu_index", "window_start_ms", "window_end_ms", what="GpuWindow"
+        )
+        if w["job_id"] != job.job_id:
+            raise InvalidRecordError(f"GpuWindow of job {w['job_id']!r} in job {job.job_id!r}")
+        if w["window_start_ms"] != first_start:
+            raise InvalidRecordError(f"job {job.job_id!r}: windows of different starts mixed")
+        try:
+            ident = (str(w["node"]), int(w["gpu_index"]))
+        except (TypeError, ValueError) as exc:
+            raise InvalidRecordError(
+                f"job {job.job_id!r}: bad gpu_index {w['gpu_index']!r}"
+            ) from exc
+        if ident in seen:
+            raise InvalidRecordError(f"job {job.job_id!r}: GPU {ident} twice in one window")
+        seen.add(ident)
+    return sorted(windows, key=lambda w: (str(w["node"]), int(w["gpu_index"])))
+
+
+def _reports(window: Mapping[str, Any]) -> bool:
+    return not window.get("lost") and int(window.get("samples") or 0) > 0
+
+
+def _follow_requeue(job: JobContext, state: JobDetectorState) -> None:
+    """A newer start/requeue than the state knows: forget persistence and baselines."""
+    anchor = job.anchor_ms
+    if anchor is None or (state.anchor_ms is not None and anchor <= state.anchor_ms):
+        return
+    if state.anchor_ms is not None:
+        state.windows_seen = 0
+        state.job_wide_start_ms = None
+        state.job_wide_clean = 0
+        for gpu_state in state.gpus.values():
+            gpu_state.reset_episode()
+            gpu_state.baseline_clk = []
+    state.anchor_ms = anchor
+
+
+def _groups(
+    job: JobContext, reporting: list[Mapping[str, Any]]
+) -> dict[str, list[Mapping[str, Any]]]:
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for w in reporting:
+        groups.setdefault(job.role_of(w["node"], w["gpu_index"]), []).append(w)
+    return groups
+
+
+def _gate(
+    job: JobContext,
+    ordered: list[Mapping[str, Any]],
+    groups: dict[str, list[Mapping[str, Any]]],
+    state: JobDetectorState,
+    settings: DetectorSettings,
+) -> str | None:
+    start_ms = int(ordered[0]["window_start_ms"])
+    anchor = job.anchor_ms
+    if state.windows_seen <= settings.warmup_windows or (
+        anchor is not None and start_ms < anchor + settings.warmup_windows * settings.window_ms
+    ):
+        return GATE_WARMUP
+    reporting = [w for g in groups.values() for w in g]
+    if not reporting:
+        return GATE_NO_DATA
+    expected = job.expected_gpus or state.max_gpus_seen
+    if len(reporting) < settings.min_reported_frac * expected:
+        return GATE_INCOMPLETE
+    sm_values = [float(w["sm_frac"]) for w in reporting if w.get("sm_frac") is not None]
+    if sm_values and median(sm_values) < settings.min_job_sm:
+        return GATE_LOW_ACTIVITY
+    return None
+
+
+def _learn_baseline(
+    gpu_state: GpuDetectorState,
+    window: Mapping[str, Any],
+    verdict: GpuVerdict,
+    settings: DetectorSettings,
+) -> None:
+    """Only clean, un-capped windows teach the baseline, so a lasting drop stays visible."""
+    clk = window.get("clk_ratio")
+    cap = window.get("power_cap_frac")
+    capped = cap is not None and float(cap) >= settings.baseline_power_cap_excuse
+    if clk is None or verdict.flags or capped:
+        return
+    gpu_state.baseline_clk.append(float(clk))
+    del gpu_state.baseline_clk[: -settings.baseline_windows]
+
+
+def _advance(
+    job: JobContext,
+    window: Mapping[str, Any],
+    verdict: GpuVerdict,
+    gpu_state: GpuDetectorState,
+    group_n: int,
+    settings: DetectorSettings,
+) -> list[dict[str, Any]]:
+    """Persistence state machine of one GPU for one evaluated window; returns findings."""
+    start_ms = int(window["window_start_ms"])
+    confirming = bool(verdict.flags & set(settings.confirm_features))
+    gpu_state.history.append(int(confirming))
+    del gpu_state.history[: -settings.persist_n]
+    if verdict.confirm_score is not None:
+        step = min(verdict.confirm_score, settings.cusum_z_cap)
+    else:
+        step = 0.0
+    gpu_state.cusum = max(0.0, gpu_state.cusum + step - settings.cusum_k)
+    statuses: list[str] = []
+    if verdict.flags:
+        gpu_state.clean_streak = 0
+        if gpu_state.status is None:
+            gpu_state.status = SUSPECT
+            gpu_state.episode_start_ms = start_ms
+            statuses.append(SUSPECT)
+        if settings.persistence_mode == "k_of_n":
+            persistent = sum(gpu_state.history) >= settings.persist_k
+        else:
+            persistent = gpu_state.cusum >= settings.cusum_h
+        if gpu_state.status == SUSPECT and confirming and persistent:
+            gpu_state.status = CONFIRMED
+            gpu_state.since_emit = 0
+            statuses.append(CONFIRMED)
+        elif gpu_state.status == CONFIRMED:
+            gpu_state.since_emit += 1
+            heartbeat = settings.confirmed_heartbeat_windows
+            if heartbeat and confirming and gpu_state.since_emit >= heartbeat:
+                gpu_state.since_emit = 0
+                statuses.append(CONFIRMED)
+    elif gpu_state.status is not None:
+        gpu_state.clean_streak += 1
+        gpu_state.since_emit += 1
+        if gpu_state.clean_streak >= settings.clear_after_windows:
+            statuses.append(CLEARED)
+    findings = [
+        make_finding(
+            job.job_id,
+            status,
+            window,
+            verdict.evidence,
+            [],
+            gpu_state,
+            group_n,
+            straggler_reason(status, verdict, gpu_state),
+            settings,
+        )
+        for status in statuses
+    ]
+    if CLEARED in statuses:
+        gpu_state.reset_episode()
+    return findings
+
+
+def _hard_finding(
+    job: JobContext,
+    window: Mapping[str, Any],
+    gpu_state: GpuDetectorState,
+    group_n: int,
+    settings: DetectorSettings,
+) -> dict[str, Any] | None:
+    """HARD_ERROR when a rule fires that has not fired in the last clear_after_windows."""
+    rules = hard_rules(window, settings)
+    if not rules:
+        return None
+    start_ms = int(window["window_start_ms"])
+    memory_ms = settings.clear_after_windows * settings.window_ms
+    new = [
+        r
+        for r in rules
+        if r not in gpu_state.hard_last_ms or start_ms - gpu_state.hard_last_ms[r] > memory_ms
+    ]
+    for rule in rules:
+        gpu_state.hard_last_ms[rule] = start_ms
+    if not new:
+        return None
+    finding = make_finding(
+        job.job_id,
+        HARD_ERROR,
+        window,
+        [],
+        rules,
+        None,
+        group_n,
+        f"hard: {', '.join(rules)}",
+        settings,
+    )
+    finding["windows_flagged"] = finding["windows_considered"] = 1
+    finding["first_flagged_ms"] = start_ms
+    return finding
+
+
+def _job_wide(
+    job: JobContext,
+    start_ms: int,
+    end_ms: int,
+    job_wide_groups: list[_JobWideGroup],
+    state: JobDetectorState,
+    settings: DetectorSettings,
+) -> list[dict[str, Any]]:
+    """One JOB_WIDE finding when a job-wide episode starts; it ends after clean windows."""
+    if not job_wide_groups:
+        if state.job_wide_start_ms is not None:
+            state.job_wide_clean += 1
+            if state.job_wide_clean >= settings.clear_after_windows:
+                state.job_wide_start_ms = None
+                state.job_wide_clean = 0
+        return []
+    state.job_wide_clean = 0
+    if state.job_wide_start_ms is not None:
+        return []
+    state.job_wide_start_ms = start_ms
+    role, group, verdicts = max(job_wide_groups, key=lambda g: len(g[1]))
+    slow = [v for v in verdicts if v.flags]
+    features = sorted({f for v in slow for f in v.flags})
+    where = f" in role {role}" if role else ""
+    reason = (
+        f"job-wide: {len(slow)} of {len(group)} GPUs slow{where} ({', '.join(features)}); "
+        "no GPU blamed"
+    )
+    return [
+        job_wide_finding(
+            job.job_id, start_ms, end_ms, len(group), len(slow), reason, settings.id_hex_chars
+        )
+    ]

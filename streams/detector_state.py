@@ -1,0 +1,104 @@
+"""Explicit, serialisable detector state (one object per job).
+
+The live stream keeps ``JobDetectorState.to_dict()`` in a changelog-backed table keyed by job and
+rebuilds it with ``from_dict`` after a restart; replay and evaluation hold the objects directly.
+Everything is plain JSON types (str keys, ints, floats, lists, None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class GpuDetectorState:
+    """Persistence and baseline memory of one GPU in one job.
+
+    ``status`` is None (no episode), ``"SUSPECT"`` or ``"CONFIRMED"``; ``episode_start_ms`` is
+    the start of the episode's first candidate window. ``history`` holds 1/0 per evaluated window
+    (1 = flagged by a confirming feature), newest last, at most ``persist_n`` long.
+    ``hard_last_ms`` maps a hard rule to the start of the last window it fired in.
+    """
+
+    status: str | None = None
+    episode_start_ms: int | None = None
+    history: list[int] = field(default_factory=list)
+    cusum: float = 0.0
+    clean_streak: int = 0
+    since_emit: int = 0
+    baseline_clk: list[float] = field(default_factory=list)
+    hard_last_ms: dict[str, int] = field(default_factory=dict)
+    last_seen_ms: int | None = None
+
+    def reset_episode(self) -> None:
+        self.status = None
+        self.episode_start_ms = None
+        self.history = []
+        self.cusum = 0.0
+        self.clean_streak = 0
+        self.since_emit = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuDetectorState:
+        return cls(
+            status=data.get("status"),
+            episode_start_ms=data.get("episode_start_ms"),
+            history=[int(v) for v in data.get("history") or []],
+            cusum=float(data.get("cusum") or 0.0),
+            clean_streak=int(data.get("clean_streak") or 0),
+            since_emit=int(data.get("since_emit") or 0),
+            baseline_clk=[float(v) for v in data.get("baseline_clk") or []],
+            hard_last_ms={str(k): int(v) for k, v in (data.get("hard_last_ms") or {}).items()},
+            last_seen_ms=data.get("last_seen_ms"),
+        )
+
+
+@dataclass
+class JobDetectorState:
+    """Detector memory for one job: window counter, job-wide episode, per-GPU states.
+
+    ``gpus`` is keyed by ``node/index`` (see :func:`peerwatch.streams.model.gpu_key`).
+    ``last_window_start_ms`` lets the detector skip a window it has already processed (a
+    redelivery after a restart) instead of emitting its findings twice.
+    """
+
+    job_id: str
+    windows_seen: int = 0
+    last_window_start_ms: int | None = None
+    anchor_ms: int | None = None
+    max_gpus_seen: int = 0
+    job_wide_start_ms: int | None = None
+    job_wide_clean: int = 0
+    gpus: dict[str, GpuDetectorState] = field(default_factory=dict)
+
+    def gpu(self, key: str) -> GpuDetectorState:
+        """The state of GPU ``key``, created empty on first use."""
+        state = self.gpus.get(key)
+        if state is None:
+            state = self.gpus[key] = GpuDetectorState()
+        return state
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["gpus"] = {k: self.gpus[k].to_dict() for k in sorted(self.gpus)}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobDetectorState:
+        return cls(
+            job_id=str(data["job_id"]),
+            windows_seen=int(data.get("windows_seen") or 0),
+            last_window_start_ms=data.get("last_window_start_ms"),
+            anchor_ms=data.get("anchor_ms"),
+            max_gpus_seen=int(data.get("max_gpus_seen") or 0),
+            job_wide_start_ms=data.get("job_wide_start_ms"),
+            job_wide_clean=int(data.get("job_wide_clean") or 0),
+            gpus={
+                str(k): GpuDetectorState.from_dict(v) for k, v in (data.get("gpus") or {}).items()
+            },
+        )

@@ -1,0 +1,104 @@
+"""Building StragglerFinding dicts: deterministic ids, evidence and short reasons."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from peerwatch.streams.detector_state import GpuDetectorState
+from peerwatch.streams.model import CLEARED, JOB_WIDE, SUSPECT, stable_id
+from peerwatch.streams.peers import GpuVerdict
+from peerwatch.streams.settings import DetectorSettings
+
+
+def straggler_reason(status: str, verdict: GpuVerdict, gpu_state: GpuDetectorState) -> str:
+    """``suspect slow vs peers: clk -5.6% z=-3.8; 1/1 windows`` and the like."""
+    if status == CLEARED:
+        return f"clean for {gpu_state.clean_streak} windows"
+    against = "own baseline" if verdict.baseline else "peers"
+    parts = []
+    for ev in verdict.evidence:
+        if ev["feature"] in verdict.flags:
+            parts.append(describe_feature(ev))
+    label = "suspect" if status == SUSPECT else "confirmed"
+    flagged = f"{sum(gpu_state.history)}/{len(gpu_state.history)} windows"
+    return f"{label} slow vs {against}: {', '.join(parts)}; {flagged}"
+
+
+def describe_feature(ev: Mapping[str, Any]) -> str:
+    """``clk -5.6% z=-3.8``: relative for ratios of a scale, absolute for shares."""
+    value, mid = ev["value"], ev["peer_median"]
+    if ev["feature"] in ("clk", "step") and mid:
+        delta = f"{100.0 * (value - mid) / mid:+.1f}%"
+    else:
+        delta = f"{value - mid:+.2f}"
+    return f"{ev['feature']} {delta} z={ev['z']:.1f}"
+
+
+def job_wide_finding(
+    job_id: str,
+    start_ms: int,
+    end_ms: int,
+    group_n: int,
+    slow_n: int,
+    reason: str,
+    hex_chars: int,
+) -> dict[str, Any]:
+    """A JOB_WIDE finding (no node, no GPU): ``windows_flagged`` holds the slow GPUs' count."""
+    return {
+        "finding_id": stable_id(job_id, None, None, JOB_WIDE, start_ms, hex_chars=hex_chars),
+        "job_id": job_id,
+        "node": None,
+        "gpu_index": None,
+        "gpu_uuid": None,
+        "status": JOB_WIDE,
+        "window_start_ms": start_ms,
+        "window_end_ms": end_ms,
+        "features": [],
+        "hard_rules": [],
+        "windows_flagged": slow_n,
+        "windows_considered": group_n,
+        "first_flagged_ms": start_ms,
+        "peer_group_size": group_n,
+        "reason": reason,
+    }
+
+
+def make_finding(
+    job_id: str,
+    status: str,
+    window: Mapping[str, Any],
+    features: list[dict[str, Any]],
+    rules: list[str],
+    gpu_state: GpuDetectorState | None,
+    group_n: int,
+    reason: str,
+    settings: DetectorSettings,
+) -> dict[str, Any]:
+    """A per-GPU finding; the id hashes job, node, GPU, status and window start."""
+    start_ms = int(window["window_start_ms"])
+    history = gpu_state.history if gpu_state is not None else []
+    return {
+        "finding_id": stable_id(
+            job_id,
+            window["node"],
+            window["gpu_index"],
+            status,
+            start_ms,
+            hex_chars=settings.id_hex_chars,
+        ),
+        "job_id": job_id,
+        "node": str(window["node"]),
+        "gpu_index": int(window["gpu_index"]),
+        "gpu_uuid": window.get("gpu_uuid"),
+        "status": status,
+        "window_start_ms": start_ms,
+        "window_end_ms": int(window["window_end_ms"]),
+        "features": [dict(f) for f in features],
+        "hard_rules": list(rules),
+        "windows_flagged": sum(history),
+        "windows_considered": len(history),
+        "first_flagged_ms": gpu_state.episode_start_ms if gpu_state is not None else None,
+        "peer_group_size": group_n,
+        "reason": reason,
+    }

@@ -1,0 +1,120 @@
+"""Types shared by the detector and the drain policy: job context, ids, record errors.
+
+Records stay plain dicts as fastavro reads them (times are int ms since the epoch, UTC); the
+types here are the small pieces of context and identity that are not records themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from peerwatch.errors import PeerwatchError
+
+SUSPECT = "SUSPECT"
+CONFIRMED = "CONFIRMED"
+CLEARED = "CLEARED"
+JOB_WIDE = "JOB_WIDE"
+HARD_ERROR = "HARD_ERROR"
+
+
+class InvalidRecordError(PeerwatchError):
+    """A record handed to the detector or the policy lacks a field or mixes jobs/windows.
+
+    Drivers catch it and send the record to the dead-letter topic.
+    """
+
+
+def stable_id(*parts: object, hex_chars: int = 32) -> str:
+    """Deterministic id: sha256 of the parts joined by a unit separator, truncated hex.
+
+    ``None`` and the empty string are distinguished so that (None, "a") != ("", "a").
+    """
+    text = "\x1f".join("\x00" if p is None else str(p) for p in parts)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:hex_chars]
+
+
+def gpu_key(node: str, gpu_index: int) -> str:
+    """Key of one GPU inside a job's state: ``node/index`` (a JSON-friendly dict key)."""
+    return f"{node}/{gpu_index}"
+
+
+def require(record: Mapping[str, Any], *names: str, what: str) -> None:
+    """Raise InvalidRecordError naming the first of ``names`` missing (or None) in ``record``."""
+    for name in names:
+        if record.get(name) is None:
+            raise InvalidRecordError(f"{what} record lacks {name!r}")
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What the detector knows about a job besides its windows.
+
+    ``expected_gpus``: GPUs the job owns (sum over its allocations); None when unknown, then the
+    most GPUs ever seen in one window stands in. ``start_ms``/``requeue_ms``: job start and last
+    requeue (int ms, UTC), used for the warm-up gate; a newer ``requeue_ms`` (or ``start_ms``)
+    than the state has seen resets per-GPU persistence. ``roles`` maps ``node/index`` (see
+    :func:`gpu_key`) to a role label (pipeline stage, GPU model, MIG profile); peers are only
+    compared within one role. GPUs without a role form the group ``""``.
+    """
+
+    job_id: str
+    expected_gpus: int | None = None
+    start_ms: int | None = None
+    requeue_ms: int | None = None
+    partition: str | None = None
+    roles: Mapping[str, str] = field(default_factory=dict)
+
+    def role_of(self, node: str, gpu_index: int) -> str:
+        return self.roles.get(gpu_key(node, gpu_index), "")
+
+    @property
+    def anchor_ms(self) -> int | None:
+        """Latest of start and requeue: the warm-up is counted from here."""
+        known = [t for t in (self.start_ms, self.requeue_ms) if t is not None]
+        return max(known) if known else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "expected_gpus": self.expected_gpus,
+            "start_ms": self.start_ms,
+            "requeue_ms": self.requeue_ms,
+            "partition": self.partition,
+            "roles": dict(self.roles),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobContext:
+        require(data, "job_id", what="JobContext")
+        return cls(
+            job_id=str(data["job_id"]),
+            expected_gpus=data.get("expected_gpus"),
+            start_ms=data.get("start_ms"),
+            requeue_ms=data.get("requeue_ms"),
+            partition=data.get("partition"),
+            roles=dict(data.get("roles") or {}),
+        )
+
+    @classmethod
+    def from_job_event(
+        cls, event: Mapping[str, Any], roles: Mapping[str, str] | None = None
+    ) -> JobContext:
+        """Context from a ``JobEvent`` dict (STARTED/REQUEUED/UPDATED with its allocations).
+
+        A REQUEUED event's ``ts_ms`` becomes ``requeue_ms``. Raises InvalidRecordError when
+        ``job_id`` is missing.
+        """
+        require(event, "job_id", what="JobEvent")
+        allocations = event.get("allocations") or []
+        gpus = sum(len(a.get("gpu_indices") or []) for a in allocations)
+        return cls(
+            job_id=str(event["job_id"]),
+            expected_gpus=gpus or None,
+            start_ms=event.get("start_ms"),
+            requeue_ms=event.get("ts_ms") if event.get("kind") == "REQUEUED" else None,
+            partition=event.get("partition"),
+            roles=dict(roles or {}),
+        )

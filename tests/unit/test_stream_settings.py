@@ -1,0 +1,84 @@
+"""Detector and policy settings: DETECTION.md defaults, validation, dict round trip."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from peerwatch.errors import ConfigError
+from peerwatch.streams.settings import DetectorSettings, PolicySettings
+
+
+def test_defaults_are_the_documented_numbers() -> None:
+    d = DetectorSettings()
+    assert (d.window_s, d.min_job_sm, d.min_reported_frac, d.warmup_windows) == (30, 0.2, 0.9, 2)
+    assert (d.min_peers, d.mad_floor_clk_rel, d.mad_floor_sm, d.mad_floor_thr) == (
+        8,
+        0.01,
+        0.02,
+        0.02,
+    )
+    assert (d.z_scale, d.z_threshold) == (0.6745, 3.5)
+    assert (d.effect_clk_rel, d.effect_thr, d.effect_sm, d.job_wide_frac) == (
+        0.03,
+        0.05,
+        0.15,
+        0.25,
+    )
+    assert (d.persistence_mode, d.persist_k, d.persist_n) == ("k_of_n", 4, 6)
+    assert (d.cusum_k, d.cusum_h, d.clear_after_windows) == (0.5, 5.0, 10)
+    assert d.hard_xids == {48, 63, 64, 74, 79, 92, 94, 95}
+    assert d.app_xids == {13, 31, 43, 45, 68}
+    p = PolicySettings()
+    assert (p.drain_after_confirmed_s, p.repeat_offender_jobs) == (600, 2)
+    assert p.repeat_offender_window_s == 7 * 24 * 3600
+    assert p.reason_max_chars == 100
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"window_s": 0}, "detector.window_s"),
+        ({"min_job_sm": 1.5}, "detector.min_job_sm"),
+        ({"min_peers": 2.5}, "detector.min_peers"),
+        ({"z_threshold": -1.0}, "detector.z_threshold"),
+        ({"mad_floor_clk_rel": 0.0}, "detector.mad_floor_clk_rel"),
+        ({"persist_k": 7}, "detector.persist_k"),
+        ({"persistence_mode": "vibes"}, "detector.persistence_mode"),
+        ({"confirm_features": ["power"]}, "detector.confirm_features"),
+        ({"app_xids": [79]}, "detector.app_xids"),
+        ({"hard_xids": ["x"]}, "detector.hard_xids"),
+        ({"cusum_k": -0.5}, "detector.cusum_k"),
+        ({"warmup_windows": True}, "detector.warmup_windows"),
+        ({"no_such_setting": 1}, "detector.no_such_setting"),
+    ],
+)
+def test_bad_detector_values_name_the_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        DetectorSettings.from_dict(overrides)
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"drain_after_confirmed_s": -1}, "policy.drain_after_confirmed_s"),
+        ({"repeat_offender_jobs": 1}, "policy.repeat_offender_jobs"),
+        ({"evidence_thr": 2.0}, "policy.evidence_thr"),
+        ({"reason_max_chars": 5}, "policy.reason_max_chars"),
+        ({"alert_on_suspect": "yes"}, "policy.alert_on_suspect"),
+    ],
+)
+def test_bad_policy_values_name_the_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        PolicySettings.from_dict(overrides)
+    assert err.value.field == field
+
+
+def test_settings_round_trip_through_json() -> None:
+    d = DetectorSettings(persistence_mode="cusum", z_threshold=4, hard_xids=frozenset({79}))
+    assert DetectorSettings.from_dict(json.loads(json.dumps(d.to_dict()))) == d
+    p = PolicySettings(drain_after_confirmed_s=300)
+    assert PolicySettings.from_dict(json.loads(json.dumps(p.to_dict()))) == p
