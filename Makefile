@@ -1,0 +1,29 @@
+# The README's commands. Everything installs itself; downloads are cached outside the repository.
+.PHONY: setup demo test unit lint kafka-start kafka-stop slurm-up slurm-down
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/peerwatch demo
+
+test:
+	bash scripts/test.sh
+
+unit: setup
+	.venv/bin/python -m pytest tests/unit
+
+lint: setup
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+
+kafka-start: setup
+	.venv/bin/peerwatch kafka start
+
+kafka-stop: setup
+	.venv/bin/peerwatch kafka stop
+
+slurm-up:
+	bash scripts/slurm-up.sh
+
+slurm-down:
+	bash scripts/slurm-down.sh

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite on real services: sets up, starts Kafka and Slurm (unless
+# PEERWATCH_KAFKA_BOOTSTRAP names a cluster), runs pytest, stops what it started.
+# Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -k codec).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+started_kafka=0
+cleanup() {
+    if ((started_kafka)); then .venv/bin/peerwatch kafka stop || true; fi
+    if [[ ${PEERWATCH_KEEP_SLURM:-0} != 1 ]]; then bash scripts/slurm-down.sh || true; fi
+}
+trap cleanup EXIT
+
+if [[ -z ${PEERWATCH_KAFKA_BOOTSTRAP:-} ]]; then
+    if ! .venv/bin/peerwatch kafka status >/dev/null 2>&1; then
+        .venv/bin/peerwatch kafka start
+        started_kafka=1
+    fi
+    export PEERWATCH_KAFKA_BOOTSTRAP=127.0.0.1:9092
+fi
+bash scripts/slurm-up.sh
+
+# pytest exits 5 when it collected no test: that is a failure here, like any other non-zero code.
+.venv/bin/python -m pytest "${@:-tests}"
