@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "kafka": "kafka",
     "topics": "topics",
     "demo": "demo",
+    "simulate": "simulate",
 }
 
 

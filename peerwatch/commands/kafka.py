@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from peerwatch.commands import settings_of
-from peerwatch.local.kafka import LocalKafka
-from peerwatch.settings import expand
+
+if TYPE_CHECKING:
+    from peerwatch.local.kafka import LocalKafka
 
 
 def register(sub: Any) -> None:
@@ -20,6 +21,9 @@ def register(sub: Any) -> None:
 
 
 def local_kafka(args: argparse.Namespace) -> LocalKafka:
+    from peerwatch.local.kafka import LocalKafka
+    from peerwatch.settings import expand
+
     settings = settings_of(args)
     return LocalKafka(
         cache_dir=expand(settings.cache_dir),

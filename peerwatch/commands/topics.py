@@ -6,7 +6,6 @@ import argparse
 from typing import Any
 
 from peerwatch.commands import settings_of
-from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import catalogue
 
 
@@ -25,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{t.name:34} key={t.key:12} value={t.value_schema or 'raw bytes':20} "
                   f"partitions={t.partitions:<3} cleanup={t.cleanup_policy}")  # fmt: skip
         return 0
+    from peerwatch.topic_admin import ensure_topics
+
     for change in ensure_topics(settings.kafka, specs, replication_factor=args.replication_factor):
         print(f"{change.outcome:8} {change.name} ({change.partitions} partitions)")
     return 0

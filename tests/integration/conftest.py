@@ -18,7 +18,8 @@ import pytest
 from peerwatch.local.kafka import LocalKafka, metadata_ready
 from peerwatch.settings import KafkaSettings, expand
 
-pytest_plugins = ["tests.integration.slurm_fixture"]
+# Fixture modules are imported here: pytest_plugins is not allowed below the rootdir.
+from tests.integration.slurm_fixture import slurm_cluster  # noqa: F401
 
 TEST_KAFKA_PORT = int(os.environ.get("PEERWATCH_TEST_KAFKA_PORT", "19092"))
 
