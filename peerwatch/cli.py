@@ -18,6 +18,8 @@ COMMANDS: dict[str, str] = {
     "topics": "topics",
     "demo": "demo",
     "simulate": "simulate",
+    "agent": "agent",
+    "health": "health",
 }
 
 

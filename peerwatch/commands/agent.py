@@ -1,0 +1,150 @@
+"""``peerwatch agent`` — the per-node GPU agent: NVML samples to Kafka every interval.
+
+Thin wiring only; the loop is ``peerwatch.producers.agent.NodeAgent``. Without NVML (no driver)
+the agent exits 2 with the reason, unless ``--allow-no-gpu``: then it publishes records with an
+empty ``gpus`` array so a CPU node still heartbeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from peerwatch.commands import settings_of
+from peerwatch.errors import ConfigError
+from peerwatch.producers.agent import JsonLinesSink, NodeAgent, NoGpuSampler, new_run_id
+from peerwatch.producers.delivery import Delivery, DeliverySettings
+from peerwatch.producers.health.run import append_xid_event
+from peerwatch.producers.health_hook import short_hostname
+from peerwatch.producers.nvml.clock import SystemClock
+from peerwatch.producers.nvml.device import NvmlApi, NvmlUnavailableError, init_nvml, load_nvml
+from peerwatch.producers.nvml.sampler import GpuSampler
+from peerwatch.producers.nvml.xid import XidCallback, XidWatcher
+from peerwatch.producers.spool_lock import SpoolLock
+from peerwatch.schemas.codec import AvroCodec
+from peerwatch.settings import expand
+from peerwatch.topics import SAMPLES
+
+log = logging.getLogger(__name__)
+
+#: Where the agent gets NVML from. Tests replace it with a FakeNvml factory.
+nvml_factory: Callable[[], NvmlApi] = load_nvml
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("agent", help="sample this node's GPUs (NVML) and publish to Kafka")
+    p.add_argument("--interval-s", type=float, default=1.0, help="sampling interval (default 1.0)")
+    p.add_argument("--node", help="node name (default: short hostname)")
+    p.add_argument("--count", type=int, help="stop after N regular ticks (tests, smoke runs)")
+    p.add_argument("--dry-run", action="store_true", help="print decoded records as JSON lines")
+    p.add_argument(
+        "--allow-no-gpu",
+        action="store_true",
+        help="without NVML, publish records with no GPUs instead of exiting 2",
+    )
+    p.add_argument(
+        "--xid-state",
+        type=Path,
+        help="also append each XID to this JSON-lines file (read by `peerwatch health --xid-state`)",
+    )
+    p.set_defaults(func=run)
+
+
+@contextmanager
+def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT call ``stop`` while inside; handlers are restored after. Outside the
+    main thread (where Python cannot install handlers) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, lambda *_: stop())
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_of(args)
+    interval_ms = round(args.interval_s * 1000)
+    if interval_ms <= 0:
+        raise ConfigError("--interval-s", f"must be positive, got {args.interval_s}")
+    node = args.node or short_hostname()
+    clock = SystemClock()
+    run_id = new_run_id()
+    nvml: NvmlApi | None = nvml_factory()
+    sampler: GpuSampler | NoGpuSampler
+    watcher_factory: Callable[[XidCallback], XidWatcher] | None = None
+    try:
+        assert nvml is not None
+        init_nvml(nvml)
+    except NvmlUnavailableError as exc:
+        if not args.allow_no_gpu:
+            print(f"peerwatch agent: {exc} (use --allow-no-gpu on a CPU node)", file=sys.stderr)
+            return 2
+        log.warning("agent: %s; publishing records without GPUs (--allow-no-gpu)", exc)
+        nvml = None
+        sampler = NoGpuSampler(node, interval_ms, clock, run_id)
+    else:
+        gpu_sampler = GpuSampler(nvml, node, interval_ms, clock, agent_run_id=run_id)
+        # Probe now so that the first tick is not late by the probing time.
+        log.info("agent: %d GPUs on %s", len(gpu_sampler.probe()), node)
+        sampler = gpu_sampler
+        nvml_now = nvml
+        watcher_factory = lambda cb: XidWatcher(nvml_now, cb, clock)  # noqa: E731
+
+    codec = AvroCodec("NodeGpuSample")
+    lock: SpoolLock | None = None
+    delivery: Delivery | None = None
+    if args.dry_run:
+        sink: Delivery | JsonLinesSink = JsonLinesSink(codec.decode, sys.stdout)
+    else:
+        spool_dir = expand(settings.spool_dir) / "agent"
+        lock = SpoolLock(spool_dir)
+        lock.acquire()
+        delivery = Delivery(settings.kafka, DeliverySettings(spool_dir=spool_dir)).start()
+        sink = delivery
+    listeners: list[XidCallback] = []
+    if args.xid_state:
+        args.xid_state.parent.mkdir(parents=True, exist_ok=True)
+        listeners.append(functools.partial(append_xid_event, args.xid_state))
+    agent = NodeAgent(
+        sampler=sampler,
+        sink=sink,
+        encode=codec.encode,
+        topic=settings.topic_prefix + SAMPLES.name,
+        node=node,
+        interval_ms=interval_ms,
+        clock=clock,
+        watcher_factory=watcher_factory,
+        xid_listeners=listeners,
+    )
+    log.info("agent: run %s, every %d ms to %s", run_id, interval_ms, agent.topic)
+    try:
+        with stop_on_signals(agent.stop):
+            agent.run(args.count)
+    finally:
+        if delivery is not None:
+            stats = delivery.close()
+            log.info("agent: delivery %s; %d records in the spool", stats, delivery.spooled_records)
+        if lock is not None:
+            lock.release()
+        if nvml is not None:
+            try:
+                nvml.nvmlShutdown()
+            except pynvml.NVMLError as exc:
+                log.debug("nvmlShutdown: %s", exc)
+    return 0
