@@ -20,6 +20,8 @@ COMMANDS: dict[str, str] = {
     "simulate": "simulate",
     "agent": "agent",
     "health": "health",
+    "eval": "eval",
+    "export": "export",
 }
 
 

@@ -66,19 +66,30 @@ def test_clock_drop_of_5pct_of_max_clock_is_suspected_then_confirmed_after_4_of_
     assert clk["z"] <= -3.5
     assert clk["value"] == pytest.approx(0.85)
     assert clk["peer_median"] == pytest.approx(0.90, abs=0.002)
-    assert clk["mad"] == pytest.approx(0.01 * clk["peer_median"])  # the floor binds
+    assert clk["mad"] == pytest.approx(
+        DetectorSettings().mad_floor_clk_rel * clk["peer_median"]
+    )  # the floor binds
     scores = {gpu_key(w["node"], w["gpu_index"]): w["score"] for w in results[5].windows}
     assert max(scores, key=lambda k: scores[k]) == gpu_key(node, index)
 
 
-@pytest.mark.parametrize(("drop", "flagged"), [(0.05, False), (0.0515, False), (0.053, True)])
-def test_clock_detection_limit_follows_the_mad_floor(drop: float, flagged: bool) -> None:
-    # With the MAD floored at 1% of the median, z = 0.6745 * drop / 1%: a relative drop must
-    # exceed 3.5 / 0.6745 = 5.19% of the peers' clock before z reaches 3.5.
+@pytest.mark.parametrize(
+    ("floor", "drop", "flagged"),
+    [
+        # DETECTION.md's literal 1% floor: z = 0.6745 * drop / 1% reaches 3.5 only past 5.19%.
+        (0.01, 0.05, False), (0.01, 0.0515, False), (0.01, 0.053, True),
+        # The default 0.9% floor: the limit is 4.67%, so a 5% drop is flagged and 4.5% is not.
+        (None, 0.045, False), (None, 0.05, True),
+    ],
+)  # fmt: skip
+def test_clock_detection_limit_follows_the_mad_floor(
+    floor: float | None, drop: float, flagged: bool
+) -> None:
     def make(k: int) -> list[dict[str, Any]]:
         return [window("job1", i, k, clk_ratio=1.0 - (drop if i == 0 else 0.0)) for i in range(16)]
 
-    results, _ = run(job(16), make, range(3))
+    settings = DetectorSettings() if floor is None else DetectorSettings(mad_floor_clk_rel=floor)
+    results, _ = run(job(16), make, range(3), settings=settings)
     assert bool(findings(results)) is flagged
 
 

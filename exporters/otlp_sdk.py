@@ -1,0 +1,334 @@
+"""OpenTelemetry SDK wiring of the OTLP exporter: the thin edge around :mod:`.otlp` and :mod:`.series`.
+
+Metrics: one observable instrument per :data:`~peerwatch.exporters.otlp.METRICS` entry (gauges,
+and cumulative observable counters for ``hw.energy`` and ``hw.errors``), fed from a bounded
+:class:`~peerwatch.exporters.series.SeriesStore`; a ``PeriodicExportingMetricReader`` exports
+every ``interval_s``. Events: a ``LoggerProvider`` with a ``BatchLogRecordProcessor``.
+
+When the collector is down (documented behaviour, SDK 1.45):
+
+* the OTLP exporters retry a failed export with exponential backoff (1 s, 2 s, 4 s ... with
+  jitter, at most 6 tries) for transient errors (gRPC UNAVAILABLE etc., HTTP 429/502/503/504)
+  until ``timeout_s`` runs out, then give up: that batch is dropped. Counted here as
+  ``metric_points_failed`` / ``events_failed``.
+* metrics hold no backlog: every collection reads the latest values again, so after an outage
+  the collector gets current values, not the missed history. Memory is the series store,
+  bounded by ``max_series``.
+* events wait in the batch processor's queue, at most ``max_queued_events``; when full the SDK
+  drops the oldest. After :meth:`OtlpSink.close` the exact number is
+  ``events_dropped_queue_full`` (emitted - exported - failed).
+
+Own telemetry goes out with the data: ``peerwatch.exporter.series.active`` and
+``peerwatch.exporter.discarded`` (attribute ``reason``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import (
+    BatchLogRecordProcessor,
+    LogRecordExporter,
+)
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+
+from peerwatch import __version__
+from peerwatch.errors import ConfigError
+from peerwatch.exporters.base import Clock, ExportError, monotonic_s
+from peerwatch.exporters.otlp import METRICS, event_for, series_key, window_points
+from peerwatch.exporters.otlp_counting import CountingLogExporter, CountingMetricExporter
+from peerwatch.exporters.series import SeriesStore
+
+log = logging.getLogger(__name__)
+
+Protocol_ = Literal["grpc", "http"]
+SCOPE = "peerwatch.exporters.otlp"
+
+
+@dataclass(frozen=True)
+class OtlpConfig:
+    """How to reach the collector and the exporter's bounds. Units in the names."""
+
+    endpoint: str = "http://127.0.0.1:4317"
+    protocol: Protocol_ = "grpc"
+    interval_s: float = 10.0
+    timeout_s: float = 10.0
+    max_series: int = 100_000
+    stale_after_s: float = 900.0
+    max_queued_events: int = 2048
+    event_batch_size: int = 512
+    event_delay_s: float = 1.0
+
+    def validate(self) -> OtlpConfig:
+        """Return self, or raise ConfigError naming the field at fault."""
+        if self.protocol not in ("grpc", "http"):
+            raise ConfigError("otlp.protocol", f"{self.protocol!r} is not grpc or http")
+        if not self.endpoint.startswith(("http://", "https://")):
+            raise ConfigError("otlp.endpoint", f"{self.endpoint!r} must start with http(s)://")
+        for name in ("interval_s", "timeout_s", "stale_after_s", "event_delay_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"otlp.{name}", "must be positive")
+        if min(self.max_series, self.max_queued_events, self.event_batch_size) < 1:
+            raise ConfigError("otlp.max_series", "bounds must be positive")
+        if self.event_batch_size > self.max_queued_events:
+            raise ConfigError("otlp.event_batch_size", "must not exceed max_queued_events")
+        return self
+
+
+def signal_url(endpoint: str, signal: Literal["metrics", "logs"]) -> str:
+    """The OTLP/HTTP URL of ``signal`` for a base endpoint (``.../v1/metrics``)."""
+    base = endpoint.rstrip("/")
+    return base if base.endswith(f"/v1/{signal}") else f"{base}/v1/{signal}"
+
+
+def otlp_exporters(config: OtlpConfig) -> tuple[MetricExporter, LogRecordExporter]:
+    """The SDK's OTLP metric and log exporters for ``config`` (no connection is made here)."""
+    config.validate()
+    insecure = config.endpoint.startswith("http://")
+    if config.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        return (
+            OTLPMetricExporter(
+                endpoint=config.endpoint, insecure=insecure, timeout=config.timeout_s
+            ),
+            OTLPLogExporter(endpoint=config.endpoint, insecure=insecure, timeout=config.timeout_s),
+        )
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import (
+        OTLPLogExporter as HttpLogExporter,
+    )
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpMetricExporter,
+    )
+
+    return (
+        HttpMetricExporter(
+            endpoint=signal_url(config.endpoint, "metrics"), timeout=config.timeout_s
+        ),
+        HttpLogExporter(endpoint=signal_url(config.endpoint, "logs"), timeout=config.timeout_s),
+    )
+
+
+class OtlpSink:
+    """A :class:`~peerwatch.exporters.base.Sink` publishing GpuWindows as OTLP metrics and
+    findings, recommendations, health results and drain actions as OTLP events.
+
+    ``metric_exporter`` is wrapped in a counting exporter and read every ``config.interval_s``;
+    ``metric_readers`` are extra readers (``InMemoryMetricReader`` in tests). Nothing connects
+    before the first export.
+    """
+
+    def __init__(
+        self,
+        config: OtlpConfig,
+        *,
+        metric_exporter: MetricExporter | None,
+        log_exporter: LogRecordExporter,
+        metric_readers: Iterable[MetricReader] = (),
+        clock: Clock = monotonic_s,
+        resource_attributes: Mapping[str, str] | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.store = SeriesStore(
+            max_series=config.max_series, stale_after_s=config.stale_after_s, clock=clock
+        )
+        resource = Resource.create(
+            {
+                "service.name": "peerwatch",
+                "service.version": __version__,
+                **(resource_attributes or {}),
+            }
+        )
+        readers = list(metric_readers)
+        self._metric_exporter = None
+        if metric_exporter is not None:
+            self._metric_exporter = CountingMetricExporter(metric_exporter)
+            readers.append(
+                PeriodicExportingMetricReader(
+                    self._metric_exporter,
+                    export_interval_millis=config.interval_s * 1000,
+                    export_timeout_millis=config.timeout_s * 1000 + 1000,
+                )
+            )
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+        self._log_exporter = CountingLogExporter(log_exporter)
+        self.logger_provider = LoggerProvider(resource=resource)
+        self.logger_provider.add_log_record_processor(
+            BatchLogRecordProcessor(
+                self._log_exporter,
+                schedule_delay_millis=config.event_delay_s * 1000,
+                max_export_batch_size=config.event_batch_size,
+                export_timeout_millis=config.timeout_s * 1000,
+                max_queue_size=config.max_queued_events,
+            )
+        )
+        self._logger = self.logger_provider.get_logger(SCOPE, __version__)
+        self.events_emitted = 0
+        #: Exact once closed: events the full queue dropped (emitted - exported - failed).
+        self.events_dropped_queue_full = 0
+        self._closed = False
+        self._register_instruments()
+
+    def _register_instruments(self) -> None:
+        meter = self.meter_provider.get_meter(SCOPE, __version__)
+        for spec in METRICS:
+            create = (
+                meter.create_observable_counter
+                if spec.kind == "counter"
+                else meter.create_observable_gauge
+            )
+            create(spec.name, callbacks=[self._observer(spec.name)], unit=spec.unit,
+                   description=spec.description)  # fmt: skip
+        meter.create_observable_gauge(
+            "peerwatch.exporter.series.active",
+            callbacks=[lambda _o: [Observation(len(self.store))]],
+            unit="{series}",
+            description="GPU-in-job series currently exported.",
+        )
+        meter.create_observable_counter(
+            "peerwatch.exporter.discarded",
+            callbacks=[self._discarded],
+            unit="{item}",
+            description="Series, windows, points and events the exporter let go, by reason.",
+        )
+
+    def _observer(self, name: str) -> Any:
+        def observe(_options: CallbackOptions) -> list[Observation]:
+            return [Observation(value, dict(attrs)) for value, attrs in self.store.observe(name)]
+
+        return observe
+
+    def _discarded(self, _options: CallbackOptions) -> list[Observation]:
+        return [Observation(n, {"reason": reason}) for reason, n in self.discarded().items()]
+
+    def discarded(self) -> dict[str, int]:
+        """What was let go so far, by reason (series evictions, failed exports, ...)."""
+        s = self.store.stats
+        return {
+            "series_ended": s.series_evicted_ended,
+            "series_stale": s.series_evicted_stale,
+            "series_cap": s.series_dropped_cap,
+            "window_out_of_order": s.windows_out_of_order,
+            "window_of_ended_job": s.windows_of_ended_jobs,
+            "metric_export_failed": self._metric_exporter.points_failed
+            if self._metric_exporter
+            else 0,
+            "event_export_failed": self._log_exporter.failed,
+        }
+
+    def stats(self) -> dict[str, int]:
+        """Every counter of the sink: :meth:`discarded` plus live series and event counts."""
+        return {
+            **self.discarded(),
+            "series_active": len(self.store),
+            "windows_applied": self.store.stats.windows_applied,
+            "events_emitted": self.events_emitted,
+            "events_exported": self._log_exporter.exported,
+            "events_dropped_queue_full": self.events_dropped_queue_full,
+            "metric_exports_ok": self._metric_exporter.exports_ok if self._metric_exporter else 0,
+            "metric_exports_failed": self._metric_exporter.exports_failed
+            if self._metric_exporter
+            else 0,
+        }
+
+    def write(self, schema_name: str, record: Mapping[str, Any]) -> None:
+        """Map one decoded record; other schemas are ignored.
+
+        Raises ExportError when the record lacks a field the mapping needs.
+        """
+        try:
+            if schema_name == "GpuWindow":
+                self.store.apply_window(
+                    series_key(record), int(record["window_start_ms"]), window_points(record)
+                )
+            elif schema_name == "JobEvent":
+                self._job_event(record)
+            else:
+                event = event_for(schema_name, record)
+                if event is not None:
+                    self._logger.emit(
+                        timestamp=event.timestamp_ms * 1_000_000,
+                        severity_number=event.severity_number,
+                        severity_text=event.severity_text,
+                        body=event.body,
+                        attributes=event.attributes,
+                        event_name=event.event_name,
+                    )
+                    self.events_emitted += 1
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ExportError(
+                f"{schema_name}: cannot map record ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    def _job_event(self, event: Mapping[str, Any]) -> None:
+        kind, job_id = event["kind"], str(event["job_id"])
+        if kind == "ENDED":
+            self.store.job_ended(job_id)
+        elif kind == "REQUEUED":
+            # The next run keeps the job id: drop this run's series, accept the next one's.
+            self.store.job_ended(job_id)
+            self.store.job_started(job_id)
+        elif kind == "STARTED":
+            self.store.job_started(job_id)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Export pending events and collect+export metrics now.
+
+        True when both finished within ``timeout_s`` and no export failed meanwhile (the SDK's
+        own ``force_flush`` reports True even when the batch was dropped).
+        """
+        timeout_ms = int(timeout_s * 1000)
+        failures = self._failures()
+        events_ok = self.logger_provider.force_flush(timeout_ms)
+        metrics_ok = self.meter_provider.force_flush(timeout_ms)
+        return bool(events_ok and metrics_ok) and self._failures() == failures
+
+    def _failures(self) -> tuple[int, int]:
+        metric_failures = self._metric_exporter.exports_failed if self._metric_exporter else 0
+        return (metric_failures, self._log_exporter.failed)
+
+    def close(self) -> None:
+        """Flush and shut the providers down (a last metric export included). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.logger_provider.shutdown()
+        self.meter_provider.shutdown()
+        lost = self.events_emitted - self._log_exporter.exported - self._log_exporter.failed
+        if lost:
+            log.warning("%d events dropped: the event queue was full", lost)
+        self.events_dropped_queue_full = max(lost, 0)
+
+
+def otlp_sink(
+    config: OtlpConfig,
+    *,
+    clock: Clock = monotonic_s,
+    resource_attributes: Mapping[str, str] | None = None,
+) -> OtlpSink:
+    """An :class:`OtlpSink` exporting to the collector at ``config.endpoint``.
+
+    ``resource_attributes`` add to ``service.name=peerwatch`` (``OTEL_RESOURCE_ATTRIBUTES`` is
+    honoured too). Raises ConfigError for an invalid config.
+    """
+    metric_exporter, log_exporter = otlp_exporters(config)
+    return OtlpSink(
+        config,
+        metric_exporter=metric_exporter,
+        log_exporter=log_exporter,
+        clock=clock,
+        resource_attributes=resource_attributes,
+    )

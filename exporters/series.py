@@ -1,0 +1,169 @@
+"""Bounded latest-value store behind the OTLP observable instruments.
+
+One *series* is one GPU in one job (``(job_id, node, gpu_index)``). For each series the store
+keeps the latest gauge values and the running totals of counters, keyed by metric name and full
+attribute set, so GPUs never overwrite each other. Memory and cardinality are bounded three ways:
+
+* a ``JobEvent`` ENDED removes every series of the job (and late windows of an ended job are
+  ignored until the job starts again: a requeue);
+* a series without a new window for ``stale_after_s`` (processing time) is removed;
+* at most ``max_series`` series are kept: inserting one more removes the least recently updated
+  one, counted in ``stats.series_dropped_cap``.
+
+Thread-safe: the consume loop writes while the SDK's reader thread calls :meth:`observe`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from peerwatch.exporters.base import Clock, monotonic_s
+from peerwatch.exporters.otlp import IDENTITY_ATTRIBUTES, Attributes, MetricPoint, SeriesKey
+
+_PointKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass
+class SeriesStats:
+    """Counters of what the store did (read them for the exporter's own telemetry)."""
+
+    windows_applied: int = 0
+    windows_out_of_order: int = 0
+    windows_of_ended_jobs: int = 0
+    series_evicted_ended: int = 0
+    series_evicted_stale: int = 0
+    series_dropped_cap: int = 0
+
+
+@dataclass
+class _Series:
+    window_start_ms: int
+    updated_s: float
+    values: dict[_PointKey, tuple[float, Attributes]] = field(default_factory=dict)
+
+
+def _point_key(point: MetricPoint) -> _PointKey:
+    # Identity attributes are the series' own (a late-known user or UUID must replace the
+    # value, not add a second one); what remains (e.g. error.type) tells points apart.
+    extra = ((k, repr(v)) for k, v in point.attributes.items() if k not in IDENTITY_ATTRIBUTES)
+    return (point.name, tuple(sorted(extra)))
+
+
+class SeriesStore:
+    """The latest value of every (metric, attributes) per live series; see the module doc."""
+
+    def __init__(
+        self,
+        *,
+        max_series: int = 100_000,
+        stale_after_s: float = 900.0,
+        max_ended_jobs: int = 10_000,
+        clock: Clock = monotonic_s,
+    ) -> None:
+        """``stale_after_s``: seconds without a window before a series is dropped.
+
+        ``max_ended_jobs`` bounds the memory of ended job ids. Raises ValueError for a
+        non-positive bound.
+        """
+        if max_series < 1 or stale_after_s <= 0 or max_ended_jobs < 1:
+            raise ValueError("max_series, stale_after_s and max_ended_jobs must be positive")
+        self.max_series = max_series
+        self.stale_after_s = stale_after_s
+        self._max_ended = max_ended_jobs
+        self._clock = clock
+        self._lock = threading.Lock()
+        # Least recently updated first: eviction under the cap pops from the front.
+        self._series: OrderedDict[SeriesKey, _Series] = OrderedDict()
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        self.stats = SeriesStats()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._series)
+
+    def apply_window(
+        self, key: SeriesKey, window_start_ms: int, points: Iterable[MetricPoint]
+    ) -> bool:
+        """Apply one window's points to series ``key``. Returns False when it was ignored.
+
+        Gauges take the new value; counters add the window's increment. A window not newer than
+        the series' last one (a redelivery) is ignored so counters never count twice.
+        """
+        now_s = self._clock()
+        with self._lock:
+            if key[0] in self._ended:
+                self.stats.windows_of_ended_jobs += 1
+                return False
+            series = self._series.get(key)
+            if series is None:
+                if len(self._series) >= self.max_series:
+                    self._series.popitem(last=False)
+                    self.stats.series_dropped_cap += 1
+                series = self._series[key] = _Series(window_start_ms - 1, now_s)
+            if window_start_ms <= series.window_start_ms:
+                self.stats.windows_out_of_order += 1
+                return False
+            for point in points:
+                pkey = _point_key(point)
+                if point.kind == "counter":
+                    previous = series.values.get(pkey, (0.0, point.attributes))[0]
+                    series.values[pkey] = (previous + point.value, point.attributes)
+                else:
+                    series.values[pkey] = (point.value, point.attributes)
+            series.window_start_ms = window_start_ms
+            series.updated_s = now_s
+            self._series.move_to_end(key)
+            self.stats.windows_applied += 1
+            return True
+
+    def job_ended(self, job_id: str) -> int:
+        """Remove every series of ``job_id`` and ignore its late windows; returns how many went."""
+        with self._lock:
+            self._ended[job_id] = None
+            self._ended.move_to_end(job_id)
+            while len(self._ended) > self._max_ended:
+                self._ended.popitem(last=False)
+            gone = [k for k in self._series if k[0] == job_id]
+            for k in gone:
+                del self._series[k]
+            self.stats.series_evicted_ended += len(gone)
+            return len(gone)
+
+    def job_started(self, job_id: str) -> None:
+        """Accept windows of ``job_id`` again (a requeued job keeps its id)."""
+        with self._lock:
+            self._ended.pop(job_id, None)
+
+    def evict_stale(self) -> int:
+        """Remove series without a window for ``stale_after_s``; returns how many went."""
+        cutoff_s = self._clock() - self.stale_after_s
+        removed = 0
+        with self._lock:
+            # Ordered by last update: stop at the first fresh one.
+            while self._series:
+                key, series = next(iter(self._series.items()))
+                if series.updated_s > cutoff_s:
+                    break
+                del self._series[key]
+                removed += 1
+            self.stats.series_evicted_stale += removed
+        return removed
+
+    def observe(self, metric_name: str) -> list[tuple[float, Attributes]]:
+        """Every current ``(value, attributes)`` of ``metric_name``, stale series evicted first."""
+        self.evict_stale()
+        with self._lock:
+            return [
+                value
+                for series in self._series.values()
+                for (name, _), value in series.values.items()
+                if name == metric_name
+            ]
+
+    def snapshot(self) -> Mapping[SeriesKey, int]:
+        """Live series and the start (ms) of their latest window, for tests and debugging."""
+        with self._lock:
+            return {k: s.window_start_ms for k, s in self._series.items()}

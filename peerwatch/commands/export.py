@@ -1,0 +1,109 @@
+"""``peerwatch export otlp|stdout`` — publish the output topics as OTLP or JSON lines.
+
+``otlp``: GpuWindows become OTLP metrics, findings/recommendations/health results/drain actions
+OTLP events, sent to a collector over gRPC (default ``http://127.0.0.1:4317``) or HTTP/protobuf
+(e.g. ``--protocol http --endpoint http://127.0.0.1:4318``). ``stdout``: the same mapping as JSON
+lines, for local debugging. Runs until SIGTERM/SIGINT, then flushes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from typing import Any
+
+from peerwatch.commands import settings_of
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("export", help="export windows and findings as OTLP or JSON lines")
+    targets = p.add_subparsers(dest="target", metavar="TARGET", required=True)
+
+    otlp = targets.add_parser("otlp", help="OTLP metrics and events to a collector")
+    otlp.add_argument(
+        "--endpoint",
+        default="http://127.0.0.1:4317",
+        help="collector URL (default: %(default)s; HTTP usually :4318)",
+    )
+    otlp.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    otlp.add_argument("--interval-s", type=float, default=10.0, help="metric export interval")
+    otlp.add_argument(
+        "--timeout-s",
+        type=float,
+        default=10.0,
+        help="per-export deadline, retries included; then the batch is dropped",
+    )
+    otlp.add_argument(
+        "--max-series",
+        type=int,
+        default=100_000,
+        help="cap on exported GPU-in-job series (oldest dropped, counted)",
+    )
+    otlp.add_argument(
+        "--stale-after-s",
+        type=float,
+        default=900.0,
+        help="drop a series after this long without a window",
+    )
+    otlp.add_argument(
+        "--max-queued-events",
+        type=int,
+        default=2048,
+        help="events held while the collector is down (oldest dropped)",
+    )
+    otlp.add_argument("--group-id", default="peerwatch-export-otlp")
+    otlp.set_defaults(func=run)
+
+    stdout = targets.add_parser("stdout", help="JSON lines on stdout, for debugging")
+    stdout.add_argument("--group-id", default="peerwatch-export-stdout")
+    stdout.set_defaults(func=run)
+
+
+def _sink(args: argparse.Namespace) -> Any:
+    if args.target == "stdout":
+        from peerwatch.exporters.stdout import StdoutSink
+
+        return StdoutSink()
+    from peerwatch.exporters.otlp_sdk import OtlpConfig, otlp_sink
+
+    return otlp_sink(
+        OtlpConfig(
+            endpoint=args.endpoint,
+            protocol=args.protocol,
+            interval_s=args.interval_s,
+            timeout_s=args.timeout_s,
+            max_series=args.max_series,
+            stale_after_s=args.stale_after_s,
+            max_queued_events=args.max_queued_events,
+            event_batch_size=min(512, args.max_queued_events),
+        ).validate()
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from peerwatch.exporters.consume import kafka_export_loop
+
+    settings = settings_of(args)
+    sink = _sink(args)
+    loop, consumer, deadletter = kafka_export_loop(
+        settings.kafka, sink, group_id=args.group_id, topic_prefix=settings.topic_prefix
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    log.info("export %s: reading the output topics (prefix %r)", args.target, settings.topic_prefix)
+    try:
+        stats = loop.run(stop)
+    finally:
+        sink.close()
+        consumer.close()
+        undelivered = deadletter.flush()
+    if undelivered:
+        log.error("%d dead-letter records were not delivered", undelivered)
+    extra = sink.stats() if hasattr(sink, "stats") else {}
+    log.info("export %s stopped: %s %s", args.target, stats, extra)
+    return 0

@@ -1,0 +1,192 @@
+"""Labelled scenarios of the evaluation suites (``peerwatch eval --suite quick|full``).
+
+Every scenario is a simulator document (see ``docs/scenarios.md``) built here from a few knobs,
+so the suites cover every fault and confounder, several seeds and job sizes 1-512 GPUs:
+
+- ``clock-<pct>``: an SM-clock drop of ``pct`` % on one GPU in each of five jobs of 8-128 GPUs
+  (the 64- and 128-GPU ones last >= 10 min, so a DRAIN is expected); the drop-size sweep;
+- ``throttle``: thermal throttling and power braking in jobs of 8, 16 and 64 GPUs;
+- ``hard``: every hard XID, the application XIDs, an NVLink storm, a PCIe downtrain and a lost
+  GPU, each in its own job (8 GPUs, and a 2-GPU job for the small-job case);
+- ``confounders``: every confounder, with small jobs, a requeue, skewed and lossy nodes;
+- ``big``: a 512-GPU job with a 6% drop and a throttle, plus a random 1-64 GPU workload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+QUICK_SEEDS = (1, 2, 3)
+FULL_SEEDS = (1, 2, 3, 4, 5)
+QUICK_PCTS = (4.0, 5.0, 6.0, 8.0, 10.0)
+FULL_PCTS = (3.0, 4.0, 5.0, 5.5, 6.0, 7.0, 8.0, 10.0, 15.0)
+HARD_XIDS = (48, 63, 64, 74, 79, 92, 94, 95)
+APP_XIDS = (13, 31, 43, 45, 68)
+
+
+@dataclass(frozen=True)
+class EvalScenario:
+    """One labelled scenario: a name and a simulator document."""
+
+    name: str
+    doc: dict[str, Any]
+
+
+def _fleet(nodes: int, seed: int, duration_s: float, interval_s: float) -> dict[str, Any]:
+    return {
+        "nodes": nodes,
+        "gpus_per_node": 8,
+        "gpu_model": "H100" if seed % 2 else "H200",
+        "interval_s": interval_s,
+        "duration_s": duration_s,
+        "seed": seed,
+    }
+
+
+def _onset(seed: int, i: int, base_s: float = 200.0) -> float:
+    """Onsets spread over a window, so detection latency is measured at every phase."""
+    return base_s + (seed * 11 + i * 7) % 30
+
+
+def clock_sweep(pct: float, seed: int, duration_s: float = 1200.0) -> EvalScenario:
+    sizes = (8, 16, 32, 64, 128)
+    jobs, faults, first = [], [], 0
+    for i, gpus in enumerate(sizes):
+        job_id = f"{7000 + i}"
+        jobs.append({"job_id": job_id, "gpus": gpus, "first_node": first, "duration_s": 7200})
+        node = first + (seed + i) % (gpus // 8)
+        start = _onset(seed, i)
+        end = start + 400 if gpus < 64 else None  # the big jobs' drops last >= 10 min
+        fault: dict[str, Any] = {
+            "name": "sm_clock_drop",
+            "node": node,
+            "gpu_index": (seed * 3 + i) % 8,
+            "start_s": start,
+            "params": {"pct": pct},
+        }
+        if end is not None:
+            fault["end_s"] = end
+        faults.append(fault)
+        first += gpus // 8
+    doc = {"fleet": _fleet(first, seed, duration_s, 2.0), "jobs": jobs, "faults": faults}
+    return EvalScenario(f"clock-{pct:g}pct-s{seed}", doc)
+
+
+def throttle(seed: int, duration_s: float = 1200.0) -> EvalScenario:
+    sizes = (8, 16, 64)
+    jobs, faults, first = [], [], 0
+    for i, gpus in enumerate(sizes):
+        job_id = f"{7100 + i}"
+        jobs.append({"job_id": job_id, "gpus": gpus, "first_node": first, "duration_s": 7200})
+        for k, name in enumerate(("thermal_throttle", "power_brake")):
+            start = _onset(seed, 2 * i + k)
+            # One short episode (straggler) and, in the 64-GPU job, long ones (drain).
+            long = gpus == 64
+            faults.append(
+                {
+                    "name": name,
+                    "node": first + k % (gpus // 8),
+                    "gpu_index": (seed + 2 * i + 3 * k) % 8,
+                    "start_s": start,
+                    "end_s": start + (800 if long else 300),
+                    "params": {"clock_drop_pct": 10 + 5 * k} if name == "thermal_throttle" else {},
+                }
+            )
+        first += gpus // 8
+    doc = {"fleet": _fleet(first, seed, duration_s, 2.0), "jobs": jobs, "faults": faults}
+    return EvalScenario(f"throttle-s{seed}", doc)
+
+
+def hard_errors(seed: int, duration_s: float = 600.0) -> EvalScenario:
+    kinds: list[tuple[str, dict[str, Any]]] = [("xid", {"xid": x}) for x in HARD_XIDS]
+    kinds += [("xid", {"xid": x}) for x in APP_XIDS]
+    kinds += [("nvlink_error_storm", {}), ("pcie_downtrain", {"width": 8}), ("gpu_lost", {})]
+    jobs, faults = [], []
+    for i, (name, params) in enumerate(kinds):
+        jobs.append({"job_id": f"{7200 + i}", "gpus": 8, "first_node": i, "duration_s": 7200})
+        faults.append(
+            {
+                "name": name,
+                "node": i,
+                "gpu_index": (seed + i) % 8,
+                "start_s": _onset(seed, i, 150.0),
+                "params": params,
+            }
+        )
+    small = len(kinds)  # a 2-GPU job on its own node with an uncorrectable ECC error
+    jobs.append({"job_id": "7299", "gpus": 2, "nodes": [small], "duration_s": 7200})
+    faults.append(
+        {"name": "xid", "node": small, "gpu_index": 1, "start_s": 250, "params": {"xid": 94}}
+    )
+    doc = {"fleet": _fleet(small + 1, seed, duration_s, 2.0), "jobs": jobs, "faults": faults}
+    return EvalScenario(f"hard-s{seed}", doc)
+
+
+def confounders(seed: int, duration_s: float = 1200.0) -> EvalScenario:
+    jobs = [
+        {"job_id": "7301", "gpus": 64, "first_node": 0, "duration_s": 7200,
+         "checkpoint_every_s": 300, "checkpoint_s": 40},
+        {"job_id": "7302", "gpus": 64, "first_node": 8, "duration_s": 7200},
+        {"job_id": "7303", "gpus": 32, "first_node": 16, "duration_s": 7200,
+         "eval_every_s": 400, "eval_s": 60},
+        {"job_id": "7304", "gpus": 16, "first_node": 20, "duration_s": 7200},
+    ]  # fmt: skip
+    c = [
+        {"name": "checkpoint", "node": 0, "start_s": 500, "end_s": 560},
+        {"name": "eval_pause", "node": 16, "start_s": 700, "end_s": 760},
+        {"name": "pipeline_stages", "node": 8, "start_s": 0},
+        {"name": "network_slowdown", "node": 8, "start_s": 600, "end_s": 800},
+        {"name": "dataloader_stall", "node": 1, "gpu_index": 2, "start_s": 300, "end_s": 900,
+         "params": {"sm_factor": 0.4}},
+        {"name": "cluster_power_cap", "start_s": 850, "end_s": 1050, "params": {"limit_w": 450}},
+        {"name": "small_jobs", "start_s": 60, "end_s": 600, "params": {"count": 8}},
+        {"name": "requeue", "node": 20, "start_s": 400, "end_s": 460},
+        {"name": "missing_samples", "node": 3, "start_s": 200, "end_s": 700,
+         "params": {"drop_prob": 0.3, "mode": "lost"}},
+        {"name": "missing_samples", "node": 17, "start_s": 200, "end_s": 700,
+         "params": {"drop_prob": 0.5}},
+        {"name": "clock_skew", "node": 5, "start_s": 0, "params": {"offset_ms": 1800}},
+        {"name": "clock_skew", "node": 18, "start_s": 0, "params": {"offset_ms": -1500}},
+    ]  # fmt: skip
+    doc = {
+        "fleet": _fleet(24, seed, duration_s, 1.0),
+        "jobs": jobs,
+        "confounders": c,
+    }
+    return EvalScenario(f"confounders-s{seed}", doc)
+
+
+def big_job(seed: int, duration_s: float = 1200.0) -> EvalScenario:
+    doc = {
+        "fleet": _fleet(72, seed, duration_s, 5.0),
+        "jobs": [{"job_id": "7400", "gpus": 512, "first_node": 0, "duration_s": 7200}],
+        "workload": {"count": 12, "sizes": [1, 2, 4, 8, 16, 32, 64],
+                     "size_weights": [3, 2, 2, 2, 1, 1, 1], "duration_s": [300, 900]},
+        "faults": [
+            {"name": "sm_clock_drop", "node": 10 + seed, "gpu_index": seed % 8,
+             "start_s": _onset(seed, 0), "params": {"pct": 6}},
+            {"name": "thermal_throttle", "node": 40 + seed, "gpu_index": (seed + 3) % 8,
+             "start_s": _onset(seed, 1, 250.0), "end_s": _onset(seed, 1, 250.0) + 300},
+        ],
+        "confounders": [{"name": "checkpoint", "node": 0, "start_s": 700, "end_s": 760}],
+    }  # fmt: skip
+    return EvalScenario(f"big512-s{seed}", doc)
+
+
+def suite(name: str) -> list[EvalScenario]:
+    """The scenarios of suite ``quick`` or ``full``; raises ValueError for another name."""
+    seeds: tuple[int, ...]
+    pcts: tuple[float, ...]
+    if name == "quick":
+        seeds, pcts, long_s = QUICK_SEEDS, QUICK_PCTS, 1200.0
+    elif name == "full":
+        seeds, pcts, long_s = FULL_SEEDS, FULL_PCTS, 1800.0
+    else:
+        raise ValueError(f"unknown suite {name!r} (quick or full)")
+    out: list[EvalScenario] = []
+    for seed in seeds:
+        out += [clock_sweep(p, seed, long_s) for p in pcts]
+        out += [throttle(seed, long_s), hard_errors(seed), confounders(seed, long_s)]
+    out += [big_job(seed) for seed in (seeds[:1] if name == "quick" else seeds)]
+    return out

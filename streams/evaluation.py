@@ -1,0 +1,415 @@
+"""The evaluation harness: labelled simulated scenarios through the pipeline, scored.
+
+Scoring is pure (:func:`score`: labels, findings and recommendations in, :class:`Score` out);
+:func:`run_scenario` runs one scenario through :class:`~peerwatch.streams.pipeline.Pipeline`;
+:func:`evaluate` runs a suite (see :mod:`peerwatch.streams.eval_suites`) and checks the targets.
+
+Definitions (times int ms; latencies from the label's onset ``start_ms``):
+
+- a label with ``expect == "straggler"`` or a clock fault with ``expect == "drain"`` is
+  *recalled* by a SUSPECT or CONFIRMED finding on its node and GPU whose window overlaps the
+  label's time; onset->finding latency uses the finding's ``stream_ms`` (when a live stream would
+  have published it: window end + lateness);
+- a label with ``expect == "drain"`` is recalled by a DRAIN recommendation for its node at or
+  after onset and before ``end_ms + slack``; for hard errors the recommendation's event time
+  (``ts_ms``, the end of the window that fired) must be within one window (plus one sampling
+  interval, as a fault between two ticks shows only in the next sample) of the onset;
+- precision: share of finding episodes (per job, node, GPU, status kind) explained by a fault
+  label (any ``expect``) on that node (and GPU) in time; a false drain is a DRAIN that no fault
+  label on its node explains.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from peerwatch.producers.sim import Fleet, parse_scenario
+from peerwatch.streams.eval_suites import EvalScenario
+from peerwatch.streams.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
+
+CLOCK_FAULTS = frozenset({"sm_clock_drop", "thermal_throttle", "power_brake"})
+RECALL_STATUSES = frozenset({"SUSPECT", "CONFIRMED"})
+EPISODE_STATUSES = frozenset({"SUSPECT", "CONFIRMED", "HARD_ERROR"})
+#: A recommendation or finding up to this long after a label ends is still explained by it.
+DEFAULT_SLACK_MS = 5 * 60 * 1000
+
+
+@dataclass
+class Score:
+    """Counts and latencies of one scenario (or of several, added together)."""
+
+    straggler_labels: int = 0
+    straggler_hits: int = 0
+    drain_labels: int = 0
+    drain_hits: int = 0
+    hard_labels: int = 0
+    hard_in_window: int = 0
+    episodes: int = 0
+    episodes_explained: int = 0
+    drains: int = 0
+    false_drains: int = 0
+    false_alerts: int = 0
+    finding_latency_ms: list[int] = field(default_factory=list)
+    rec_latency_ms: list[int] = field(default_factory=list)
+    #: (label name, pct or None) -> [labels, recalled] for straggler-type labels.
+    by_kind: dict[str, list[int]] = field(default_factory=dict)
+    missed: list[dict[str, Any]] = field(default_factory=list)
+    false_drain_records: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, other: Score) -> None:
+        for name in (
+            "straggler_labels", "straggler_hits", "drain_labels", "drain_hits", "hard_labels",
+            "hard_in_window", "episodes", "episodes_explained", "drains", "false_drains",
+            "false_alerts",
+        ):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.finding_latency_ms += other.finding_latency_ms
+        self.rec_latency_ms += other.rec_latency_ms
+        for k, (n, hit) in other.by_kind.items():
+            mine = self.by_kind.setdefault(k, [0, 0])
+            mine[0] += n
+            mine[1] += hit
+        self.missed += other.missed
+        self.false_drain_records += other.false_drain_records
+
+    @property
+    def recall(self) -> float | None:
+        n = self.straggler_labels + self.drain_labels
+        return (self.straggler_hits + self.drain_hits) / n if n else None
+
+    @property
+    def precision(self) -> float | None:
+        return self.episodes_explained / self.episodes if self.episodes else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recall": self.recall,
+            "precision": self.precision,
+            "straggler_labels": self.straggler_labels,
+            "straggler_recalled": self.straggler_hits,
+            "drain_labels": self.drain_labels,
+            "drain_recalled": self.drain_hits,
+            "hard_labels": self.hard_labels,
+            "hard_within_one_window": self.hard_in_window,
+            "finding_episodes": self.episodes,
+            "drains": self.drains,
+            "false_drains": self.false_drains,
+            "false_alerts": self.false_alerts,
+            "onset_to_finding_s": latency_summary(self.finding_latency_ms),
+            "onset_to_recommendation_s": latency_summary(self.rec_latency_ms),
+            "recall_by_kind": {
+                k: {"labels": v[0], "recalled": v[1]} for k, v in sorted(self.by_kind.items())
+            },
+            "missed": self.missed,
+            "false_drain_records": self.false_drain_records,
+        }
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) or None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return float(ordered[int(rank) - 1])
+
+
+def latency_summary(values_ms: Sequence[int]) -> dict[str, float | None]:
+    """Median and p95 in seconds, and the count."""
+    return {
+        "n": len(values_ms),
+        "median": statistics.median(values_ms) / 1000 if values_ms else None,
+        "p95": (percentile(values_ms, 95) or 0) / 1000 if values_ms else None,
+    }
+
+
+def kind_of(label: Mapping[str, Any]) -> str:
+    """Grouping key of a label for the per-kind recall table, e.g. ``sm_clock_drop 6%``."""
+    pct = (label.get("params") or {}).get("pct")
+    if label["name"] == "sm_clock_drop":
+        return f"sm_clock_drop {float(pct if pct is not None else 8.0):g}%"
+    return str(label["name"])
+
+
+def _overlaps(a0: int, a1: int, b0: int, b1: int) -> bool:
+    return a0 < b1 and b0 < a1
+
+
+def score(
+    labels: Sequence[Mapping[str, Any]],
+    findings: Iterable[tuple[Mapping[str, Any], int]],
+    recommendations: Iterable[tuple[Mapping[str, Any], int]],
+    window_ms: int = 30_000,
+    slack_ms: int = DEFAULT_SLACK_MS,
+    interval_ms: int = 0,
+) -> Score:
+    """Score one scenario. ``findings`` and ``recommendations`` are (record, stream_ms) pairs.
+
+    ``interval_ms`` (the sampling interval) is added to the one-window allowance of hard
+    errors: a fault between two ticks can only show in the next sample.
+    """
+    findings = list(findings)
+    recs = list(recommendations)
+    out = Score()
+    faults = [lb for lb in labels if lb["kind"] == "fault"]
+    for lb in labels:
+        expect, name = lb["expect"], lb["name"]
+        start, end = int(lb["start_ms"]), int(lb["end_ms"])
+        if expect == "straggler" or (expect == "drain" and name in CLOCK_FAULTS):
+            out.straggler_labels += 1
+            hits = [
+                ms
+                for f, ms in findings
+                if f["status"] in RECALL_STATUSES
+                and f.get("node") == lb["node"]
+                and f.get("gpu_index") == lb["gpu_index"]
+                and _overlaps(int(f["window_start_ms"]), int(f["window_end_ms"]), start, end)
+            ]
+            entry = out.by_kind.setdefault(kind_of(lb), [0, 0])
+            entry[0] += 1
+            if hits:
+                out.straggler_hits += 1
+                entry[1] += 1
+                out.finding_latency_ms.append(max(0, min(hits) - start))
+            else:
+                out.missed.append({**lb, "missing": "finding"})
+        if expect == "drain":
+            out.drain_labels += 1
+            drains = [
+                (r, ms)
+                for r, ms in recs
+                if r["action"] == "DRAIN"
+                and r["node"] == lb["node"]
+                and start <= int(r["ts_ms"]) + window_ms
+                and int(r["ts_ms"]) <= end + slack_ms
+            ]
+            if drains:
+                out.drain_hits += 1
+                out.rec_latency_ms.append(max(0, min(ms for _, ms in drains) - start))
+            else:
+                out.missed.append({**lb, "missing": "drain"})
+            if name not in CLOCK_FAULTS:
+                out.hard_labels += 1
+                if any(int(r["ts_ms"]) - start <= window_ms + interval_ms for r, _ in drains):
+                    out.hard_in_window += 1
+    seen: set[tuple[Any, ...]] = set()
+    for f, _ in findings:
+        if f["status"] not in EPISODE_STATUSES:
+            continue
+        first = f.get("first_flagged_ms") or f["window_start_ms"]
+        episode = (
+            f["job_id"],
+            f.get("node"),
+            f.get("gpu_index"),
+            f["status"] == "HARD_ERROR",
+            first,
+        )
+        if episode in seen:
+            continue
+        seen.add(episode)
+        out.episodes += 1
+        if _explained(
+            faults,
+            f.get("node"),
+            f.get("gpu_index"),
+            int(f["window_start_ms"]),
+            int(f["window_end_ms"]),
+            slack_ms,
+        ):
+            out.episodes_explained += 1
+    for r, _ in recs:
+        ts = int(r["ts_ms"])
+        if r["action"] == "DRAIN":
+            out.drains += 1
+            if not _explained(faults, r["node"], None, ts - window_ms, ts, slack_ms):
+                out.false_drains += 1
+                out.false_drain_records.append(dict(r))
+        elif (
+            r["action"] == "ALERT"
+            and not r.get("reason", "").startswith("job-wide")
+            and not _explained(faults, r["node"], None, ts - window_ms, ts, slack_ms)
+        ):
+            out.false_alerts += 1
+    return out
+
+
+def _explained(
+    faults: Sequence[Mapping[str, Any]],
+    node: Any,
+    gpu: Any,
+    start_ms: int,
+    end_ms: int,
+    slack_ms: int,
+) -> bool:
+    for lb in faults:
+        if lb["node"] != node:
+            continue
+        if gpu is not None and lb["gpu_index"] is not None and lb["gpu_index"] != gpu:
+            continue
+        if _overlaps(start_ms, end_ms, int(lb["start_ms"]), int(lb["end_ms"]) + slack_ms):
+            return True
+    return False
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    gpus: int
+    labels: int
+    score: Score
+    runtime_s: float
+    counters: dict[str, int]
+
+
+def run_scenario(scenario: EvalScenario, settings: PipelineSettings) -> ScenarioResult:
+    """Simulate ``scenario``, run the pipeline over it and score the outputs."""
+    t0 = time.perf_counter()
+    fleet = Fleet(parse_scenario(scenario.doc))
+    pipeline = Pipeline(settings)
+    findings: list[tuple[dict[str, Any], int]] = []
+    recs: list[tuple[dict[str, Any], int]] = []
+    records = (r for batch in fleet.ticks() for r in batch)
+    for out in pipeline.run(records):
+        if out.kind == FINDING:
+            findings.append((out.value, out.stream_ms))
+        elif out.kind == RECOMMENDATION:
+            recs.append((out.value, out.stream_ms))
+    labels = fleet.labels()
+    result = score(
+        labels, findings, recs, settings.detector.window_ms, interval_ms=fleet.interval_ms
+    )
+    spec = fleet.spec
+    return ScenarioResult(
+        scenario.name,
+        spec.nodes * spec.gpus_per_node,
+        len(labels),
+        result,
+        time.perf_counter() - t0,
+        pipeline.counters(),
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    value: float | None
+    goal: str
+    passed: bool
+
+
+def targets(total: Score, window_s: int) -> list[Target]:
+    """The suite's acceptance targets, checked on the summed score."""
+    clock_n = sum(n for n, _ in total.by_kind.values())
+    clock_hit = sum(hit for _, hit in total.by_kind.values())
+    clock_recall = clock_hit / clock_n if clock_n else None
+    hard = total.hard_in_window / total.hard_labels if total.hard_labels else None
+    med = latency_summary(total.finding_latency_ms)["median"]
+    return [
+        Target(
+            "recall, clock drops >= 5% / throttling, jobs >= 8 GPUs",
+            clock_recall,
+            ">= 0.99",
+            clock_recall is not None and clock_recall >= 0.99,
+        ),
+        Target(
+            f"hard errors recommended within one window ({window_s} s)",
+            hard,
+            "= 1.0",
+            hard is not None and hard >= 1.0,
+        ),
+        Target("false drains", float(total.false_drains), "= 0", total.false_drains == 0),
+        Target("median onset->finding (s)", med, "<= 60", med is not None and med <= 60.0),
+    ]
+
+
+def parse_overrides(items: Sequence[str]) -> PipelineSettings:
+    """``detector.mad_floor_clk_rel=0.009``, ``policy.x=y`` or ``pipeline.lateness_s=5`` into
+    settings. Values are JSON (numbers, true/false, lists), else strings. Raises ConfigError."""
+    import json
+
+    from peerwatch.errors import ConfigError
+    from peerwatch.streams.settings import DetectorSettings, PolicySettings
+
+    groups: dict[str, dict[str, Any]] = {"detector": {}, "policy": {}, "pipeline": {}}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or section not in groups or not name:
+            raise ConfigError(
+                key or item,
+                "expected detector.NAME=VALUE, policy.NAME=VALUE or pipeline.NAME=VALUE",
+            )
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        groups[section][name] = value
+    pipeline = groups["pipeline"]
+    allowed = {"lateness_s", "job_grace_s", "fan_out_job_wide", "max_batch"}
+    for name in pipeline:
+        if name not in allowed:
+            raise ConfigError(f"pipeline.{name}", f"unknown setting (one of {sorted(allowed)})")
+    return PipelineSettings(
+        detector=DetectorSettings.from_dict(groups["detector"]),
+        policy=PolicySettings.from_dict(groups["policy"]),
+        **pipeline,
+    )
+
+
+def evaluate(
+    scenarios: Sequence[EvalScenario], settings: PipelineSettings
+) -> tuple[list[ScenarioResult], Score, list[Target]]:
+    """Run every scenario; returns per-scenario results, the summed score and the targets."""
+    results = [run_scenario(s, settings) for s in scenarios]
+    total = Score()
+    for r in results:
+        total.add(r.score)
+    return results, total, targets(total, settings.detector.window_s)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_report(results: Sequence[ScenarioResult], total: Score, checks: Sequence[Target]) -> str:
+    """A plain-text report: per scenario, recall by kind, overall, the targets."""
+    lines = [
+        f"{'scenario':24} {'GPUs':>5} {'labels':>6} {'recall':>6} {'prec':>6} {'drains':>6} "
+        f"{'false':>5} {'med s':>6} {'p95 s':>6} {'run s':>6}"
+    ]
+    rows: list[ScenarioResult | None] = [*results, None]
+    for r in rows:
+        s = total if r is None else r.score
+        lat = latency_summary(s.finding_latency_ms)
+        name = "TOTAL" if r is None else r.name
+        gpus = "" if r is None else str(r.gpus)
+        labels = "" if r is None else str(r.labels)
+        run_s = sum(x.runtime_s for x in results) if r is None else r.runtime_s
+        lines.append(
+            f"{name:24} {gpus:>5} {labels:>6} {_fmt(s.recall):>6} {_fmt(s.precision):>6} "
+            f"{s.drains:>6} {s.false_drains:>5} {_fmt(lat['median'], 1):>6} "
+            f"{_fmt(lat['p95'], 1):>6} {run_s:>6.1f}"
+        )
+    lines.append("")
+    lines.append("recall by fault (labels expecting a straggler or a clock-fault drain):")
+    for kind, (n, hit) in sorted(total.by_kind.items(), key=lambda kv: _kind_order(kv[0])):
+        lines.append(f"  {kind:24} {hit:>4}/{n:<4} {hit / n:.3f}")
+    rec = latency_summary(total.rec_latency_ms)
+    lines.append(
+        f"drain recall {total.drain_hits}/{total.drain_labels}; onset->recommendation median "
+        f"{_fmt(rec['median'], 1)} s, p95 {_fmt(rec['p95'], 1)} s; false alerts "
+        f"{total.false_alerts}"
+    )
+    lines.append("")
+    for t in checks:
+        lines.append(f"{'PASS' if t.passed else 'FAIL'}  {t.name}: {_fmt(t.value)} (goal {t.goal})")
+    return "\n".join(lines)
+
+
+def _kind_order(kind: str) -> tuple[str, float]:
+    name, _, pct = kind.partition(" ")
+    return (name, float(pct.rstrip("%")) if pct else 0.0)
