@@ -17,11 +17,14 @@ COMMANDS: dict[str, str] = {
     "kafka": "kafka",
     "topics": "topics",
     "demo": "demo",
+    "eval": "eval",
     "simulate": "simulate",
+    "stream": "stream",
+    "export": "export",
     "agent": "agent",
     "health": "health",
-    "eval": "eval",
-    "export": "export",
+    "drain-controller": "drain_controller",
+    "slurm": "slurm",
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--rate", type=float, default=0.0,
         help="node records per wall-clock second (0 = as fast as possible)",
+    )  # fmt: skip
+    p.add_argument(
+        "--start-ms", default=None,
+        help="event time of the first tick, epoch ms, or 'now' (default: 'now' when publishing to "
+        "Kafka, whose retention would delete records stamped in the past; the scenario's own "
+        "start with --archive, so archives stay byte-identical)",
     )  # fmt: skip
     p.add_argument("--step-times", action="store_true", help="also publish StepTime records")
     p.add_argument("--archive", metavar="DIR", help="write Avro files + labels.jsonl, no Kafka")
@@ -45,6 +52,13 @@ def build_fleet(args: argparse.Namespace) -> Any:
     }  # fmt: skip
     if args.step_times:
         changes["step_times"] = True
+    start = args.start_ms if args.start_ms is not None else (None if args.archive else "now")
+    if start == "now":
+        interval_ms = int((args.interval_s or scenario.fleet.interval_s) * 1000)
+        now_ms = int(time.time() * 1000)
+        changes["start_ms"] = now_ms - now_ms % interval_ms
+    elif start is not None:
+        changes["start_ms"] = int(start)
     if changes:
         scenario = with_fleet(scenario, **changes)
     return Fleet(scenario)

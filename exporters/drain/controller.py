@@ -1,0 +1,295 @@
+"""The drain controller loop: recommendations and node events in, Slurm drains and audit out.
+
+Per recommendation, under the state-file lock: read Slurm's nodes, fold them into the state
+(operator resumes), decide, drain when enforcing, record the decision and its DrainAction in the
+state file's outbox, save. Then the outbox is delivered to ``peerwatch.drain.actions`` and only
+then is the offset committed. A kill at any point therefore never acts twice: a replayed record
+finds its id among the decided ones (DUPLICATE) or, if the kill came between ``scontrol`` and the
+save, finds the node already carrying a peerwatch reason (DUPLICATE, adopted into the ledger).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from peerwatch.errors import CodecError, ServiceError
+from peerwatch.exporters.drain.audit import action_record, invalid_record, resume_record
+from peerwatch.exporters.drain.config import DrainSettings
+from peerwatch.exporters.drain.decide import (
+    ClusterView,
+    Decision,
+    NodeFacts,
+    Outcome,
+    Refusal,
+    apply_decision,
+    decide,
+    expired_drains,
+    forget_resumed,
+    observe_node,
+)
+from peerwatch.exporters.drain.slurm_ops import SlurmCommandError, SlurmOps
+from peerwatch.exporters.drain.state import ControllerState, StateStore
+from peerwatch.schemas.codec import AvroCodec
+
+log = logging.getLogger(__name__)
+
+#: Seconds between retries while Slurm's node list or Kafka delivery is unavailable.
+RETRY_S = 2.0
+#: Seconds between checks for expired recommendations (auto-resume).
+EXPIRY_CHECK_S = 30.0
+
+
+class Clock(Protocol):
+    def __call__(self) -> int:
+        """Now, int ms since the epoch (UTC)."""
+        ...
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Topics:
+    recommendations: str
+    node_events: str
+    actions: str
+    deadletter: str
+
+
+class AuditPublisher:
+    """Delivers DrainAction records (and dead letters) with a confluent-kafka Producer."""
+
+    def __init__(self, producer: Any, topics: Topics, delivery_timeout_s: float) -> None:
+        self._producer = producer
+        self._topics = topics
+        self._timeout_s = delivery_timeout_s
+        self._codec = AvroCodec("DrainAction")
+        self._in_flight: set[str] = set()
+        self._delivered: set[str] = set()
+
+    def deliver(self, actions: list[dict[str, Any]]) -> None:
+        """Publish every action and wait for all acknowledgements. Raises ServiceError.
+
+        An action still in flight from an earlier call (flush timed out) is not produced again;
+        one whose delivery failed is."""
+        errors: list[str] = []
+
+        def on_delivery(action_id: str) -> Callable[[Any, Any], None]:
+            def done(err: Any, _msg: Any) -> None:
+                self._in_flight.discard(action_id)
+                if err is None:
+                    self._delivered.add(action_id)
+                else:
+                    errors.append(str(err))
+
+            return done
+
+        for action in actions:
+            action_id = action["action_id"]
+            if action_id in self._in_flight or action_id in self._delivered:
+                continue
+            self._in_flight.add(action_id)
+            self._producer.produce(
+                self._topics.actions, self._codec.encode(action), action["node"].encode(),
+                on_delivery=on_delivery(action_id),
+            )  # fmt: skip
+        self._producer.flush(self._timeout_s)
+        missing = [a["action_id"] for a in actions if a["action_id"] not in self._delivered]
+        if missing:
+            raise ServiceError(
+                f"{len(missing)} audit record(s) undelivered after {self._timeout_s} s; {errors[:3]}"
+            )
+        for action in actions:
+            self._delivered.discard(action["action_id"])
+
+    def dead_letter(self, key: bytes | None, value: bytes | None, why: str, source: str) -> None:
+        headers = [("peerwatch.error", why.encode()[:1000]), ("peerwatch.source", source.encode()),
+                   ("peerwatch.stage", b"drain-controller")]  # fmt: skip
+        self._producer.produce(self._topics.deadletter, value, key, headers=headers)
+
+
+class DrainController:
+    """Wires a consumer, the audit publisher, Slurm and the state file to the pure policy."""
+
+    def __init__(
+        self,
+        consumer: Any,
+        publisher: AuditPublisher,
+        slurm: SlurmOps,
+        store: StateStore,
+        settings: DrainSettings,
+        topics: Topics,
+        clock: Clock = wall_clock_ms,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._consumer = consumer
+        self._publisher = publisher
+        self._slurm = slurm
+        self._store = store
+        self._settings = settings
+        self._topics = topics
+        self._clock = clock
+        self._sleep = sleep
+        self._rec_codec = AvroCodec("DrainRecommendation")
+        self._event_codec = AvroCodec("NodeStateEvent")
+        self._next_expiry_check_s = 0.0
+
+    def run(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Consume until ``stop()`` is true. Raises ServiceError on a fatal Kafka error."""
+        self._consumer.subscribe([self._topics.recommendations, self._topics.node_events])
+        self.flush_outbox(stop)
+        mode = "ENFORCE" if self._settings.enforce else "SHADOW"
+        log.info("drain controller running in %s mode", mode)
+        while not stop():
+            msg = self._consumer.poll(self._settings.poll_timeout_s)
+            if msg is not None:
+                err = msg.error()
+                if err is not None:
+                    if getattr(err, "fatal", lambda: False)():
+                        raise ServiceError(f"Kafka consumer failed: {err}")
+                    log.warning("consumer: %s", err)
+                elif self.handle(msg, stop):
+                    self._consumer.commit(message=msg, asynchronous=False)
+            self.tick(stop)
+
+    def handle(self, msg: Any, stop: Callable[[], bool] = lambda: False) -> bool:
+        """Process one message; True when its offset may be committed (False only if stopped)."""
+        if msg.topic() == self._topics.node_events:
+            self._on_node_event(msg)
+            return True
+        while True:
+            try:
+                self._on_recommendation(msg)
+                break
+            except SlurmCommandError as exc:
+                # Without the node list nothing can be decided safely: retry, never skip.
+                log.error("cannot read Slurm's nodes, retrying in %s s: %s", RETRY_S, exc)
+                if stop():
+                    return False
+                self._sleep(RETRY_S)
+        return self.flush_outbox(stop)
+
+    def _on_recommendation(self, msg: Any) -> None:
+        now_ms = self._clock()
+        source = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
+        with self._store.transaction() as state:
+            try:
+                rec = self._rec_codec.decode(msg.value() or b"")
+            except CodecError as exc:
+                decision = invalid_record(msg.key(), f"undecodable record {source}: {exc}",
+                                          self._settings.enforce, now_ms)  # fmt: skip
+                self._publisher.dead_letter(msg.key(), msg.value(), str(exc), source)
+                state.outbox.append(action_record(decision, source))
+                return
+            cluster = ClusterView.of(self._slurm.nodes(), self._settings.partition_sizes)
+            self._reconcile(state, cluster, now_ms)
+            decision = decide(rec, state, cluster, self._settings, now_ms)
+            decision = self._carry_out(decision)
+            apply_decision(state, decision, self._settings)
+            state.outbox.append(action_record(decision, source))
+        log.info("%s %s %s", decision.outcome, decision.node, decision.detail)
+
+    def _carry_out(self, decision: Decision) -> Decision:
+        if not (decision.enforce and decision.outcome == Outcome.DRAINED):
+            return decision
+        try:
+            self._slurm.drain(decision.node, decision.slurm_reason or "")
+        except SlurmCommandError as exc:
+            return decision.failed(f"slurm_error: scontrol update failed: {exc}")
+        return decision
+
+    def _reconcile(self, state: ControllerState, cluster: ClusterView, now_ms: int) -> None:
+        state.prune(now_ms, self._settings.state_retention_s * 1000, self._window_ms())
+        for node in list(state.enforce.drained):
+            facts = cluster.nodes.get(node)
+            if facts is None:
+                state.enforce.drained.pop(node)
+            elif observe_node(state, facts, now_ms) == "operator_resume":
+                log.info("operator resumed %s: cooldown starts", node)
+
+    def _window_ms(self) -> int:
+        s = self._settings
+        return max(s.job_window_s, s.partition_window_s) * 1000
+
+    def _on_node_event(self, msg: Any) -> None:
+        try:
+            event = self._event_codec.decode(msg.value() or b"")
+        except CodecError as exc:
+            log.warning("skipping undecodable node event: %s", exc)
+            return
+        facts = NodeFacts(
+            name=event["node"], state=event["state"], flags=tuple(event["flags"]),
+            reason=event["reason"], reason_user=event["reason_user"],
+            partitions=tuple(event["partitions"] or ()),
+        )  # fmt: skip
+        with self._store.transaction() as state:
+            if observe_node(state, facts, event["ts_ms"]) == "operator_resume":
+                log.info("operator resumed %s (node event): cooldown starts", facts.name)
+
+    def flush_outbox(self, stop: Callable[[], bool] = lambda: False) -> bool:
+        """Deliver the state's outbox, retrying until delivered; True when empty, False if stopped."""
+        while True:
+            with self._store.transaction() as state:
+                pending = list(state.outbox)
+            if not pending:
+                return True
+            try:
+                self._publisher.deliver(pending)
+            except ServiceError as exc:
+                log.error("audit delivery failed, retrying in %s s: %s", RETRY_S, exc)
+                if stop():
+                    return False
+                self._sleep(RETRY_S)
+                continue
+            delivered = {a["action_id"] for a in pending}
+            with self._store.transaction() as state:
+                state.outbox = [a for a in state.outbox if a["action_id"] not in delivered]
+
+    def tick(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Housekeeping between messages: auto-resume expired drains, deliver a pending outbox."""
+        now_s = time.monotonic()
+        s = self._settings
+        if s.enforce and s.auto_resume_on_expiry and now_s >= self._next_expiry_check_s:
+            self._next_expiry_check_s = now_s + EXPIRY_CHECK_S
+            try:
+                self.resume_expired()
+            except SlurmCommandError as exc:
+                log.error("auto-resume skipped: %s", exc)
+        self.flush_outbox(stop)
+
+    def resume_expired(self) -> int:
+        """Resume nodes whose recommendation expired and that still carry our reason; returns how
+        many. Raises SlurmCommandError when the node list cannot be read."""
+        now_ms = self._clock()
+        count = 0
+        with self._store.transaction() as state:
+            due = expired_drains(state, now_ms)
+            if not due:
+                return 0
+            cluster = ClusterView.of(self._slurm.nodes(), self._settings.partition_sizes)
+            self._reconcile(state, cluster, now_ms)
+            for entry in due:
+                facts = cluster.nodes.get(entry.node)
+                if entry.node not in state.enforce.drained or facts is None or not facts.ours:
+                    continue
+                part = entry.partitions[0] if entry.partitions else None
+                try:
+                    self._slurm.resume(entry.node)
+                except SlurmCommandError as exc:
+                    state.outbox.append(resume_record(
+                        entry.node, now_ms, f"slurm_error: resume after expiry failed: {exc}",
+                        recommendation_id=entry.recommendation_id, refusal=Refusal.SLURM_ERROR,
+                        partition=part, slurm_reason=facts.reason))  # fmt: skip
+                    continue
+                forget_resumed(state, entry.node)
+                state.outbox.append(resume_record(
+                    entry.node, now_ms, f"recommendation expired at {entry.expires_ms}: resumed",
+                    recommendation_id=entry.recommendation_id, partition=part,
+                    slurm_reason=facts.reason))  # fmt: skip
+                count += 1
+        return count

@@ -1,0 +1,203 @@
+"""The watcher's loop: read Slurm, :func:`~peerwatch.producers.slurm.watcher.diff`, publish, persist.
+
+The state file is written (atomically: temporary file, fsync, rename) only after the poll's
+events were handed to the sink, so a crash in between republishes those events with the same
+ids, and a clean restart publishes nothing new.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+from peerwatch.errors import PeerwatchError
+from peerwatch.producers.slurm.client import SlurmClient
+from peerwatch.producers.slurm.parse import parse_sacct, parse_sinfo, parse_squeue
+from peerwatch.producers.slurm.watcher import (
+    WatchEvent,
+    WatchState,
+    diff,
+    restart_counts,
+    vanished_jobs,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "EventSink",
+    "JsonLinesSink",
+    "KafkaSink",
+    "StateFile",
+    "poll_once",
+    "run_watch",
+    "topic_names",
+]
+
+#: How far back sacct is asked about a vanished job beyond its submit/start time.
+SACCT_MARGIN_MS = 3_600_000
+
+
+class EventSink(Protocol):
+    def publish(self, event: WatchEvent) -> None: ...
+
+
+class JsonLinesSink:
+    """``--dry-run``: one JSON object per event (``topic``, ``key``, ``value``) on ``out``."""
+
+    def __init__(self, out: TextIO, topics: dict[str, str]) -> None:
+        self._out = out
+        self._topics = topics
+
+    def publish(self, event: WatchEvent) -> None:
+        line = {"topic": self._topics[event.schema], "key": event.key, "value": event.record}
+        self._out.write(json.dumps(line, sort_keys=True) + "\n")
+        self._out.flush()
+
+
+class StateFile:
+    """The persisted :class:`WatchState` (JSON)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> WatchState:
+        """The saved state; empty when the file does not exist. An unreadable file is renamed
+        ``*.corrupt`` and an empty state returned (events are then republished with the same
+        ids). Raises OSError for I/O failures other than a missing file."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return WatchState()
+        try:
+            return WatchState.from_json(json.loads(text))
+        except ValueError as exc:
+            bad = self.path.with_suffix(self.path.suffix + ".corrupt")
+            log.error("watch state %s unreadable (%s); moved to %s", self.path, exc, bad)
+            os.replace(self.path, bad)
+            return WatchState()
+
+    def save(self, state: WatchState) -> None:
+        """Replace the file atomically. Raises OSError."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(state.to_json(), f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+def poll_once(
+    client: SlurmClient, state: WatchState, now_ms: int, vanish_grace_ms: int = 600_000
+) -> tuple[WatchState, list[WatchEvent]]:
+    """Read squeue and the nodes (and sacct when jobs vanished); return the new state and events.
+
+    Raises SlurmCommandError / SlurmParseError when squeue cannot be read (nothing changes
+    then). A failing node read leaves node state as it was; a failing sacct lets vanished
+    jobs wait (closed with state None after ``vanish_grace_ms``)."""
+    squeue_doc = client.squeue_json()
+    jobs = parse_squeue(squeue_doc)
+    restarts = restart_counts(squeue_doc)
+    try:
+        nodes = parse_sinfo(client.nodes_json())
+    except PeerwatchError as exc:
+        log.warning("watch: node states not read: %s", exc)
+        nodes = None
+    accounted = None
+    gone = vanished_jobs(state, jobs)
+    if gone:
+        times = [t for i in gone for t in (state.jobs[i].submit_ms, state.jobs[i].start_ms) if t]
+        since_ms = min(times, default=now_ms) - SACCT_MARGIN_MS
+        try:
+            accounted = [j for j in parse_sacct(client.sacct_json(since_ms)) if j.job_id in gone]
+        except PeerwatchError as exc:
+            log.warning("watch: sacct failed for vanished jobs %s: %s", gone, exc)
+            accounted = []
+    return diff(
+        state, jobs, nodes, now_ms,
+        restarts=restarts, accounted=accounted, vanish_grace_ms=vanish_grace_ms,
+    )  # fmt: skip
+
+
+def run_watch(
+    client: SlurmClient,
+    sink: EventSink,
+    state_file: StateFile | None,
+    *,
+    interval_s: float = 10.0,
+    once: bool = False,
+    stop: threading.Event | None = None,
+    clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    state: WatchState | None = None,
+) -> WatchState:
+    """Poll every ``interval_s`` seconds until ``stop`` is set (or once). Returns the last state.
+
+    Without ``state_file`` (dry run) the state lives in memory only. With ``once`` a Slurm
+    error is raised (SlurmCommandError / SlurmParseError); in the loop it is logged and the
+    poll retried at the next interval."""
+    stop = stop or threading.Event()
+    if state is None:
+        state = state_file.load() if state_file else WatchState()
+    while True:
+        started = time.monotonic()
+        try:
+            new_state, events = poll_once(client, state, clock_ms())
+        except PeerwatchError as exc:
+            if once:
+                raise
+            log.warning("watch: poll failed: %s", exc)
+        else:
+            for event in events:
+                sink.publish(event)
+            if events:
+                log.info("watch: published %d events", len(events))
+            if state_file is not None and new_state != state:
+                state_file.save(new_state)
+            state = new_state
+        if once or stop.wait(max(0.0, interval_s - (time.monotonic() - started))):
+            return state
+
+
+def topic_names(prefix: str) -> dict[str, str]:
+    """Schema name -> topic name (with the settings' prefix) for the two watcher topics."""
+    from peerwatch.topics import JOB_EVENTS, NODE_EVENTS
+
+    return {
+        "JobEvent": prefix + JOB_EVENTS.name,
+        "NodeStateEvent": prefix + NODE_EVENTS.name,
+    }
+
+
+def describe(events: list[WatchEvent]) -> list[dict[str, Any]]:
+    """Short summaries of events for logs and test failure messages."""
+    return [
+        {"key": e.key, **{k: e.record.get(k) for k in ("kind", "state", "node")}} for e in events
+    ]
+
+
+class KafkaSink:
+    """Publishes through a non-blocking ``send(topic, key, value, ts_ms=...)`` (``Delivery``).
+
+    ``encode(schema_name, record)`` gives the wire bytes (``AvroCodec(...).encode``)."""
+
+    def __init__(
+        self,
+        send: Callable[..., None],
+        encode: Callable[[str, dict[str, Any]], bytes],
+        topics: dict[str, str],
+    ) -> None:
+        self._send = send
+        self._encode = encode
+        self._topics = topics
+
+    def publish(self, event: WatchEvent) -> None:
+        value = self._encode(event.schema, event.record)
+        self._send(
+            self._topics[event.schema], event.key.encode(), value, ts_ms=event.record["ts_ms"]
+        )

@@ -1,0 +1,465 @@
+"""The live stream processor: the four stages of ARCHITECTURE.md as a faust app.
+
+Stages and their keys (every stage scales out as a Kafka consumer group; state lives in
+changelog-backed tables, so a restarted or moved worker recovers it):
+
+1. ``route_jobs`` (job-events, key job) re-keys each JobEvent by node onto ``<id>-allocations``,
+   co-partitioned with the samples; ``allocations`` keeps one allocation table per node (table
+   ``<id>-alloc``).
+2. ``hot`` (samples, key node) is batch-oriented: ``take_events`` hands it up to ``batch_max``
+   samples at once, which are decoded, attributed and aggregated by the pure
+   :class:`~peerwatch.streams.windows.WindowAggregator`; closed windows leave as one compact
+   record per (job, window) on ``<id>-window-batches`` keyed by job. Faust's per-event overhead is
+   the known bottleneck, so nothing here is done per event that can be done per batch.
+3. ``jobs`` (job-events + window batches, key job) gathers a job's windows from all its nodes and
+   runs the pure detector; GpuWindow and StragglerFinding records go out, and findings go on to
+   ``<id>-findings`` keyed by node.
+4. ``policy`` (findings + health results + node events, key node) runs the pure drain policy and
+   publishes DrainRecommendations (deterministic ids; the policy state dedupes replays).
+
+Undecodable or invalid records go to the dead-letter topic with the reason in headers, and the
+worker keeps running. Late samples (for windows already closed) are counted and sent to the
+dead-letter topic with reason ``late``, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+
+from peerwatch.errors import CodecError
+from peerwatch.schemas.codec import AvroCodec
+from peerwatch.settings import Settings
+from peerwatch.streams.allocation import AllocationTable
+from peerwatch.streams.detector_state import JobDetectorState
+from peerwatch.streams.model import JOB_WIDE, InvalidRecordError, JobContext
+from peerwatch.streams.pipeline import JobStage, PolicyStage
+from peerwatch.streams.policy_state import NodePolicyState
+from peerwatch.streams.settings import DetectorSettings, PolicySettings
+from peerwatch.streams.windows import JobWindowBatch, WindowAggregator
+from peerwatch.topics import TopicSpec, catalogue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """Settings of the live stream app (the detector and policy have their own)."""
+
+    app_id: str = "peerwatch-stream"
+    window_s: int = 30
+    lateness_s: float = 5.0
+    #: How long past a window's end stage 3 waits for nodes still missing (other partitions lag).
+    job_grace_s: float = 30.0
+    batch_max: int = 2000
+    batch_within_s: float = 0.2
+    allocation_retention_s: int = 3600
+    fan_out_job_wide: bool = True
+    detector: DetectorSettings = field(default_factory=DetectorSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+
+
+@dataclass
+class StreamCounters:
+    samples: int = 0
+    batches: int = 0
+    windows: int = 0
+    findings: int = 0
+    recommendations: int = 0
+    late: int = 0
+    deadletter: int = 0
+
+
+def _faust_broker(settings: Settings) -> str:
+    return ";".join(f"kafka://{hp.strip()}" for hp in settings.kafka.bootstrap_servers.split(","))
+
+
+def _credentials(settings: Settings) -> Any:
+    kafka = settings.kafka
+    if kafka.security_protocol == "PLAINTEXT":
+        return None
+    from peerwatch.kafka_config import aiokafka_kwargs
+
+    kw = aiokafka_kwargs(kafka)
+    if kafka.sasl_mechanism:
+        return faust.SASLCredentials(
+            username=kafka.sasl_username,
+            password=kafka.sasl_password.reveal() if kafka.sasl_password else None,
+            ssl_context=kw.get("ssl_context"),
+            mechanism=kafka.sasl_mechanism,
+        )
+    return faust.SSLCredentials(kw["ssl_context"])
+
+
+class NodeAllocations:
+    """Per-node allocation tables (as the ``alloc`` table holds them) behind the interface the
+    window aggregator reads: ``segment``, ``owner``, ``version``, ``job``, ``prune``."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, AllocationTable] = {}
+        self.versions: dict[str, int] = {}
+        self._bumps: dict[str, int] = {}
+
+    def set(self, node: str, version: int, table: AllocationTable) -> None:
+        self.tables[node] = table
+        self.versions[node] = version
+        self._bumps[node] = self._bumps.get(node, 0) + 1
+
+    def version(self, node: str) -> int:
+        return self._bumps.get(node, 0)
+
+    def segment(self, node: str, ts_ms: int) -> tuple[dict[int, str], int, int | None]:
+        table = self.tables.get(node)
+        return table.segment(node, ts_ms) if table else ({}, -(1 << 62), None)
+
+    def owner(self, node: str, gpu_index: int, ts_ms: int) -> str | None:
+        table = self.tables.get(node)
+        return table.owner(node, gpu_index, ts_ms) if table else None
+
+    def job(self, job_id: str) -> Any:
+        for table in self.tables.values():
+            meta = table.job(job_id)
+            if meta is not None:
+                return meta
+        return None
+
+    def prune(self, now_ms: int) -> None:
+        for table in self.tables.values():
+            table.prune(now_ms)
+
+
+def internal_topics(settings: Settings, stream: StreamSettings | None = None) -> list[TopicSpec]:
+    """The app's repartition topics: created up front (with the catalogue's partition counts) so
+    that faust never auto-creates them with other counts and every agent finds them at start."""
+    cfg = stream or StreamSettings()
+    app_id = settings.topic_prefix + cfg.app_id
+    by_schema = {t.value_schema: t for t in catalogue(settings.topic_prefix)}
+    nodes, jobs = by_schema["NodeGpuSample"].partitions, by_schema["JobEvent"].partitions
+    day_ms = 24 * 3600 * 1000
+    return [
+        TopicSpec(f"{app_id}-allocations", "node", "JobEvent", nodes, "delete", 7 * day_ms,
+                  "JobEvents re-keyed by node (stage 1)"),
+        TopicSpec(f"{app_id}-window-batches", "job_id", None, jobs, "delete", day_ms,
+                  "closed windows of one job from one worker, JSON (stage 2 -> 3)"),
+        TopicSpec(f"{app_id}-findings", "node", None, nodes, "delete", 7 * day_ms,
+                  "findings re-keyed by node, JSON (stage 3 -> 4)"),
+    ]  # fmt: skip
+
+
+def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust.App:
+    """The faust app with its topics, tables and agents (nothing connects until it runs)."""
+    cfg = stream or StreamSettings()
+    prefix = settings.topic_prefix
+    topics = {t.value_schema or "deadletter": t for t in catalogue(prefix)}
+    app_id = prefix + cfg.app_id
+    app = faust.App(
+        app_id,
+        broker=_faust_broker(settings),
+        broker_credentials=_credentials(settings),
+        store="memory://",
+        web_enabled=False,
+        web_host="127.0.0.1",
+        topic_partitions=topics["NodeGpuSample"].partitions,
+        consumer_auto_offset_reset="earliest",
+        producer_compression_type="lz4",
+    )
+
+    def raw_topic(name: str, **kw: Any) -> Any:
+        return app.topic(
+            name,
+            key_type=bytes,
+            value_type=bytes,
+            value_serializer="raw",
+            key_serializer="raw",
+            **kw,
+        )
+
+    samples_t = raw_topic(topics["NodeGpuSample"].name)
+    job_events_t = raw_topic(topics["JobEvent"].name)
+    node_events_t = raw_topic(topics["NodeStateEvent"].name)
+    health_t = raw_topic(topics["HealthCheckResult"].name)
+    windows_out = raw_topic(topics["GpuWindow"].name)
+    stragglers_out = raw_topic(topics["StragglerFinding"].name)
+    recs_out = raw_topic(topics["DrainRecommendation"].name)
+    deadletter = raw_topic(topics["deadletter"].name)
+    node_partitions = topics["NodeGpuSample"].partitions
+    job_partitions = topics["JobEvent"].partitions
+    alloc_t = app.topic(f"{app_id}-allocations", partitions=node_partitions, internal=True,
+                        key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw")  # fmt: skip
+    batches_t = app.topic(f"{app_id}-window-batches", partitions=job_partitions, internal=True,
+                          key_type=bytes, value_serializer="json", key_serializer="raw")  # fmt: skip
+    findings_t = app.topic(f"{app_id}-findings", partitions=node_partitions, internal=True,
+                           key_type=bytes, value_serializer="json", key_serializer="raw")  # fmt: skip
+    table_schema = faust.Schema(key_serializer="raw", value_serializer="json")
+    alloc_table = app.Table("alloc", default=None, partitions=node_partitions, schema=table_schema)  # fmt: skip
+    job_table = app.Table("jobs", default=None, partitions=job_partitions, schema=table_schema)  # fmt: skip
+    # One entry per (job, window, source partition): a job's pending windows stay small records
+    # (a 512-GPU job's whole state would not fit one Kafka message).
+    pending_table = app.Table("pending", default=None, partitions=job_partitions, schema=table_schema)  # fmt: skip
+    policy_table = app.Table("policy", default=None, partitions=node_partitions, schema=table_schema)  # fmt: skip
+
+    codecs = {n: AvroCodec(n) for n in ("NodeGpuSample", "JobEvent", "NodeStateEvent",
+                                        "HealthCheckResult", "GpuWindow", "StragglerFinding",
+                                        "DrainRecommendation")}  # fmt: skip
+    counters = StreamCounters()
+    app.peerwatch_counters = counters  # type: ignore[attr-defined]
+
+    async def dead(event: Any, reason: str, detail: str) -> None:
+        counters.deadletter += 1
+        msg = event.message
+        headers = [
+            ("peerwatch.reason", reason.encode()),
+            ("peerwatch.error", detail[:1000].encode(errors="replace")),
+            ("peerwatch.topic", str(msg.topic).encode()),
+            ("peerwatch.partition", str(msg.partition).encode()),
+            ("peerwatch.offset", str(msg.offset).encode()),
+        ]
+        await deadletter.send(key=event.key, value=msg.value, headers=headers)
+
+    # -- stage 1: allocations, re-keyed by node ---------------------------------------------------
+    @app.agent(job_events_t, name=f"{app_id}-route-jobs")
+    async def route_jobs(stream: Any) -> None:
+        async for event in stream.events():
+            try:
+                job = codecs["JobEvent"].decode(event.value)
+            except CodecError as exc:
+                await dead(event, "undecodable", str(exc))
+                continue
+            for alloc in job.get("allocations") or []:
+                await alloc_t.send(key=str(alloc["node"]).encode(), value=event.value)
+
+    local_alloc = NodeAllocations()
+
+    @app.agent(alloc_t, name=f"{app_id}-allocations")
+    async def allocations(stream: Any) -> None:
+        async for event in stream.events():
+            node = event.key.decode()
+            try:
+                job = codecs["JobEvent"].decode(event.value)
+                current = alloc_table.get(event.key) or {}
+                table = (
+                    AllocationTable.from_dict(current["table"])
+                    if current
+                    else AllocationTable(cfg.allocation_retention_s * 1000)
+                )
+                own = [a for a in job["allocations"] if a["node"] == node]
+                table.apply_event({**job, "allocations": own})
+                alloc_table[event.key] = {
+                    "v": int(current.get("v", 0)) + 1,
+                    "table": table.for_nodes([node]).to_dict(),
+                }
+            except (CodecError, InvalidRecordError, KeyError, ValueError) as exc:
+                await dead(event, "invalid", str(exc))
+
+    # One aggregator per samples partition: each partition has its own event-time progress, so a
+    # partition that is behind (catching up after a restart, a slow broker) never makes another
+    # partition's samples late. Stage 3 waits for the slowest partition (watermark heartbeats).
+    aggregators: dict[int, WindowAggregator] = {}
+
+    def refresh_allocations(nodes: set[str]) -> None:
+        # The hot agent only reads the table (faust forbids table writes inside take batches);
+        # a node's allocation is re-read when its changelog-backed value changed.
+        for node in nodes:
+            value = alloc_table.get(node.encode())
+            if value is not None and local_alloc.versions.get(node) != value["v"]:
+                local_alloc.set(node, value["v"], AllocationTable.from_dict(value["table"]))
+
+    # -- stage 2: the hot path, batched ------------------------------------------------------------
+    @app.agent(samples_t, name=f"{app_id}-hot")
+    async def hot(stream: Any) -> None:
+        decode = codecs["NodeGpuSample"].decode
+        async for events in stream.take_events(cfg.batch_max, within=cfg.batch_within_s):
+            by_partition: dict[int, list[dict[str, Any]]] = {}
+            for event in events:
+                try:
+                    sample = decode(event.value)
+                except CodecError as exc:
+                    await dead(event, "undecodable", str(exc))
+                    continue
+                by_partition.setdefault(event.message.partition, []).append(sample)
+            counters.batches += 1
+            for partition, batch in sorted(by_partition.items()):
+                counters.samples += len(batch)
+                await aggregate(partition, batch)
+
+    async def aggregate(partition: int, batch: list[dict[str, Any]]) -> None:
+        agg = aggregators.get(partition)
+        if agg is None:
+            agg = aggregators[partition] = WindowAggregator(
+                local_alloc,  # type: ignore[arg-type]
+                cfg.window_s,
+                cfg.lateness_s,
+            )
+        refresh_allocations({s["node"] for s in batch})
+        for late in agg.add_batch(batch):
+            counters.late += 1
+            await deadletter.send(
+                key=str(late["node"]).encode(),
+                value=codecs["NodeGpuSample"].encode(late),
+                headers=[
+                    ("peerwatch.reason", b"late"),
+                    ("peerwatch.topic", samples_t.get_topic_name().encode()),
+                ],
+            )
+        closed_before = agg.closed_until_ms
+        for b in agg.close_ready():
+            await batches_t.send(key=b.job_id.encode(), value={
+                "kind": "windows", "src": partition, "job_id": b.job_id,
+                "window_start_ms": b.window_start_ms, "window_end_ms": b.window_end_ms,
+                "windows": b.windows,
+            })  # fmt: skip
+        if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
+            # Tell every stage-3 partition how far this samples partition has closed windows.
+            for q in range(job_partitions):
+                await batches_t.send(key=b"~watermark", partition=q, value={
+                    "kind": "watermark", "src": partition, "closed_until_ms": agg.closed_until_ms,
+                })  # fmt: skip
+        if agg.watermark_ms is not None:
+            local_alloc.prune(agg.watermark_ms - cfg.allocation_retention_s * 1000)
+
+    # -- stage 3: per-job peer comparison -----------------------------------------------------------
+    job_stages: dict[str, JobStage] = {}
+    job_partition: dict[str, int] = {}
+    pending_sources: dict[tuple[str, int], set[int]] = {}
+    job_meta = AllocationTable(cfg.allocation_retention_s * 1000)
+    source_watermarks: dict[int, int] = {}
+    grace_ms = int(cfg.job_grace_s * 1000)
+
+    def stage_of(job_id: str) -> JobStage:
+        stage = job_stages.get(job_id)
+        if stage is None:
+            # First sight of the job in this process: recover its state from the tables.
+            stage = job_stages[job_id] = JobStage(cfg.detector, grace_ms)
+            saved = job_table.get(job_id.encode()) or {}
+            if saved.get("detector"):
+                stage.states[job_id] = JobDetectorState.from_dict(saved["detector"])
+            for ev in saved.get("events") or []:
+                job_meta.apply_event(ev)
+            prefix = f"{job_id}|".encode()
+            for key, b in list(pending_table.items()):
+                if key.startswith(prefix) and b:
+                    stage.add(batch_of(b))
+                    _, start, src = key.decode().rsplit("|", 2)
+                    pending_sources.setdefault((job_id, int(start)), set()).add(int(src))
+        return stage
+
+    def batch_of(b: dict[str, Any]) -> JobWindowBatch:
+        return JobWindowBatch(b["job_id"], b["window_start_ms"], b["window_end_ms"], b["windows"])
+
+    def context_of(job_id: str) -> JobContext:
+        meta = job_meta.job(job_id)
+        return meta.context() if meta is not None else JobContext(job_id=job_id)
+
+    def stage3_watermark() -> int:
+        # The slowest samples partition bounds what is complete (partitions never heard from
+        # are not waited for: an idle partition must not stall every job).
+        return min(source_watermarks.values()) if source_watermarks else -(1 << 62)
+
+    async def release(job_id: str) -> None:
+        stage = job_stages[job_id]
+        before = set(stage.pending.get(job_id, {}))
+        results = stage.release(stage3_watermark(), context_of)
+        if not results:
+            return
+        key = job_id.encode()
+        for start in before - set(stage.pending.get(job_id, {})):
+            for src in pending_sources.pop((job_id, start), ()):
+                pending_table.pop(f"{job_id}|{start}|{src}".encode(), None)
+        saved = dict(job_table.get(key) or {})
+        if job_id in stage.states:
+            saved["detector"] = stage.states[job_id].to_dict()
+        job_table[key] = saved
+        for ctx, result in results:
+            for w in result.windows:
+                counters.windows += 1
+                await windows_out.send(key=key, value=codecs["GpuWindow"].encode(w))
+            for f in result.findings:
+                counters.findings += 1
+                await stragglers_out.send(key=key, value=codecs["StragglerFinding"].encode(f))
+                if f.get("node"):
+                    targets = [f["node"]]
+                elif f.get("status") == JOB_WIDE and cfg.fan_out_job_wide:
+                    targets = job_meta.nodes_of(ctx.job_id)
+                else:
+                    targets = []
+                for node in targets:
+                    await findings_t.send(key=str(node).encode(), value={**f, "node": node})
+
+    @app.agent(app.topic(job_events_t.get_topic_name(), batches_t.get_topic_name(),
+                         key_type=bytes, key_serializer="raw", value_serializer="raw"),
+               name=f"{app_id}-jobs")  # fmt: skip
+    async def jobs(stream: Any) -> None:
+        async for event in stream.events():
+            partition = event.message.partition
+            try:
+                if event.message.topic == job_events_t.get_topic_name():
+                    job_id = event.key.decode()
+                    stage_of(job_id)
+                    job = codecs["JobEvent"].decode(event.value)
+                    job_meta.apply_event(job)
+                    saved = dict(job_table.get(event.key) or {})
+                    saved["events"] = [*(saved.get("events") or []), job][-8:]
+                    job_table[event.key] = saved
+                    continue
+                b = json.loads(event.value)
+                if b.get("kind") == "watermark":
+                    src, until = int(b["src"]), int(b["closed_until_ms"])
+                    source_watermarks[src] = max(source_watermarks.get(src, until), until)
+                    for job_id in [j for j, p in job_partition.items() if p == partition]:
+                        if job_stages[job_id].pending:
+                            await release(job_id)
+                    continue
+                job_id = b["job_id"]
+                job_partition[job_id] = partition
+                stage_of(job_id).add(batch_of(b))
+                start, src = int(b["window_start_ms"]), int(b["src"])
+                pending_table[f"{job_id}|{start}|{src}".encode()] = b
+                pending_sources.setdefault((job_id, start), set()).add(src)
+                await release(job_id)
+            except (CodecError, InvalidRecordError, KeyError, ValueError, TypeError) as exc:
+                await dead(event, "invalid", str(exc))
+
+    # -- stage 4: the drain policy, keyed by node -----------------------------------------------------
+    policy = PolicyStage(cfg.policy, fan_out_job_wide=False)
+    loaded_nodes: set[str] = set()
+
+    @app.agent(app.topic(findings_t.get_topic_name(), health_t.get_topic_name(), node_events_t.get_topic_name(),
+                         key_type=bytes, key_serializer="raw", value_serializer="raw"),
+               name=f"{app_id}-policy")  # fmt: skip
+    async def policy_agent(stream: Any) -> None:
+        async for event in stream.events():
+            node = event.key.decode()
+            if node not in loaded_nodes:
+                saved = policy_table.get(event.key)
+                if saved:
+                    policy.state.nodes[node] = NodePolicyState.from_dict(saved)
+                loaded_nodes.add(node)
+            topic = event.message.topic
+            try:
+                if topic == findings_t.get_topic_name():
+                    record = json.loads(event.value)
+                elif topic == health_t.get_topic_name():
+                    record = codecs["HealthCheckResult"].decode(event.value)
+                else:
+                    record = codecs["NodeStateEvent"].decode(event.value)
+                recs = policy.apply(record)
+            except (CodecError, InvalidRecordError, KeyError, ValueError) as exc:
+                await dead(event, "invalid", str(exc))
+                continue
+            if node in policy.state.nodes:
+                policy_table[event.key] = policy.state.nodes[node].to_dict()
+            for r in recs:
+                counters.recommendations += 1
+                await recs_out.send(
+                    key=str(r["node"]).encode(), value=codecs["DrainRecommendation"].encode(r)
+                )
+
+    @app.timer(interval=30.0)
+    async def report_counters() -> None:
+        log.info("stream counters: %s", counters)
+
+    return app
