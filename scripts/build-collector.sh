@@ -31,7 +31,9 @@ if [[ -x "${binary}" && "${force}" -eq 0 ]]; then
   exit 0
 fi
 
-command -v go >/dev/null || { echo "build-collector: 'go' not found on PATH" >&2; exit 2; }
+# The Go toolchain of this machine kind lives in /usr/local/go; a login PATH may lack it.
+if [[ -x /usr/local/go/bin/go ]]; then export PATH="$PATH:/usr/local/go/bin"; fi
+command -v go >/dev/null || { echo "build-collector: 'go' not found on PATH (install Go >= 1.24)" >&2; exit 2; }
 mkdir -p "${out_dir}"
 
 export GOPATH="${cache_root}/go"

@@ -22,6 +22,12 @@ if [[ -z ${PEERWATCH_KAFKA_BOOTSTRAP:-} ]]; then
     export PEERWATCH_KAFKA_BOOTSTRAP=127.0.0.1:9092
 fi
 bash scripts/slurm-up.sh
+# The incident report is checked by rendering it in Debian's headless Chromium.
+if ! command -v chromium >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+# The OpenTelemetry Collector the exporter tests talk to is built once from the Go module proxy.
+bash scripts/build-collector.sh >/dev/null
 
 # pytest exits 5 when it collected no test: that is a failure here, like any other non-zero code.
 .venv/bin/python -m pytest "${@:-tests}"

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+from typing import Any
+
+from peerwatch.demo_view import DemoView, evidence_text
+
+
+def finding(node: str, gpu: int, status: str, **kw: Any) -> dict[str, Any]:
+    return {
+        "node": node, "gpu_index": gpu, "job_id": "1001", "status": status, "reason": "r",
+        "window_end_ms": 1000, "features": kw.get("features", []),
+        "hard_rules": kw.get("hard_rules", []), "windows_flagged": 4, "windows_considered": 6,
+    }  # fmt: skip
+
+
+CLK = [{"feature": "clk", "value": 0.91, "peer_median": 0.99, "mad": 0.009, "z": -6.0},
+       {"feature": "sm", "value": 0.9, "peer_median": 0.9, "mad": 0.02, "z": 0.1}]  # fmt: skip
+LABELS = [
+    {"kind": "fault", "name": "sm_clock_drop", "node": "n1", "gpu_index": 3, "job_id": "1001", "expect": "drain"},
+    {"kind": "fault", "name": "thermal_throttle", "node": "n2", "gpu_index": 6, "job_id": "1002", "expect": "straggler"},
+    {"kind": "confounder", "name": "checkpoint", "node": None, "gpu_index": None, "job_id": "1001", "expect": "nothing"},
+]  # fmt: skip
+
+
+def test_evidence_lists_only_material_features_and_persistence() -> None:
+    text = evidence_text(finding("n1", 3, "CONFIRMED", features=CLK))
+    assert "clk 0.910 vs peers 0.990 (z=-6.0)" in text and "sm" not in text
+    assert "4/6 windows" in text
+    assert "hard: xid_79" in evidence_text(finding("n1", 1, "HARD_ERROR", hard_rules=["xid_79"]))
+
+
+def test_cleared_gpu_stays_found_but_not_active() -> None:
+    view = DemoView()
+    view.on_finding(finding("n2", 6, "CONFIRMED", features=CLK))
+    view.on_finding(finding("n2", 6, "CLEARED"))
+    assert view.flags[("n2", 6)].status == "CLEARED"
+    assert "0 now, 1 in all" in view.render()
+
+
+def test_summary_all_found_nothing_else() -> None:
+    view = DemoView()
+    view.on_finding(finding("n1", 3, "CONFIRMED", features=CLK))
+    view.on_recommendation({"node": "n1", "action": "DRAIN", "severity": "WARNING", "reason": "x"})
+    view.on_finding(finding("n2", 6, "SUSPECT", features=CLK))
+    text, ok = view.summary(LABELS)
+    assert ok, text
+    assert "FOUND  sm_clock_drop on n1 gpu3 (job 1001), DRAIN recommended (WARNING)" in text
+
+
+def test_summary_reports_missed_and_extra() -> None:
+    view = DemoView()
+    view.on_finding(finding("n9", 0, "SUSPECT", features=CLK))
+    text, ok = view.summary(LABELS)
+    assert not ok
+    assert "MISSED sm_clock_drop on n1 gpu3" in text
+    assert "EXTRA  n9 was flagged without an injected fault" in text
+
+
+def test_job_events_fill_the_jobs_table() -> None:
+    view = DemoView()
+    view.on_job_event({"job_id": "7", "kind": "STARTED", "user": "u", "job_name": "train",
+                       "allocations": [{"node": "a", "gpu_indices": [0, 1]}, {"node": "b", "gpu_indices": [0]}]})  # fmt: skip
+    assert view.jobs["7"]["gpus"] == 3 and view.jobs["7"]["nodes"] == 2
+    assert "train" in view.render()
