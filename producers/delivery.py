@@ -23,6 +23,7 @@ per-node sequence number makes that visible to consumers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -212,15 +213,21 @@ class Delivery:
     def _produce(self, rec: SpooledRecord, replay: bool) -> bool:
         assert self._producer is not None
         try:
+            # timestamp 0 lets librdkafka stamp the record with the current time.
             self._producer.produce(
                 rec.topic, rec.value, rec.key, headers=list(rec.headers) or None,
-                on_delivery=lambda err, msg, r=rec: self._on_delivery(err, r, replay),
-                **({"timestamp": rec.ts_ms} if rec.ts_ms else {}),
+                on_delivery=functools.partial(self._on_delivery_cb, rec, replay),
+                timestamp=rec.ts_ms,
             )  # fmt: skip
         except BufferError:
             return False
         self._inflight += 1
         return True
+
+    def _on_delivery_cb(
+        self, rec: SpooledRecord, replay: bool, err: KafkaError | None, _msg: object
+    ) -> None:
+        self._on_delivery(err, rec, replay)
 
     def _on_delivery(self, err: KafkaError | None, rec: SpooledRecord, replay: bool) -> None:
         self._inflight -= 1

@@ -122,8 +122,8 @@ class Spool:
     def _load(self) -> None:
         head = self.directory / "head"
         if head.exists():
-            seg, off = head.read_text().split()
-            self._head_segment, self._head_offset = int(seg), int(off)
+            seg_text, off_text = head.read_text().split()
+            self._head_segment, self._head_offset = int(seg_text), int(off_text)
         paths = sorted(self.directory.glob("*.seg"))
         if not (self.directory / f"{self._head_segment:012d}.seg").exists():
             # The head segment is gone (a crash inside prepend or pop): read what is left, from 0.
