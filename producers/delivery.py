@@ -164,11 +164,18 @@ class Delivery:
             log.info("delivery: %d records waiting in the spool from earlier", len(self._spool))
             self._spooling = True
         while True:
-            stop = self._drain_queue(timeout_s=0.05)
-            self._producer.poll(0)
-            self._settle()
-            if self._spooling:
-                self._maybe_replay()
+            try:
+                stop = self._drain_queue(timeout_s=0.05)
+                self._producer.poll(0)
+                self._settle()
+                if self._spooling:
+                    self._maybe_replay()
+            except Exception:
+                # The worker must outlive any surprise (a full disk, a client error): records
+                # keep queueing in memory and the next turn tries again.
+                log.exception("delivery: unexpected error in the delivery worker; continuing")
+                stop = self._stopping.is_set()
+                time.sleep(0.5)
             if stop:
                 break
         self._shutdown()

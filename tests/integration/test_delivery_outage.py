@@ -5,6 +5,7 @@ This test needs a broker it may stop, so it starts its own real Kafka (never the
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -17,7 +18,10 @@ from peerwatch.settings import KafkaSettings, expand
 from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import TopicSpec
 
-PORT = int(os.environ.get("PEERWATCH_TEST_OUTAGE_PORT", "19292"))
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 NODES = [f"gpu{i:03d}" for i in range(6)]
 
 
@@ -43,8 +47,8 @@ def test_outage_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
     kafka = LocalKafka(
         cache_dir=expand(os.environ.get("PEERWATCH_CACHE_DIR", "~/.cache/peerwatch")),
         state_dir=tmp_path / "kafka",
-        port=PORT,
-        controller_port=PORT + 1,
+        port=free_port(),
+        controller_port=free_port(),
     )
     kafka.start()
     try:
