@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     fleet = build_fleet(args)
     settings = settings_of(args)
+    cpu_start = _cpu_s()
     if args.labels:
         Path(args.labels).write_text(
             "".join(json.dumps(lbl, sort_keys=True) + "\n" for lbl in fleet.labels())
@@ -96,12 +97,23 @@ def run(args: argparse.Namespace) -> int:
                 f"(spooled: {delivery.spooled_records})",
                 file=sys.stderr,
             )
+    cpu_s = _cpu_s() - cpu_start
     summary = {
         "nodes": fleet.spec.nodes, "gpus_per_node": fleet.spec.gpus_per_node,
         "node_records": stats.node_records, "records": stats.records,
         "wall_s": round(stats.wall_s, 3), "node_records_per_s": round(stats.node_records_per_s, 1),
+        "cpu_s": round(cpu_s, 3),
+        "node_records_per_cpu_s": round(stats.node_records / cpu_s, 1) if cpu_s else None,
         "topics": sorted({t.name for t in STREAM_TOPICS.values()}),
         "archive": args.archive,
     }  # fmt: skip
     print(json.dumps(summary))
     return 0
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process, every thread (librdkafka's included)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
