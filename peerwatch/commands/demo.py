@@ -61,6 +61,7 @@ class _Consumer(threading.Thread):
         self.last_output = time.monotonic()
 
     def run(self) -> None:
+        from peerwatch.errors import CodecError
         from peerwatch.schemas.codec import decode_any
 
         self.consumer.subscribe(list(self.topics))
@@ -68,13 +69,17 @@ class _Consumer(threading.Thread):
             for msg in self.consumer.consume(500, timeout=0.3):
                 if msg.error():
                     continue
-                kind = self.topics.get(msg.topic())
+                kind = self.topics.get(msg.topic() or "")
                 if kind == "window":
                     with self.lock:
                         self.view.windows += 1
                     self.last_output = time.monotonic()
                     continue
-                _, record = decode_any(msg.value())
+                value = msg.value()
+                try:
+                    _, record = decode_any(value or b"")
+                except CodecError:
+                    continue  # the stream dead-letters such records; the view just skips them
                 with self.lock:
                     if kind == "job":
                         self.view.on_job_event(record)
