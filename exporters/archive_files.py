@@ -2,24 +2,37 @@
 ``peerwatch simulate --archive``, ``peerwatch archive`` and ``peerwatch replay``.
 
 Layout: ``<root>/<topic>/<YYYY-MM-DD>T<HH>.avro``, the record's event hour in UTC. Each file embeds
-its writer schema (with its logical types) and is deflate-compressed. The sync marker is derived
-from the topic and hour, so the same records always give byte-identical files.
+its writer schema (logical types stripped: times are plain long ms) and is deflate-compressed. The
+sync marker is derived from the topic and hour, so the same records always give byte-identical
+files.
+
+The archiver (:mod:`peerwatch.exporters.archive`) also leaves ``<hour>.avro.part`` (the hour it is
+still appending to) and ``<hour>.<k>.avro`` (records that arrived after their hour was closed);
+readers here read all three. A file whose last block is truncated (an archiver killed mid-write)
+is read up to its last complete block.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import fastavro
+from fastavro.schema import to_parsing_canonical_form
 from fastavro.write import Writer
 
 from peerwatch.schemas.registry import current_schema, raw_schema, strip_logical_types
 
+log = logging.getLogger(__name__)
+
 HOUR_MS = 3_600_000
+#: ``<YYYY-MM-DD>T<HH>`` then ``.avro``, ``.<k>.avro`` or ``.avro.part``.
+_FILE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})(?:\.(\d+))?\.avro(\.part)?$")
 
 
 def hour_of(ts_ms: int) -> str:
@@ -29,6 +42,98 @@ def hour_of(ts_ms: int) -> str:
 
 def file_for(root: Path, topic: str, ts_ms: int) -> Path:
     return root / topic / f"{hour_of(ts_ms)}.avro"
+
+
+def hour_start_ms(hour: str) -> int:
+    """Epoch ms of the start of an ``YYYY-MM-DDTHH`` hour (UTC). Raises ValueError if malformed."""
+    parsed = dt.datetime.strptime(hour, "%Y-%m-%dT%H").replace(tzinfo=dt.UTC)
+    return int(parsed.timestamp()) * 1000
+
+
+def parse_file_name(name: str) -> tuple[str, int, bool] | None:
+    """``(hour, k, partial)`` of an archive file name, None for other files.
+
+    ``k`` is 0 for the hour's main file and ``k`` for ``<hour>.<k>.avro``; ``partial`` is True for
+    ``.avro.part`` (still being appended to).
+    """
+    m = _FILE_RE.match(name)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2) or 0), m.group(3) is not None
+
+
+def record_time_ms(record: Mapping[str, Any]) -> int | None:
+    """The event time of a peerwatch record (``ts_ms``, else ``window_start_ms``), ms; None if
+    it has neither."""
+    for name in ("ts_ms", "window_start_ms"):
+        value = record.get(name)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def archive_files(
+    root: Path, topic: str, from_ms: int | None = None, to_ms: int | None = None
+) -> list[Path]:
+    """Files of ``topic`` under ``root`` whose hour overlaps ``[from_ms, to_ms)``, oldest hour
+    first (each hour's files together)."""
+    found: list[tuple[str, int, Path]] = []
+    folder = Path(root) / topic
+    if not folder.is_dir():
+        return []
+    for path in folder.iterdir():
+        parsed = parse_file_name(path.name)
+        if parsed is None:
+            continue
+        hour, k, _ = parsed
+        start = hour_start_ms(hour)
+        if from_ms is not None and start + HOUR_MS <= from_ms:
+            continue
+        if to_ms is not None and start >= to_ms:
+            continue
+        found.append((hour, k, path))
+    return [p for _, _, p in sorted(found)]
+
+
+def _canonical(schema: Any) -> str:
+    return str(to_parsing_canonical_form(schema))
+
+
+def read_file(path: Path, reader_schema: Any = None) -> Iterator[dict[str, Any]]:
+    """Every record of one container file. A truncated or corrupt tail (a writer killed
+    mid-block) ends the file with a warning instead of an error: what precedes it is intact."""
+    with Path(path).open("rb") as fh:
+        yield from read_container(fh, reader_schema, str(path))
+
+
+def read_container(
+    fh: IO[bytes], reader_schema: Any = None, what: str = ""
+) -> Iterator[dict[str, Any]]:
+    """Like :func:`read_file` on an open binary file (``what`` names it in warnings)."""
+    try:
+        blocks = fastavro.block_reader(fh)
+        # Schema resolution halves fastavro's speed: only resolve when the file was written
+        # with another version of the schema.
+        if reader_schema is not None and _canonical(blocks.writer_schema) != _canonical(
+            reader_schema
+        ):
+            fh.seek(0)
+            blocks = fastavro.block_reader(fh, reader_schema=reader_schema)
+    except Exception as exc:  # a header cut short: nothing durable was in this file yet
+        log.warning("%s: unreadable header (%s), skipped", what, exc)
+        return
+    while True:
+        try:
+            block = next(blocks)
+            records: list[dict[str, Any]] = list(block)  # type: ignore[arg-type]
+        except StopIteration:
+            return
+        # fastavro reports a cut block as EOFError, zlib.error, ValueError...: all mean
+        # "the writer died here"; the blocks before are checked by their sync markers.
+        except Exception as exc:
+            log.warning("%s: truncated tail ignored (%s: %s)", what, type(exc).__name__, exc)
+            return
+        yield from records
 
 
 class AvroFileSink:
@@ -67,9 +172,86 @@ class AvroFileSink:
         self._open.clear()
 
 
-def read_archive(root: Path, topic: str, schema_name: str) -> Iterator[dict[str, Any]]:
-    """Every record of ``topic`` under ``root``, in file (hour) order; times as int ms."""
+def read_archive(
+    root: Path,
+    topic: str,
+    schema_name: str,
+    from_ms: int | None = None,
+    to_ms: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Every record of ``topic`` under ``root``, in file (hour) order; times as int ms.
+
+    ``from_ms``/``to_ms`` select the files whose hour overlaps the range (records are not
+    filtered: a caller that needs exact bounds checks :func:`record_time_ms`).
+    """
     reader_schema = current_schema(schema_name)
-    for path in sorted((Path(root) / topic).glob("*.avro")):
-        with path.open("rb") as fh:
-            yield from fastavro.reader(fh, reader_schema=reader_schema)  # type: ignore[misc]
+    for path in archive_files(root, topic, from_ms, to_ms):
+        yield from read_file(path, reader_schema)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """A zigzag varint long at ``pos``; returns (value, next position). Raises IndexError when
+    ``data`` ends inside it."""
+    shift = result = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+
+
+def block_spans(data: bytes) -> tuple[int, list[tuple[int, int]]]:
+    """Layout of a container file's bytes: (end of the header, [(start, end) of each complete
+    block]). A cut tail is left out. Raises ValueError when ``data`` is not an Avro container."""
+    if data[:4] != b"Obj\x01":
+        raise ValueError("not an Avro object container file")
+    pos = 4
+    try:
+        while True:  # the metadata map: blocks of (key, value) pairs, 0 ends it
+            count, pos = _varint(data, pos)
+            if count == 0:
+                break
+            if count < 0:
+                _, pos = _varint(data, pos)
+                count = -count
+            for _ in range(2 * count):
+                size, pos = _varint(data, pos)
+                pos += size
+        sync = data[pos : pos + 16]
+        header_end = pos + 16
+    except IndexError as exc:
+        raise ValueError("truncated Avro header") from exc
+    spans, pos = [], header_end
+    while pos < len(data):
+        try:
+            _, p = _varint(data, pos)
+            size, p = _varint(data, p)
+        except IndexError:
+            break
+        end = p + size + 16
+        if end > len(data) or data[end - 16 : end] != sync:
+            break
+        spans.append((pos, end))
+        pos = end
+    return header_end, spans
+
+
+def split_file(path: Path, max_bytes: int) -> list[bytes]:
+    """The file cut into self-contained container files of about ``max_bytes`` of blocks each
+    (its header + consecutive blocks: the sync marker is the same throughout), so that parts
+    decode in parallel. A cut tail is left out. Raises ValueError for a non-container file."""
+    data = Path(path).read_bytes()
+    header_end, spans = block_spans(data)
+    parts: list[bytes] = []
+    start = None
+    for s, e in spans:
+        if start is None:
+            start = s
+        if e - start >= max_bytes:
+            parts.append(data[:header_end] + data[start:e])
+            start = None
+    if start is not None:
+        parts.append(data[:header_end] + data[start : spans[-1][1]])
+    return parts

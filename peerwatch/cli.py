@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "health": "health",
     "drain-controller": "drain_controller",
     "slurm": "slurm",
+    "archive": "archive",
+    "replay": "replay",
 }
 
 

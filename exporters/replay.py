@@ -1,0 +1,299 @@
+"""Offline replay: a time range of the input topics (from the archive or from Kafka) through the
+same four stages as the live stream (:class:`~peerwatch.streams.pipeline.Pipeline`).
+
+Live == replay. The live app (:mod:`peerwatch.streams.app`) and the offline pipeline share every
+stage's code; what can make them differ is settings and input order:
+
+* settings: :func:`live_equivalent_settings` copies the live defaults (window 30 s, lateness 5 s,
+  job grace 30 s, job-wide findings fanned out to the job's nodes). The offline Pipeline's own
+  defaults (lateness 10 s, grace 0) are tuned for the evaluation harness and would close windows
+  at other moments, so replay never uses them;
+* order: records are merged by event time, ties broken deterministically (job events, node
+  events and health results before the samples of the same millisecond, then by key, then by
+  read order), so the same input always gives the same output. Live, each samples partition is
+  processed in its own order; windows hold the same readings either way as long as no sample is
+  late (skew and jitter within the 5 s lateness), which is what the live==replay test checks.
+* range: job events are read from ``lookback_s`` before ``--from`` so that jobs that started
+  earlier are attributed; detector persistence and the policy's repeat-offender memory start
+  empty at ``--from`` (replay from the start of a job to reproduce its live findings exactly).
+
+``--job``/``--node`` filter the OUTPUTS: the detector still sees every GPU of a job, or the peer
+groups (and so every z-score) would change.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from peerwatch.exporters.archive_files import (
+    HOUR_MS,
+    archive_files,
+    read_container,
+    read_file,
+    record_time_ms,
+    split_file,
+)
+from peerwatch.schemas.registry import current_schema
+from peerwatch.streams.pipeline import (
+    FINDING,
+    INVALID,
+    LATE_SAMPLE,
+    RECOMMENDATION,
+    WINDOW,
+    Output,
+    Pipeline,
+    PipelineSettings,
+)
+from peerwatch.streams.settings import DetectorSettings, PolicySettings
+from peerwatch.topics import HEALTH, JOB_EVENTS, NODE_EVENTS, SAMPLES, TopicSpec
+
+#: Pipeline stream -> topic. Order = tie-break rank at equal event time.
+INPUT_STREAMS: dict[str, TopicSpec] = {
+    "job-events": JOB_EVENTS,
+    "node-events": NODE_EVENTS,
+    "health": HEALTH,
+    "samples": SAMPLES,
+}
+_RANK = {s: i for i, s in enumerate(INPUT_STREAMS)}
+_KEY_FIELD = {"job-events": "job_id", "node-events": "node", "health": "node", "samples": "node"}
+Record = tuple[str, str, dict[str, Any]]
+
+
+def live_equivalent_settings(
+    window_s: int = 30,
+    lateness_s: float = 5.0,
+    job_grace_s: float = 30.0,
+    fan_out_job_wide: bool = True,
+    detector: DetectorSettings | None = None,
+    policy: PolicySettings | None = None,
+) -> PipelineSettings:
+    """Pipeline settings equal to the live stream's (``StreamSettings`` defaults; pass the live
+    values when a worker was started with others). Raises ConfigError from DetectorSettings."""
+    det = detector or DetectorSettings(window_s=window_s)
+    return PipelineSettings(
+        detector=det,
+        policy=policy or PolicySettings(),
+        lateness_s=lateness_s,
+        job_grace_s=job_grace_s,
+        fan_out_job_wide=fan_out_job_wide,
+    )
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """``[from_ms, to_ms)``; job events from ``from_ms - lookback_ms``."""
+
+    from_ms: int
+    to_ms: int
+    lookback_ms: int = 24 * HOUR_MS
+
+    def admits(self, stream: str, ts_ms: int | None) -> bool:
+        """Whether a record of ``stream`` at ``ts_ms`` belongs to the replay."""
+        if ts_ms is None:
+            return False
+        lo = self.from_ms - self.lookback_ms if stream == "job-events" else self.from_ms
+        return lo <= ts_ms < self.to_ms
+
+
+def sort_records(records: Iterable[tuple[str, dict[str, Any]]]) -> list[Record]:
+    """``(stream, value)`` pairs as pipeline input in the deterministic replay order (see the
+    module docstring); values without an event time are dropped."""
+    keyed = []
+    for seq, (stream, value) in enumerate(records):
+        ts = record_time_ms(value)
+        if ts is None:
+            continue
+        key = str(value.get(_KEY_FIELD[stream]) or "")
+        keyed.append(((ts, _RANK[stream], key, seq), (stream, key, value)))
+    keyed.sort(key=lambda kv: kv[0])
+    return [rec for _, rec in keyed]
+
+
+def _decode_task(task: tuple[str, str | bytes]) -> list[tuple[str, dict[str, Any]]]:
+    """Decode one ``(stream, file path or container bytes)`` (module level: runs in worker
+    processes too)."""
+    stream, src = task
+    schema = current_schema(str(INPUT_STREAMS[stream].value_schema))
+    if isinstance(src, bytes):
+        return [(stream, r) for r in read_container(io.BytesIO(src), schema, stream)]
+    return [(stream, r) for r in read_file(Path(src), schema)]
+
+
+def archive_records(
+    root: Path,
+    span: TimeRange,
+    topic_prefix: str = "",
+    workers: int = 1,
+    part_bytes: int = 2 << 20,
+) -> Iterator[Record]:
+    """The input records under ``root`` in ``span``, hour by hour in replay order (memory: one
+    hour of records). ``workers`` > 1 decodes parts of ``part_bytes`` of each file in that many
+    processes (Avro decoding is the replay's bottleneck); the order is the same."""
+    hours: dict[str, list[tuple[str, Path]]] = {}
+    for stream, spec in INPUT_STREAMS.items():
+        lo = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
+        for path in archive_files(Path(root), topic_prefix + spec.name, lo, span.to_ms):
+            hours.setdefault(path.name[:13], []).append((stream, path))
+    if workers <= 1:
+        for hour in sorted(hours):
+            decoded = [r for s, p in hours[hour] for r in _decode_task((s, str(p)))]
+            yield from _admitted(decoded, span)
+        return
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for hour in sorted(hours):
+            tasks: list[tuple[str, str | bytes]] = []
+            for stream, path in hours[hour]:
+                try:
+                    tasks += [(stream, part) for part in split_file(path, part_bytes)]
+                except ValueError:  # not even a header: read_file logs and skips it
+                    tasks.append((stream, str(path)))
+            decoded = [r for part in pool.imap(_decode_task, tasks) for r in part]
+            yield from _admitted(decoded, span)
+
+
+def _admitted(decoded: list[tuple[str, dict[str, Any]]], span: TimeRange) -> list[Record]:
+    return sort_records((s, v) for s, v in decoded if span.admits(s, record_time_ms(v)))
+
+
+def keep_output(out: Output, job: str | None = None, node: str | None = None) -> bool:
+    """Whether an output concerns ``job`` and ``node`` (None = any)."""
+    v = out.value
+    if out.kind == RECOMMENDATION:
+        return (job is None or job in (v.get("job_ids") or [])) and (
+            node is None or v.get("node") == node
+        )
+    if out.kind in (FINDING, WINDOW):
+        return (job is None or v.get("job_id") == job) and (node is None or v.get("node") == node)
+    return job is None and (node is None or out.key == node)
+
+
+class Progress:
+    """A plain-text progress bar on a stream (stderr), in event time; redrawn at most
+    ``every_s`` seconds apart."""
+
+    def __init__(self, span: TimeRange, out: IO[str] | None = sys.stderr, every_s: float = 0.25,
+                 clock: Callable[[], float] = time.monotonic, width: int = 30) -> None:  # fmt: skip
+        self.span, self.out, self.every_s, self.clock, self.width = span, out, every_s, clock, width
+        self._start_s = clock()
+        self._last_s = -1e18
+
+    def render(self, ts_ms: int, records: int) -> str:
+        """The bar for event time ``ts_ms`` after ``records`` records."""
+        total = max(1, self.span.to_ms - self.span.from_ms)
+        frac = min(1.0, max(0.0, (ts_ms - self.span.from_ms) / total))
+        filled = int(frac * self.width)
+        rate = records / max(1e-9, self.clock() - self._start_s)
+        bar = "#" * filled + "-" * (self.width - filled)
+        return f"\rreplay [{bar}] {frac * 100:5.1f}% {records} records {rate:,.0f}/s"
+
+    def update(self, ts_ms: int, records: int, force: bool = False) -> None:
+        now = self.clock()
+        if self.out is None or (not force and now - self._last_s < self.every_s):
+            return
+        self._last_s = now
+        self.out.write(self.render(ts_ms, records))
+        self.out.flush()
+
+    def done(self, records: int) -> None:
+        if self.out is not None:
+            self.update(self.span.to_ms, records, force=True)
+            self.out.write("\n")
+            self.out.flush()
+
+
+@dataclass
+class ReplayResult:
+    """What a replay produced: the kept outputs (findings, recommendations; windows when asked)
+    and the timeline events it read, with counts and the wall time."""
+
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    records: int = 0
+    node_records: int = 0
+    late: int = 0
+    invalid: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def node_records_per_s(self) -> float:
+        return self.node_records / self.wall_s if self.wall_s else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "records": self.records, "node_records": self.node_records,
+            "findings": len(self.findings), "recommendations": len(self.recommendations),
+            "late_samples": self.late, "invalid": self.invalid, "wall_s": round(self.wall_s, 3),
+            "node_records_per_s": round(self.node_records_per_s, 1),
+        }  # fmt: skip
+
+
+def replay(
+    records: Iterable[Record],
+    settings: PipelineSettings,
+    *,
+    job: str | None = None,
+    node: str | None = None,
+    keep_windows: bool = False,
+    progress: Progress | None = None,
+) -> ReplayResult:
+    """Run ``records`` (replay order) through a fresh pipeline; keep the outputs that concern
+    ``job``/``node``. Deterministic. Raises nothing for bad records (they count as invalid)."""
+    result = ReplayResult()
+    pipeline = Pipeline(settings)
+    t0 = time.perf_counter()
+    last_ts = 0
+
+    def take(outputs: Iterable[Output]) -> None:
+        for out in outputs:
+            if out.kind == LATE_SAMPLE:
+                result.late += 1
+            elif out.kind == INVALID:
+                result.invalid += 1
+            elif not keep_output(out, job, node):
+                continue
+            elif out.kind == FINDING:
+                result.findings.append(out.value)
+            elif out.kind == RECOMMENDATION:
+                result.recommendations.append(out.value)
+            elif out.kind == WINDOW and keep_windows:
+                result.windows.append(out.value)
+
+    for stream, key, value in records:
+        result.records += 1
+        if stream == "samples":
+            result.node_records += 1
+            last_ts = int(value["ts_ms"])
+        elif stream in ("job-events", "node-events"):
+            result.events.append((stream, value))
+        take(pipeline.feed(stream, key, value))
+        if progress is not None and not result.records % 2048:
+            progress.update(last_ts, result.records)
+    take(pipeline.finish())
+    result.wall_s = time.perf_counter() - t0
+    if progress is not None:
+        progress.done(result.records)
+    return result
+
+
+def output_lines(result: ReplayResult) -> Iterator[str]:
+    """JSON lines: every finding, then every recommendation, as ``{"kind": ..., **record}``."""
+    import json
+
+    for kind, values in ((FINDING, result.findings), (RECOMMENDATION, result.recommendations)):
+        for v in values:
+            yield json.dumps({"kind": kind, **v}, sort_keys=True) + "\n"
+
+
+def as_input(stream_values: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Record]:
+    """Helper for drivers holding ``(stream, record)`` pairs: replay order, streams checked."""
+    return sort_records((s, dict(v)) for s, v in stream_values if s in INPUT_STREAMS)

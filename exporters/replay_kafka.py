@@ -1,0 +1,91 @@
+"""Read a time range of the input topics from Kafka for :mod:`peerwatch.exporters.replay`.
+
+Each partition starts at ``offsets_for_times(from)`` (job events at ``from - lookback``) and is read
+up to its end offset as of the start of the replay, stopping early once message timestamps are
+``slack_ms`` past ``to`` (producers stamp messages with the event time; the slack covers clock
+skew). No consumer group offsets are committed: a replay changes nothing on the cluster.
+Memory: the whole range is held to be sorted (an incident-sized range, not a month).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from peerwatch.errors import CodecError
+from peerwatch.exporters.replay import INPUT_STREAMS, Record, TimeRange, sort_records
+from peerwatch.schemas.codec import AvroCodec
+
+
+def kafka_records(
+    kafka_settings: Any,
+    span: TimeRange,
+    topic_prefix: str = "",
+    *,
+    slack_ms: int = 300_000,
+    timeout_s: float = 30.0,
+) -> tuple[list[Record], int]:
+    """The input records of ``span`` in replay order, and how many messages could not be
+    decoded (skipped). Raises confluent_kafka.KafkaException when the cluster does not answer."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from peerwatch.kafka_config import consumer_config
+
+    consumer = Consumer(
+        consumer_config(kafka_settings, f"peerwatch-replay-{uuid.uuid4().hex[:8]}",
+                        **{"enable.partition.eof": True})
+    )  # fmt: skip
+    pairs: list[tuple[str, dict[str, Any]]] = []
+    bad = 0
+    try:
+        stream_of: dict[str, str] = {}
+        codecs: dict[str, AvroCodec] = {}
+        wanted: list[Any] = []
+        ends: dict[tuple[str, int], int] = {}
+        for stream, spec in INPUT_STREAMS.items():
+            topic = topic_prefix + spec.name
+            stream_of[topic] = stream
+            codecs[topic] = AvroCodec(str(spec.value_schema))
+            meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+            start = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
+            for p in sorted(meta.partitions):
+                wanted.append(TopicPartition(topic, p, start))
+                ends[(topic, p)] = consumer.get_watermark_offsets(
+                    TopicPartition(topic, p), timeout=timeout_s
+                )[1]
+        starts = consumer.offsets_for_times(wanted, timeout=timeout_s)
+        assign = []
+        for tp in starts:
+            end = ends[(tp.topic, tp.partition)]
+            if tp.offset >= 0 and tp.offset < end:
+                assign.append(tp)
+            else:  # nothing at or after the start time
+                ends.pop((tp.topic, tp.partition))
+        consumer.assign(assign)
+        open_parts = set(ends)
+        for tp in assign:
+            if tp.offset >= ends[(tp.topic, tp.partition)]:
+                open_parts.discard((tp.topic, tp.partition))
+        while open_parts:
+            for msg in consumer.consume(num_messages=5000, timeout=1.0):
+                if msg.error() is not None:
+                    continue
+                where = (str(msg.topic()), int(msg.partition() or 0))
+                if where not in open_parts:
+                    continue
+                if (
+                    int(msg.offset() or 0) + 1 >= ends[where]
+                    or msg.timestamp()[1] > span.to_ms + slack_ms
+                ):
+                    open_parts.discard(where)
+                try:
+                    value = codecs[where[0]].decode(msg.value() or b"")
+                except CodecError:
+                    bad += 1
+                    continue
+                pairs.append((stream_of[where[0]], value))
+    finally:
+        consumer.close()
+    from peerwatch.exporters.archive_files import record_time_ms
+
+    return sort_records((s, v) for s, v in pairs if span.admits(s, record_time_ms(v))), bad

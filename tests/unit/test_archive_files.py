@@ -1,0 +1,106 @@
+"""Archive file helpers: names, hour ranges, container layout and splitting, cut tails."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import fastavro
+import pytest
+
+from peerwatch.exporters.archive_files import (
+    HOUR_MS,
+    archive_files,
+    block_spans,
+    hour_start_ms,
+    parse_file_name,
+    read_file,
+    record_time_ms,
+    split_file,
+)
+
+SCHEMA = fastavro.parse_schema(
+    {"type": "record", "name": "R", "fields": [{"name": "ts_ms", "type": "long"}]}
+)
+T0 = hour_start_ms("2026-01-01T00")
+
+
+def write(path: Path, n: int, block: int = 10) -> None:
+    with path.open("wb") as fh:
+        w = fastavro.write.Writer(fh, SCHEMA, codec="deflate")
+        for i in range(n):
+            w.write({"ts_ms": i})
+            if (i + 1) % block == 0:
+                w.flush()
+        w.flush()
+
+
+@pytest.mark.parametrize(
+    ("name", "parsed"),
+    [
+        ("2026-01-01T00.avro", ("2026-01-01T00", 0, False)),
+        ("2026-01-01T23.2.avro", ("2026-01-01T23", 2, False)),
+        ("2026-01-01T05.avro.part", ("2026-01-01T05", 0, True)),
+        ("labels.jsonl", None),
+        ("2026-01-01T05.avro.part.tmp", None),
+    ],
+)
+def test_parse_file_name(name: str, parsed: tuple[str, int, bool] | None) -> None:
+    assert parse_file_name(name) == parsed
+
+
+def test_hour_start_ms() -> None:
+    assert T0 == 1_767_225_600_000
+    assert hour_start_ms("2026-01-01T01") - T0 == HOUR_MS
+
+
+def test_record_time_prefers_ts_then_window_start() -> None:
+    assert record_time_ms({"ts_ms": 5, "window_start_ms": 1}) == 5
+    assert record_time_ms({"window_start_ms": 7}) == 7
+    assert record_time_ms({"node": "x"}) is None
+
+
+def test_archive_files_selects_overlapping_hours_in_order(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    folder.mkdir()
+    for name in ("2026-01-01T02.avro", "2026-01-01T00.avro", "2026-01-01T00.1.avro",
+                 "2026-01-01T01.avro.part", "notes.txt"):  # fmt: skip
+        (folder / name).touch()
+    names = [p.name for p in archive_files(tmp_path, "t")]
+    assert names == ["2026-01-01T00.avro", "2026-01-01T00.1.avro", "2026-01-01T01.avro.part",
+                     "2026-01-01T02.avro"]  # fmt: skip
+    picked = archive_files(tmp_path, "t", T0 + HOUR_MS + 1, T0 + 2 * HOUR_MS)
+    assert [p.name for p in picked] == ["2026-01-01T01.avro.part"]
+    assert archive_files(tmp_path, "missing") == []
+
+
+def test_block_spans_and_split_cover_every_record_once(tmp_path: Path) -> None:
+    path = tmp_path / "f.avro"
+    write(path, 95, block=10)
+    header_end, spans = block_spans(path.read_bytes())
+    assert len(spans) == 10 and spans[0][0] == header_end
+    parts = split_file(path, 1)  # one block per part
+    assert len(parts) == 10
+    got = [r["ts_ms"] for p in parts for r in fastavro.reader(io.BytesIO(p))]
+    assert got == list(range(95))
+    assert len(split_file(path, 1 << 30)) == 1
+
+
+def test_cut_tail_is_ignored_by_readers(tmp_path: Path) -> None:
+    path = tmp_path / "f.avro"
+    write(path, 30, block=10)
+    data = path.read_bytes()
+    _, spans = block_spans(data)
+    path.write_bytes(data[: spans[-1][1] - 5])  # the last block loses its sync marker's tail
+    assert [r["ts_ms"] for r in read_file(path)] == list(range(20))
+    assert len(block_spans(path.read_bytes())[1]) == 2
+    got = [r["ts_ms"] for p in split_file(path, 1) for r in fastavro.reader(io.BytesIO(p))]
+    assert got == list(range(20))
+
+
+def test_not_a_container(tmp_path: Path) -> None:
+    path = tmp_path / "f.avro"
+    path.write_bytes(b"nope")
+    assert list(read_file(path)) == []
+    with pytest.raises(ValueError):
+        split_file(path, 10)

@@ -1,0 +1,157 @@
+"""Offline replay: live-equivalent settings, deterministic order, output filters, progress, and a
+simulated archive replayed to its injected straggler."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from peerwatch.exporters.replay import (
+    Progress,
+    TimeRange,
+    archive_records,
+    keep_output,
+    live_equivalent_settings,
+    output_lines,
+    replay,
+    sort_records,
+)
+from peerwatch.producers.sim.fleet import Fleet
+from peerwatch.producers.sim.publish import write_archive
+from peerwatch.producers.sim.scenario import parse_scenario
+from peerwatch.streams.pipeline import FINDING, RECOMMENDATION, WINDOW, Output
+
+T0 = 1_767_225_600_000
+HOUR = 3_600_000
+SCENARIO = {
+    "fleet": {"nodes": 10, "gpus_per_node": 8, "interval_s": 2.0, "duration_s": 420, "seed": 3},
+    "jobs": [
+        {"job_id": "77", "gpus": 64, "first_node": 0, "duration_s": 7200, "warmup_s": 0},
+        {"job_id": "78", "gpus": 16, "first_node": 8, "duration_s": 7200, "warmup_s": 0},
+    ],
+    "faults": [{"name": "sm_clock_drop", "node": "gpu00005", "gpu_index": 3, "start_s": 60,
+                "end_s": 420, "params": {"pct": 8}}],
+}  # fmt: skip
+SPAN = TimeRange(T0, T0 + HOUR)
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("archive")
+    write_archive(Fleet(parse_scenario(SCENARIO)), root)
+    return root
+
+
+def test_settings_equal_the_live_stream_defaults() -> None:
+    from peerwatch.streams.app import StreamSettings
+
+    live = StreamSettings()
+    ours = live_equivalent_settings()
+    assert ours.detector.window_s == live.window_s == live.detector.window_s
+    assert ours.lateness_s == live.lateness_s
+    assert ours.job_grace_s == live.job_grace_s
+    assert ours.fan_out_job_wide == live.fan_out_job_wide
+    assert ours.detector == live.detector and ours.policy == live.policy
+    assert ours.allocation_retention_s == live.allocation_retention_s
+
+
+def test_sort_order_is_event_time_then_stream_rank_then_key() -> None:
+    recs = [
+        ("samples", {"node": "b", "ts_ms": 10}),
+        ("samples", {"node": "a", "ts_ms": 10}),
+        ("job-events", {"job_id": "9", "ts_ms": 10}),
+        ("node-events", {"node": "a", "ts_ms": 5}),
+        ("health", {"node": "a"}),  # no event time: dropped
+    ]
+    out = sort_records(recs)
+    assert [(s, k) for s, k, _ in out] == [
+        ("node-events", "a"), ("job-events", "9"), ("samples", "a"), ("samples", "b"),
+    ]  # fmt: skip
+
+
+def test_range_admits_job_events_from_the_lookback() -> None:
+    span = TimeRange(1000, 2000, lookback_ms=500)
+    assert span.admits("job-events", 600) and not span.admits("samples", 600)
+    assert span.admits("samples", 1000) and not span.admits("samples", 2000)
+    assert not span.admits("samples", None)
+
+
+@pytest.mark.parametrize(
+    ("out", "job", "node", "kept"),
+    [
+        (Output(FINDING, "1", {"job_id": "1", "node": "n1"}, 0), "1", None, True),
+        (Output(FINDING, "1", {"job_id": "1", "node": "n1"}, 0), "2", None, False),
+        (Output(FINDING, "1", {"job_id": "1", "node": None}, 0), "1", "n1", False),
+        (Output(RECOMMENDATION, "n1", {"node": "n1", "job_ids": ["1"]}, 0), "1", "n1", True),
+        (Output(RECOMMENDATION, "n1", {"node": "n1", "job_ids": []}, 0), "1", None, False),
+        (Output(WINDOW, "1", {"job_id": "1", "node": "n2"}, 0), None, "n2", True),
+    ],
+)
+def test_keep_output(out: Output, job: str | None, node: str | None, kept: bool) -> None:
+    assert keep_output(out, job, node) is kept
+
+
+def test_progress_bar_is_plain_text() -> None:
+    buf = io.StringIO()
+    ticks = iter(range(100))
+    bar = Progress(TimeRange(0, 100), buf, every_s=0, clock=lambda: float(next(ticks)), width=10)
+    bar.update(50, 10)
+    assert bar.render(50, 10).startswith("\rreplay [#####-----]  50.0% 10 records")
+    bar.done(20)
+    assert buf.getvalue().endswith("\n") and "100.0%" in buf.getvalue()
+
+
+def test_archive_replay_finds_the_injected_straggler(archive: Path) -> None:
+    result = replay(archive_records(archive, SPAN), live_equivalent_settings())
+    confirmed = {(f["node"], f["gpu_index"]) for f in result.findings if f["status"] == "CONFIRMED"}
+    assert confirmed == {("gpu00005", 3)}
+    assert {r["node"] for r in result.recommendations} == {"gpu00005"}
+    assert result.node_records == 10 * 210 and result.late == 0 and result.invalid == 0
+    lines = [json.loads(line) for line in output_lines(result)]
+    assert {x["kind"] for x in lines} == {FINDING, RECOMMENDATION}
+    assert len(lines) == len(result.findings) + len(result.recommendations)
+
+
+def test_replay_is_deterministic_and_equals_the_in_memory_records(archive: Path) -> None:
+    settings = live_equivalent_settings()
+    a = replay(archive_records(archive, SPAN), settings)
+    b = replay(archive_records(archive, SPAN), settings)
+    fleet = Fleet(parse_scenario(SCENARIO))
+    mem = replay(sort_records((r.stream, r.value) for t in fleet.ticks() for r in t
+                              if r.stream != "step-times"), settings)  # fmt: skip
+    ids = [f["finding_id"] for f in a.findings]
+    assert ids and ids == [f["finding_id"] for f in b.findings] == [
+        f["finding_id"] for f in mem.findings
+    ]
+    assert a.recommendations == b.recommendations == mem.recommendations
+
+
+def test_filters_apply_to_outputs_not_to_the_peer_group(archive: Path) -> None:
+    settings = live_equivalent_settings()
+    full = replay(archive_records(archive, SPAN), settings)
+    only = replay(archive_records(archive, SPAN), settings, job="77", node="gpu00005")
+    # Same findings, same z-scores: the detector still compared gpu00005 with all 64 GPUs.
+    assert only.findings == [
+        f for f in full.findings if f["job_id"] == "77" and f["node"] == "gpu00005"
+    ]
+    assert only.findings and all(f["peer_group_size"] == 64 for f in only.findings)
+    assert replay(archive_records(archive, SPAN), settings, job="78").findings == []
+
+
+def test_range_outside_the_data_gives_nothing(archive: Path) -> None:
+    result = replay(archive_records(archive, TimeRange(T0 + 5 * HOUR, T0 + 6 * HOUR)),
+                    live_equivalent_settings())  # fmt: skip
+    assert (result.node_records, result.findings) == (0, [])  # job events: from the lookback
+
+
+def test_windows_are_kept_only_when_asked(archive: Path) -> None:
+    settings = live_equivalent_settings()
+    assert replay(archive_records(archive, SPAN), settings).windows == []
+    windows: list[dict[str, Any]] = replay(
+        archive_records(archive, SPAN), settings, keep_windows=True
+    ).windows
+    assert {w["job_id"] for w in windows} == {"77", "78"}
