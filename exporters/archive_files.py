@@ -122,10 +122,16 @@ def read_container(
     except Exception as exc:  # a header cut short: nothing durable was in this file yet
         log.warning("%s: unreadable header (%s), skipped", what, exc)
         return
+    # Same schema as the current one: decode each block with the codec's compiled reader (about
+    # twice fastavro's speed on wide records); else fastavro (resolution of older versions).
+    compiled = _compiled_for(blocks.writer_schema) if blocks.reader_schema is None else None
     while True:
         try:
             block = next(blocks)
-            records: list[dict[str, Any]] = list(block)  # type: ignore[arg-type]
+            if compiled is not None:
+                records = _decode_block(compiled, block.bytes_.getvalue(), block.num_records)
+            else:
+                records = list(block)  # type: ignore[arg-type]
         except StopIteration:
             return
         # fastavro reports a cut block as EOFError, zlib.error, ValueError...: all mean
@@ -134,6 +140,35 @@ def read_container(
             log.warning("%s: truncated tail ignored (%s: %s)", what, type(exc).__name__, exc)
             return
         yield from records
+
+
+def _compiled_for(writer_schema: Any) -> Any:
+    """The compiled body reader of the current schema whose canonical form equals the file's
+    writer schema, or None."""
+    from peerwatch.schemas.codec import codec_for
+    from peerwatch.schemas.registry import SCHEMA_NAMES
+
+    name = (
+        str(writer_schema.get("name", "")).rsplit(".", 1)[-1]
+        if isinstance(writer_schema, dict)
+        else ""
+    )
+    if name not in SCHEMA_NAMES:
+        return None
+    codec = codec_for(name)
+    if _canonical(codec.schema) != _canonical(writer_schema):
+        return None
+    return codec.compiled_decoder
+
+
+def _decode_block(decode: Any, data: bytes, count: int) -> list[dict[str, Any]]:
+    out, pos = [], 0
+    for _ in range(count):
+        record, pos = decode(data, pos)
+        out.append(record)
+    if pos != len(data):
+        raise ValueError(f"{len(data) - pos} trailing bytes in a block")
+    return out
 
 
 class AvroFileSink:

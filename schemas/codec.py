@@ -146,6 +146,12 @@ class AvroCodec:
         return frozenset(self._readers)
 
     @property
+    def compiled_decoder(self) -> Any:
+        """``(buffer, offset) -> (record, end)`` for bodies of the current schema, or None when
+        the schema is outside the compiled subset. Raises plain errors on bad bytes."""
+        return self._decode_body
+
+    @property
     def schema(self) -> Any:
         """The current schema, parsed, in wire form. Shared: do not mutate."""
         return self._schema
