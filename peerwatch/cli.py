@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "eval": "eval",
     "simulate": "simulate",
     "stream": "stream",
+    "bench": "bench",
     "export": "export",
     "agent": "agent",
     "health": "health",

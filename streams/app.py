@@ -24,9 +24,12 @@ dead-letter topic with reason ``late``, never dropped silently.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from dataclasses import dataclass, field
+import os
+import time
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import faust
@@ -59,19 +62,109 @@ class StreamSettings:
     batch_within_s: float = 0.2
     allocation_retention_s: int = 3600
     fan_out_job_wide: bool = True
+    #: Write the counters as JSON to this file every ``counters_interval_s`` (benchmarks, tests).
+    counters_path: str | None = None
+    counters_interval_s: float = 30.0
+    #: Longest wait at start for the allocation stages to catch up (see ``_allocation_backlog``).
+    allocation_gate_s: float = 120.0
     detector: DetectorSettings = field(default_factory=DetectorSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
 
 
 @dataclass
 class StreamCounters:
+    """What the worker did; ``samples`` are node records, ``gpu_samples`` GPU readings in them.
+
+    The ``*_wall_s`` / ``*_cpu_s`` pairs are wall time (``time.time()``) and this process's CPU
+    time (``time.process_time()``) when the hot stage finished its first and its latest batch
+    of samples, so a benchmark can take rates over exactly the processing interval.
+    ``finding_latency_ms`` holds, per finding, the wall time from the hot stage closing the
+    finding's window (the last samples partition to close it) to the broker acknowledging the
+    StragglerFinding record (the most recent 10,000).
+    """
+
     samples: int = 0
+    gpu_samples: int = 0
     batches: int = 0
     windows: int = 0
     findings: int = 0
     recommendations: int = 0
     late: int = 0
     deadletter: int = 0
+    #: GPU readings no job owned at their time (no allocation known): counted, not windowed.
+    unattributed: int = 0
+    first_batch_wall_s: float | None = None
+    first_batch_cpu_s: float | None = None
+    last_batch_wall_s: float | None = None
+    last_batch_cpu_s: float | None = None
+    finding_latency_ms: list[float] = field(default_factory=list)
+    #: The latest 20,000 hot batches: [start wall s, end wall s, start CPU s, end CPU s,
+    #: node records, GPU readings], so a benchmark can take any interval of them.
+    batch_log: list[list[float]] = field(default_factory=list)
+
+    def batch_done(
+        self, node_records: int, gpu_readings: int, start_wall_s: float, start_cpu_s: float
+    ) -> None:
+        """Count one hot-path batch that began at ``start_*`` and stamp its end."""
+        now_wall, now_cpu = time.time(), time.process_time()
+        if self.first_batch_wall_s is None:
+            self.first_batch_wall_s, self.first_batch_cpu_s = now_wall, now_cpu
+        self.last_batch_wall_s, self.last_batch_cpu_s = now_wall, now_cpu
+        self.batch_log.append(
+            [start_wall_s, now_wall, start_cpu_s, now_cpu, node_records, gpu_readings]
+        )
+        if len(self.batch_log) > 20_000:
+            del self.batch_log[:1000]
+        self.samples += node_records
+        self.gpu_samples += gpu_readings
+        self.batches += 1
+
+    def latency(self, ms: float) -> None:
+        self.finding_latency_ms.append(ms)
+        if len(self.finding_latency_ms) > 10_000:
+            del self.finding_latency_ms[:1000]
+
+    def write(self, path: str) -> None:
+        """Replace ``path`` with the counters as JSON (atomically: readers never see half)."""
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump({**asdict(self), "pid": os.getpid()}, fh)
+        os.replace(tmp, path)
+
+
+def _allocation_backlog(
+    settings: Settings, group: str, topic: str, targets: dict[int, int] | None
+) -> tuple[dict[int, int], int]:
+    """Blocking (run it in a thread): the high watermarks of ``topic`` (``targets`` if given)
+    and how many records below them the consumer ``group`` has not committed yet."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from peerwatch.kafka_config import consumer_config
+
+    consumer = Consumer(consumer_config(settings.kafka, group))
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+        if targets is None:
+            targets = {
+                tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps
+            }
+        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
+        left = 0
+        for partition, high in targets.items():
+            low = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[0]
+            left += max(0, high - max(committed.get(partition, -1), low))
+        return targets, left
+    finally:
+        consumer.close()
+
+
+def _samples_partition(node: str, partitions: int) -> int:
+    """The samples partition of ``node``: Kafka's default keyed partitioner (murmur2), which the
+    producers (librdkafka ``murmur2_random``) and faust (aiokafka) both use."""
+    from aiokafka.partitioner import murmur2
+
+    return int(murmur2(node.encode()) & 0x7FFFFFFF) % partitions
 
 
 def _faust_broker(settings: Settings) -> str:
@@ -195,12 +288,12 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
     findings_t = app.topic(f"{app_id}-findings", partitions=node_partitions, internal=True,
                            key_type=bytes, value_serializer="json", key_serializer="raw")  # fmt: skip
     table_schema = faust.Schema(key_serializer="raw", value_serializer="json")
-    alloc_table = app.Table("alloc", default=None, partitions=node_partitions, schema=table_schema)  # fmt: skip
-    job_table = app.Table("jobs", default=None, partitions=job_partitions, schema=table_schema)  # fmt: skip
+    alloc_table = app.Table("alloc", default=None, partitions=node_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
+    job_table = app.Table("jobs", default=None, partitions=job_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
     # One entry per (job, window, source partition): a job's pending windows stay small records
     # (a 512-GPU job's whole state would not fit one Kafka message).
-    pending_table = app.Table("pending", default=None, partitions=job_partitions, schema=table_schema)  # fmt: skip
-    policy_table = app.Table("policy", default=None, partitions=node_partitions, schema=table_schema)  # fmt: skip
+    pending_table = app.Table("pending", default=None, partitions=job_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
+    policy_table = app.Table("policy", default=None, partitions=node_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
 
     codecs = {n: AvroCodec(n) for n in ("NodeGpuSample", "JobEvent", "NodeStateEvent",
                                         "HealthCheckResult", "GpuWindow", "StragglerFinding",
@@ -269,22 +362,79 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                 local_alloc.set(node, value["v"], AllocationTable.from_dict(value["table"]))
 
     # -- stage 2: the hot path, batched ------------------------------------------------------------
+    gate = {"open": False}
+
+    async def allocations_caught_up() -> None:
+        # Faust consumes every topic at once, so a worker starting on a backlog would aggregate
+        # samples before the JobEvents that own them reached the allocation table, and drop
+        # them as unattributed. Before its first batch the hot stage therefore waits until the
+        # group has committed the job-events and then the re-keyed allocations that existed at
+        # start (two hops: stage 1 may run on another worker). Live, JobEvents precede their
+        # samples by far more than the stage-1 latency, so this only matters at start.
+        deadline = time.monotonic() + cfg.allocation_gate_s
+        for topic in (job_events_t.get_topic_name(), alloc_t.get_topic_name()):
+            targets: dict[int, int] | None = None
+            while time.monotonic() < deadline:
+                try:
+                    targets, left = await asyncio.to_thread(
+                        _allocation_backlog, settings, app_id, topic, targets
+                    )
+                except Exception as exc:
+                    log.warning("allocation gate: %s", exc)
+                    left = -1
+                if left == 0:
+                    break
+                await asyncio.sleep(0.5)
+            else:
+                log.warning("allocation gate: %s not caught up after %.0f s; going on",
+                            topic, cfg.allocation_gate_s)  # fmt: skip
+                break
+
+    # Samples taken while the gate is closed wait here (the agent must keep consuming: a full
+    # stream buffer would stall faust's fetcher for every topic, the allocations included).
+    # Faust acks them as taken, so a crash inside the gate's few seconds loses them.
+    held: list[Any] = []
+    hot_lock = asyncio.Lock()
+
+    async def open_gate() -> None:
+        await allocations_caught_up()
+        async with hot_lock:
+            gate["open"] = True
+            batch = held[:]
+            held.clear()
+            await process_samples(batch)
+
     @app.agent(samples_t, name=f"{app_id}-hot")
     async def hot(stream: Any) -> None:
-        decode = codecs["NodeGpuSample"].decode
+        gate_task: asyncio.Task[None] | None = None
         async for events in stream.take_events(cfg.batch_max, within=cfg.batch_within_s):
-            by_partition: dict[int, list[dict[str, Any]]] = {}
-            for event in events:
-                try:
-                    sample = decode(event.value)
-                except CodecError as exc:
-                    await dead(event, "undecodable", str(exc))
+            async with hot_lock:
+                if not gate["open"]:
+                    held.extend(events)
+                    if gate_task is None:
+                        gate_task = asyncio.ensure_future(open_gate())
                     continue
-                by_partition.setdefault(event.message.partition, []).append(sample)
-            counters.batches += 1
-            for partition, batch in sorted(by_partition.items()):
-                counters.samples += len(batch)
-                await aggregate(partition, batch)
+                await process_samples(events)
+
+    async def process_samples(events: list[Any]) -> None:
+        if not events:
+            return
+        start_wall, start_cpu = time.time(), time.process_time()
+        decode = codecs["NodeGpuSample"].decode
+        by_partition: dict[int, list[dict[str, Any]]] = {}
+        for event in events:
+            try:
+                sample = decode(event.value)
+            except CodecError as exc:
+                await dead(event, "undecodable", str(exc))
+                continue
+            by_partition.setdefault(event.message.partition, []).append(sample)
+        records = readings = 0
+        for partition, batch in sorted(by_partition.items()):
+            records += len(batch)
+            readings += sum(len(s["gpus"]) for s in batch)
+            await aggregate(partition, batch)
+        counters.batch_done(records, readings, start_wall, start_cpu)
 
     async def aggregate(partition: int, batch: list[dict[str, Any]]) -> None:
         agg = aggregators.get(partition)
@@ -295,7 +445,10 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                 cfg.lateness_s,
             )
         refresh_allocations({s["node"] for s in batch})
-        for late in agg.add_batch(batch):
+        unattributed_before = agg.unattributed
+        late_samples = agg.add_batch(batch)
+        counters.unattributed += agg.unattributed - unattributed_before
+        for late in late_samples:
             counters.late += 1
             await deadletter.send(
                 key=str(late["node"]).encode(),
@@ -306,11 +459,12 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                 ],
             )
         closed_before = agg.closed_until_ms
+        closed_wall_ms = time.time() * 1000.0
         for b in agg.close_ready():
             await batches_t.send(key=b.job_id.encode(), value={
                 "kind": "windows", "src": partition, "job_id": b.job_id,
                 "window_start_ms": b.window_start_ms, "window_end_ms": b.window_end_ms,
-                "windows": b.windows,
+                "windows": b.windows, "closed_wall_ms": closed_wall_ms,
             })  # fmt: skip
         if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
             # Tell every stage-3 partition how far this samples partition has closed windows.
@@ -326,8 +480,20 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
     job_partition: dict[str, int] = {}
     pending_sources: dict[tuple[str, int], set[int]] = {}
     job_meta = AllocationTable(cfg.allocation_retention_s * 1000)
-    source_watermarks: dict[int, int] = {}
+    # stage-3 partition -> samples partition -> closed_until_ms. Kept per stage-3 partition: a
+    # heartbeat is ordered only after the window batches of its own partition, and another
+    # partition's copy may be consumed before this partition's batches (releasing them early).
+    source_watermarks: dict[int, dict[int, int]] = {}
     grace_ms = int(cfg.job_grace_s * 1000)
+    # (job, window start) -> wall ms when the last samples partition closed it (latency only).
+    closed_wall: dict[tuple[str, int], float] = {}
+
+    def on_finding_sent(closed_ms: float | None) -> Any:
+        def acked(_fut: Any) -> None:
+            if closed_ms is not None:
+                counters.latency(time.time() * 1000.0 - closed_ms)
+
+        return acked
 
     def stage_of(job_id: str) -> JobStage:
         stage = job_stages.get(job_id)
@@ -354,19 +520,29 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
         meta = job_meta.job(job_id)
         return meta.context() if meta is not None else JobContext(job_id=job_id)
 
-    def stage3_watermark() -> int:
-        # The slowest samples partition bounds what is complete (partitions never heard from
-        # are not waited for: an idle partition must not stall every job).
-        return min(source_watermarks.values()) if source_watermarks else -(1 << 62)
+    def stage3_watermark(job_id: str) -> int:
+        marks = source_watermarks.get(job_partition.get(job_id, -1), {})
+        # The slowest samples partition holding one of the job's nodes bounds what is complete.
+        # A partition not heard from yet counts as not started: at start on a backlog the first
+        # partition processed runs far ahead, and taking the minimum over the partitions heard
+        # from released windows before the others' nodes arrived (their windows were lost).
+        # Partitions without the job's nodes are not waited for (an idle one must not stall).
+        nodes = job_meta.nodes_of(job_id)
+        if not nodes:
+            return min(marks.values()) if marks else -(1 << 62)
+        return min(marks.get(_samples_partition(n, node_partitions), -(1 << 62))
+                   for n in nodes)  # fmt: skip
 
     async def release(job_id: str) -> None:
         stage = job_stages[job_id]
         before = set(stage.pending.get(job_id, {}))
-        results = stage.release(stage3_watermark(), context_of)
+        results = stage.release(stage3_watermark(job_id), context_of)
         if not results:
             return
         key = job_id.encode()
-        for start in before - set(stage.pending.get(job_id, {})):
+        released = before - set(stage.pending.get(job_id, {}))
+        closed_at = {start: closed_wall.pop((job_id, start), None) for start in released}
+        for start in released:
             for src in pending_sources.pop((job_id, start), ()):
                 pending_table.pop(f"{job_id}|{start}|{src}".encode(), None)
         saved = dict(job_table.get(key) or {})
@@ -379,7 +555,11 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                 await windows_out.send(key=key, value=codecs["GpuWindow"].encode(w))
             for f in result.findings:
                 counters.findings += 1
-                await stragglers_out.send(key=key, value=codecs["StragglerFinding"].encode(f))
+                await stragglers_out.send(
+                    key=key,
+                    value=codecs["StragglerFinding"].encode(f),
+                    callback=on_finding_sent(closed_at.get(int(f["window_start_ms"]))),
+                )
                 if f.get("node"):
                     targets = [f["node"]]
                 elif f.get("status") == JOB_WIDE and cfg.fan_out_job_wide:
@@ -408,7 +588,8 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                 b = json.loads(event.value)
                 if b.get("kind") == "watermark":
                     src, until = int(b["src"]), int(b["closed_until_ms"])
-                    source_watermarks[src] = max(source_watermarks.get(src, until), until)
+                    marks = source_watermarks.setdefault(partition, {})
+                    marks[src] = max(marks.get(src, until), until)
                     for job_id in [j for j, p in job_partition.items() if p == partition]:
                         if job_stages[job_id].pending:
                             await release(job_id)
@@ -417,6 +598,9 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                 job_partition[job_id] = partition
                 stage_of(job_id).add(batch_of(b))
                 start, src = int(b["window_start_ms"]), int(b["src"])
+                wall = b.get("closed_wall_ms")
+                if wall is not None:
+                    closed_wall[(job_id, start)] = max(closed_wall.get((job_id, start), 0.0), wall)
                 pending_table[f"{job_id}|{start}|{src}".encode()] = b
                 pending_sources.setdefault((job_id, start), set()).add(src)
                 await release(job_id)
@@ -460,6 +644,14 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
 
     @app.timer(interval=30.0)
     async def report_counters() -> None:
-        log.info("stream counters: %s", counters)
+        log.info("stream counters: %s", {k: v for k, v in asdict(counters).items()
+                                          if k not in ("finding_latency_ms", "batch_log")})  # fmt: skip
+
+    if cfg.counters_path:
+        counters_path = cfg.counters_path
+
+        @app.timer(interval=cfg.counters_interval_s)
+        async def write_counters() -> None:
+            counters.write(counters_path)
 
     return app

@@ -17,6 +17,10 @@ def register(sub: Any) -> None:
     p.add_argument("--batch-max", type=int, default=2000, help="samples per hot-path batch")
     p.add_argument("--app-id", default="peerwatch-stream", help="consumer group / app id")
     p.add_argument("--loglevel", default="info")
+    p.add_argument("--counters-file", metavar="FILE",
+                   help="write the worker's counters as JSON to FILE (benchmarks, tests)")  # fmt: skip
+    p.add_argument("--counters-interval-s", type=float, default=5.0,
+                   help="how often --counters-file is rewritten (default 5)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -35,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
         lateness_s=args.lateness_s,
         job_grace_s=args.job_grace_s,
         batch_max=args.batch_max,
+        counters_path=args.counters_file,
+        counters_interval_s=args.counters_interval_s,
         detector=DetectorSettings(window_s=args.window_s),
     )
     ensure_topics(

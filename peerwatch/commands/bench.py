@@ -1,0 +1,45 @@
+"""``peerwatch bench stream`` — measure the live stream processor against a plain consume +
+decode floor on the same pre-produced records (definitions in ``peerwatch.streams.bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from peerwatch.commands import settings_of
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("bench", help="benchmarks against a real broker")
+    what = p.add_subparsers(dest="bench", metavar="WHAT", required=True)
+    s = what.add_parser("stream", help="the stream worker vs a consume+decode floor")
+    s.add_argument("--nodes", type=int, default=256, help="nodes (default 256)")
+    s.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    s.add_argument("--duration", type=float, default=300.0,
+                   help="simulated seconds at 1 s sampling (default 300)")  # fmt: skip
+    s.add_argument("--rss-nodes", type=int, default=12_500,
+                   help="nodes of the RSS-at-scale run (default 12,500 = 100,000 GPUs; 0 skips)")  # fmt: skip
+    s.add_argument("--rss-duration", type=float, default=10.0,
+                   help="simulated seconds of the RSS run (default 10)")  # fmt: skip
+    s.add_argument("--workdir", help="where worker logs and counters go (default: a temp dir)")
+    s.add_argument("--json", action="store_true", help="print one JSON object instead")
+    s.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from peerwatch.streams.bench import format_table
+    from peerwatch.streams.bench_run import run_stream_bench
+
+    settings = settings_of(args)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="peerwatch-bench-"))
+    report = run_stream_bench(
+        settings.kafka, args.nodes, args.gpus_per_node, args.duration, workdir,
+        rss_nodes=args.rss_nodes, rss_duration_s=args.rss_duration,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )  # fmt: skip
+    print(json.dumps(report, sort_keys=True) if args.json else format_table(report))
+    return 0 if all(v != "FAIL" for v in report["verdicts"].values()) else 1

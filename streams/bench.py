@@ -1,0 +1,182 @@
+"""The arithmetic of ``peerwatch bench stream``: /proc parsing, rates, targets, the report.
+
+Pure except :func:`read_proc` (two small file reads). The measurements come from
+:mod:`peerwatch.streams.bench_run`; definitions (also printed with the report):
+
+- *worker rate*: GPU samples (readings inside node records) and node records the worker's hot
+  stage processed, divided by the wall time from the start of its first timed batch to the end
+  of its last (the worker's own batch log). The worker is started on the first tick only and
+  the timed input is published once it has processed that tick, so start-up, group join and
+  the start-up allocation gate are excluded, and consuming runs while the input is published
+  (pre-encoded, faster than the worker reads);
+- *CPU-seconds per 1,000 GPU samples*: the worker's CPU time over the same interval;
+- *floor*: a plain confluent-kafka consume + fastavro decode loop over the same records, in the
+  benchmark process; *processor / floor* is the ratio of the GPU-sample rates;
+- *peak RSS*: ``VmHWM`` of the worker process (the high-water mark of its resident set);
+- *finding latency*: wall time from the hot stage closing a window (the last samples partition
+  to close it) to the broker acknowledging a StragglerFinding of that window.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: The issue's targets.
+TARGET_GPU_SAMPLES_PER_S = 50_000.0
+TARGET_FLOOR_RATIO = 0.3
+TARGET_RSS_BYTES = 1 << 30
+TARGET_RSS_GPUS = 100_000
+TARGET_LATENCY_S = 2.0
+
+
+@dataclass(frozen=True)
+class ProcSnapshot:
+    """CPU seconds (user + system) and peak resident set (bytes) of one process."""
+
+    cpu_s: float
+    peak_rss_bytes: int
+
+
+def parse_stat_cpu_s(stat: str, clk_tck: int) -> float:
+    """utime + stime of a ``/proc/<pid>/stat`` line, in seconds. The command name (field 2) may
+    hold spaces and parentheses, so fields are counted after its last ``)``. Raises ValueError
+    for a malformed line."""
+    end = stat.rfind(")")
+    if end < 0:
+        raise ValueError("not a /proc/<pid>/stat line")
+    rest = stat[end + 2 :].split()
+    # rest[0] is field 3 (state); utime and stime are fields 14 and 15.
+    if len(rest) < 13:
+        raise ValueError("/proc/<pid>/stat line too short")
+    return (int(rest[11]) + int(rest[12])) / clk_tck
+
+
+def parse_status_kib(status: str, name: str = "VmHWM") -> int:
+    """A ``kB`` field of ``/proc/<pid>/status`` in bytes. Raises ValueError if it is missing."""
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            number, _, unit = value.strip().partition(" ")
+            if unit.strip() != "kB":
+                raise ValueError(f"{name}: unexpected unit {unit!r}")
+            return int(number) * 1024
+    raise ValueError(f"{name} not in /proc/<pid>/status")
+
+
+def read_proc(pid: int) -> ProcSnapshot:
+    """CPU seconds and peak RSS of a live process (Linux). Raises OSError if it is gone."""
+    with open(f"/proc/{pid}/stat") as fh:
+        stat = fh.read()
+    with open(f"/proc/{pid}/status") as fh:
+        status = fh.read()
+    return ProcSnapshot(
+        parse_stat_cpu_s(stat, os.sysconf("SC_CLK_TCK")), parse_status_kib(status, "VmHWM")
+    )
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1, nearest rank) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
+    return float(ordered[rank])
+
+
+def rate(count: float, seconds: float | None) -> float | None:
+    """count / seconds, None when the interval is unknown or empty."""
+    return count / seconds if seconds else None
+
+
+def worker_metrics(
+    counters: Mapping[str, Any], since_wall_s: float | None = None
+) -> dict[str, Any]:
+    """Rates and CPU cost from a worker's counters file (see ``StreamCounters``), over the hot
+    batches that began at or after ``since_wall_s`` (all logged batches when None): wall time
+    from the first such batch's start to the last one's end, CPU time likewise."""
+    log = [
+        b for b in counters.get("batch_log") or () if since_wall_s is None or b[0] >= since_wall_s
+    ]
+    wall = cpu = None
+    nodes = gpus = 0
+    if log:
+        wall = max(b[1] for b in log) - min(b[0] for b in log)
+        cpu = log[-1][3] - log[0][2]
+        nodes, gpus = int(sum(b[4] for b in log)), int(sum(b[5] for b in log))
+    lat = [float(v) for v in counters.get("finding_latency_ms") or ()]
+    return {
+        "node_records": nodes,
+        "gpu_samples": gpus,
+        "batches": len(log),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "gpu_samples_per_s": rate(gpus, wall),
+        "node_records_per_s": rate(nodes, wall),
+        "cpu_s_per_1000_gpu_samples": 1000.0 * cpu / gpus if cpu is not None and gpus else None,
+        "findings": int(counters.get("findings", 0)),
+        "finding_latency_ms": {
+            "count": len(lat),
+            "p50": percentile(lat, 0.5),
+            "p95": percentile(lat, 0.95),
+            "max": max(lat) if lat else None,
+        },
+    }
+
+
+def verdicts(report: Mapping[str, Any]) -> dict[str, str]:
+    """PASS / FAIL / N/A per target for a report built by ``run_stream_bench``."""
+    worker, rss = report["worker"], report.get("rss_at_scale") or {}
+    gps = worker.get("gpu_samples_per_s")
+    ratio = report.get("processor_over_floor")
+    lat = worker["finding_latency_ms"].get("max")
+    rss_bytes, rss_gpus = rss.get("peak_rss_bytes"), rss.get("gpus_tracked")
+
+    def judge(ok: bool | None) -> str:
+        return "N/A" if ok is None else "PASS" if ok else "FAIL"
+
+    rss_ok: bool | None = None
+    if rss_bytes is not None and rss_gpus:
+        # Measured below the target's GPU count: only a PASS at or above it counts as measured.
+        rss_ok = rss_bytes < TARGET_RSS_BYTES if rss_gpus >= TARGET_RSS_GPUS else None
+    return {
+        "gpu_samples_per_s": judge(None if gps is None else gps >= TARGET_GPU_SAMPLES_PER_S),
+        "processor_over_floor": judge(None if ratio is None else ratio >= TARGET_FLOOR_RATIO),
+        "rss_100k_gpus": judge(rss_ok),
+        "finding_latency": judge(None if lat is None else lat / 1000.0 < TARGET_LATENCY_S),
+    }
+
+
+def _fmt(value: Any, spec: str = ",.1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(report: Mapping[str, Any]) -> str:
+    """The human-readable report (one metric a line, with its target and verdict)."""
+    w, f, v = report["worker"], report["floor"], report["verdicts"]
+    rss = report.get("rss_at_scale") or {}
+    lat = w["finding_latency_ms"]
+    mib = 1 << 20
+    rows = [
+        ("input", f"{report['nodes']} nodes x {report['gpus_per_node']} GPUs, "
+                  f"{report['duration_s']:g} s; timed: {w['node_records']:,} node records", "", ""),
+        ("worker GPU samples/s", _fmt(w["gpu_samples_per_s"]), ">= 50,000", v["gpu_samples_per_s"]),
+        ("worker node records/s", _fmt(w["node_records_per_s"]), "", ""),
+        ("worker CPU-s / 1,000 GPU samples", _fmt(w["cpu_s_per_1000_gpu_samples"], ".4f"), "", ""),
+        ("worker peak RSS (MiB)", _fmt(report["worker_peak_rss_bytes"] / mib), "", ""),
+        ("floor GPU samples/s", _fmt(f["gpu_samples_per_s"]), "", ""),
+        ("floor CPU-s / 1,000 GPU samples", _fmt(f["cpu_s_per_1000_gpu_samples"], ".4f"), "", ""),
+        ("processor / floor", _fmt(report["processor_over_floor"], ".3f"), ">= 0.3",
+         v["processor_over_floor"]),
+        (f"peak RSS, {rss.get('gpus_tracked') or 0:,} GPUs tracked (MiB)",
+         _fmt(rss["peak_rss_bytes"] / mib if rss.get("peak_rss_bytes") else None),
+         "< 1,024 @ 100k GPUs", v["rss_100k_gpus"]),
+        (f"finding latency p50/p95/max (ms, n={lat['count']})",
+         "/".join(_fmt(lat[k], ",.0f") for k in ("p50", "p95", "max")), "< 2,000 (max)",
+         v["finding_latency"]),
+    ]  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{a:<{width}}  {b:>22}  {c:<20} {d}".rstrip() for a, b, c, d in rows]
+    return "\n".join(["peerwatch bench stream", *lines])

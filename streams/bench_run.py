@@ -1,0 +1,476 @@
+"""The edges of ``peerwatch bench stream`` (also used by the stream integration tests): pre-produce
+a simulated fleet into a real broker, run ``peerwatch stream`` workers as subprocesses, read
+output topics back, and the floor (a plain consume + decode loop). The arithmetic is in
+:mod:`peerwatch.streams.bench`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from peerwatch.kafka_config import consumer_config, producer_config
+from peerwatch.producers.sim.fleet import Fleet
+from peerwatch.producers.sim.publish import STREAM_TOPICS, PublishStats, publish_to_kafka
+from peerwatch.schemas.codec import AvroCodec
+from peerwatch.settings import KafkaSettings
+from peerwatch.streams.bench import ProcSnapshot, read_proc
+from peerwatch.topic_admin import ensure_topics
+from peerwatch.topics import SAMPLES, catalogue
+
+#: (topic, key, value, timestamp ms or None): one record to publish as it is.
+Raw = tuple[str, bytes | None, bytes, int | None]
+
+
+@dataclass(frozen=True)
+class TopicRecord:
+    """One record read back: key and value bytes, headers, partition, offset, create time (ms)."""
+
+    key: bytes | None
+    value: bytes
+    headers: dict[str, bytes]
+    partition: int
+    offset: int
+    ts_ms: int
+
+
+def _headers(raw: Any) -> dict[str, bytes]:
+    return {str(k): bytes(v or b"") for k, v in (raw or [])}
+
+
+class _ConfluentSink:
+    """``BytesSink`` over a confluent-kafka Producer (the publisher's record sink)."""
+
+    def __init__(self, kafka: KafkaSettings) -> None:
+        from confluent_kafka import Producer
+
+        self.failed = 0
+        self.producer = Producer(producer_config(kafka, **{"linger.ms": 50}))
+
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self.failed += 1
+
+    def send(
+        self, topic: str, key: bytes | None, value: bytes, headers: tuple[()] = (), ts_ms: int = 0
+    ) -> None:
+        while True:
+            try:
+                self.producer.produce(
+                    topic, value, key, timestamp=ts_ms, on_delivery=self._on_delivery
+                )
+                return
+            except BufferError:  # local queue full: let deliveries drain
+                self.producer.poll(0.5)
+
+    def flush(self, timeout_s: float = 120.0) -> None:
+        left = self.producer.flush(timeout_s)
+        if left or self.failed:
+            raise RuntimeError(f"{left} records not flushed, {self.failed} failed")
+
+
+def produce_fleet(kafka: KafkaSettings, fleet: Fleet, topic_prefix: str) -> PublishStats:
+    """Create the catalogue topics under ``topic_prefix`` and publish every record of ``fleet``
+    as fast as the broker takes them (acks=all). Raises RuntimeError if a record is not acked."""
+    ensure_topics(kafka, catalogue(topic_prefix))
+    sink = _ConfluentSink(kafka)
+    stats = publish_to_kafka(fleet, sink, topic_prefix)
+    sink.flush()
+    return stats
+
+
+def produce_raw(kafka: KafkaSettings, records: Sequence[Raw]) -> None:
+    """Publish ``(topic, key, value, timestamp_ms or None)`` records as they are (test input)."""
+    sink = _ConfluentSink(kafka)
+    for topic, key, value, ts_ms in records:
+        sink.send(topic, key, value, (), ts_ms or 0)
+    sink.flush()
+
+
+def read_topic(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> list[TopicRecord]:
+    """Every record of ``topic`` up to its current end (the high watermarks when called), in
+    partition and offset order; [] if the topic does not exist. Raises TimeoutError if the end
+    is not reached within ``timeout_s``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(consumer_config(kafka, f"read-{time.time_ns()}"))
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        if meta.error is not None or not meta.partitions:
+            return []
+        ends: dict[int, int] = {}
+        starts: list[Any] = []
+        for p in sorted(meta.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                ends[p] = high
+                starts.append(TopicPartition(topic, p, low))
+        out: list[TopicRecord] = []
+        if not ends:
+            return out
+        consumer.assign(starts)
+        deadline = time.monotonic() + timeout_s
+        while ends:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: end not reached in {timeout_s} s")
+            for m in consumer.consume(1000, timeout=0.5):
+                partition, offset = int(m.partition() or 0), int(m.offset() or 0)
+                if m.error() is not None or partition not in ends:
+                    continue
+                key = m.key()
+                out.append(
+                    TopicRecord(
+                        key if isinstance(key, bytes) else None,
+                        bytes(m.value() or b""),
+                        _headers(m.headers()),
+                        partition,
+                        offset,
+                        int(m.timestamp()[1]),
+                    )
+                )
+                if offset + 1 >= ends[partition]:
+                    del ends[partition]
+        return sorted(out, key=lambda r: (r.partition, r.offset))
+    finally:
+        consumer.close()
+
+
+def wait_stable(
+    poll: Callable[[], Any],
+    done: Callable[[Any], bool],
+    timeout_s: float,
+    settle_s: float = 6.0,
+    interval_s: float = 1.0,
+) -> Any:
+    """Call ``poll`` until ``done(result)`` holds and the result stayed equal for ``settle_s``,
+    or until ``timeout_s``; returns the last result either way (callers assert on it)."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    since = time.monotonic()
+    while True:
+        result = poll()
+        if result != last:
+            last, since = result, time.monotonic()
+        elif done(result) and time.monotonic() - since >= settle_s:
+            return result
+        if time.monotonic() > deadline:
+            return result
+        time.sleep(interval_s)
+
+
+#: ``peerwatch stream`` without the rest of the CLI (so a worker never depends on other commands).
+_STREAM_MAIN = (
+    "import argparse, logging, sys\n"
+    "from peerwatch.commands import stream\n"
+    "parser = argparse.ArgumentParser(prog='peerwatch')\n"
+    "stream.register(parser.add_subparsers(required=True))\n"
+    "args = parser.parse_args()\n"
+    "logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')\n"
+    "sys.exit(args.func(args))\n"
+)
+
+
+@dataclass
+class WorkerProcess:
+    """One ``peerwatch stream`` worker as a subprocess (its own process group, so a kill takes
+    every child). Use as a context manager: leaving it always kills the worker."""
+
+    bootstrap: str
+    topic_prefix: str
+    app_id: str
+    workdir: Path
+    name: str = "worker"
+    args: Sequence[str] = ()
+    counters_interval_s: float = 1.0
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def counters_path(self) -> Path:
+        return self.workdir / f"{self.name}.counters.json"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    def start(self) -> WorkerProcess:
+        """Start the worker (returns at once; it needs seconds to join its group)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.counters_path.unlink(missing_ok=True)
+        env = {
+            **os.environ,
+            "PEERWATCH_KAFKA_BOOTSTRAP": self.bootstrap,
+            "PEERWATCH_TOPIC_PREFIX": self.topic_prefix,
+            **self.env,
+        }
+        cmd = [
+            sys.executable, "-c", _STREAM_MAIN, "stream", "--app-id", self.app_id,
+            "--counters-file", str(self.counters_path),
+            "--counters-interval-s", str(self.counters_interval_s), *self.args,
+        ]  # fmt: skip
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        return self
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError("worker not started")
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def counters(self) -> dict[str, Any]:
+        """The worker's last counters file ({} before the first write)."""
+        try:
+            data: dict[str, Any] = json.loads(self.counters_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data
+
+    def proc_snapshot(self) -> ProcSnapshot:
+        """CPU seconds and peak RSS of the running worker from /proc. Raises OSError if gone."""
+        return read_proc(self.pid)
+
+    def kill(self) -> None:
+        """SIGKILL the worker's whole process group (no clean shutdown, no final commit)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.kill()
+
+
+@dataclass(frozen=True)
+class FloorResult:
+    """The plain consume + decode loop over the samples topic."""
+
+    node_records: int
+    gpu_samples: int
+    wall_s: float
+    cpu_s: float
+
+
+def measure_floor(
+    kafka: KafkaSettings, topic: str, expected: int, timeout_s: float = 600.0
+) -> FloorResult:
+    """Consume ``expected`` records of ``topic`` from the start with a plain confluent Consumer
+    and decode each with :class:`AvroCodec`; wall and CPU time from the first record to the last.
+    Raises TimeoutError if fewer arrive within ``timeout_s``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    decode = AvroCodec("NodeGpuSample").decode
+    consumer = Consumer(consumer_config(kafka, f"floor-{time.time_ns()}"))
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
+        records = gpus = 0
+        deadline = time.monotonic() + timeout_s
+        t0 = c0 = 0.0
+        while records < expected:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"floor: {records} of {expected} records in {timeout_s} s")
+            batch = consumer.consume(1000, timeout=1.0)
+            if batch and not records:
+                t0, c0 = time.perf_counter(), time.process_time()
+            for m in batch:
+                if m.error() is not None:
+                    continue
+                gpus += len(decode(m.value() or b"")["gpus"])
+                records += 1
+        return FloorResult(records, gpus, time.perf_counter() - t0, time.process_time() - c0)
+    finally:
+        consumer.close()
+
+
+def bench_fleet(nodes: int, gpus_per_node: int, duration_s: float, seed: int = 1) -> Fleet:
+    """A busy fleet stamped in the recent past: jobs of up to 512 GPUs side by side, each with
+    an 8% SM-clock drop on one GPU from 60 s (so the benchmark sees findings and latencies)."""
+    from peerwatch.producers.sim.scenario import parse_scenario
+
+    now_ms = int(time.time() * 1000) - int(duration_s * 1000) - 60_000
+    per_job = max(1, 512 // gpus_per_node)
+    jobs, faults = [], []
+    for j, first in enumerate(range(0, nodes, per_job)):
+        count = min(per_job, nodes - first)
+        jobs.append({"job_id": f"{9000 + j}", "gpus": count * gpus_per_node, "first_node": first,
+                     "warmup_s": 0, "duration_s": duration_s + 3600})  # fmt: skip
+        if count * gpus_per_node >= 16 and duration_s > 90:
+            faults.append({"name": "sm_clock_drop", "node": first + count // 2, "gpu_index": 0,
+                           "start_s": 60, "params": {"pct": 8}})  # fmt: skip
+    doc = {
+        "fleet": {"nodes": nodes, "gpus_per_node": gpus_per_node, "interval_s": 1.0,
+                  "duration_s": duration_s, "seed": seed, "start_ms": now_ms - now_ms % 30_000},
+        "jobs": jobs,
+        "faults": faults,
+    }  # fmt: skip
+    return Fleet(parse_scenario(doc))
+
+
+def encode_fleet(fleet: Fleet, topic_prefix: str) -> tuple[list[Raw], list[Raw], int]:
+    """Every record of ``fleet`` Avro-encoded, split into the first tick (job events and one
+    sample per node: it opens the worker's start-up gate) and the rest; plus the node-record
+    count of all of it."""
+    codecs = {s: AvroCodec(t.value_schema or "") for s, t in STREAM_TOPICS.items()}
+    topics = {s: topic_prefix + t.name for s, t in STREAM_TOPICS.items()}
+    first: list[Raw] = []
+    rest: list[Raw] = []
+    samples = 0
+    for tick_ms, records in fleet.timed_ticks():
+        out = rest if samples else first  # ``first`` ends with the first tick that has samples
+        for rec in records:
+            out.append((topics[rec.stream], rec.key.encode(), codecs[rec.stream].encode(rec.value),
+                        int(rec.value.get("ts_ms", tick_ms))))  # fmt: skip
+        samples += sum(rec.stream == "samples" for rec in records)
+    return first, rest, samples
+
+
+@dataclass(frozen=True)
+class WorkerRun:
+    """One benchmark worker: its counters, /proc at the end, when the timed input began."""
+
+    counters: dict[str, Any]
+    proc: ProcSnapshot
+    timed_since_wall_s: float
+    topic_prefix: str
+    #: Node records of the whole input (the first tick included).
+    node_records: int
+
+
+def run_worker_over(
+    kafka: KafkaSettings,
+    fleet: Fleet,
+    workdir: Path,
+    args: Sequence[str] = (),
+    timeout_s: float = 900.0,
+    log: Callable[[str], None] = lambda _m: None,
+) -> WorkerRun:
+    """Publish the fleet's first tick under a fresh prefix, start one worker and wait until it
+    processed it (start-up, group join and the allocation gate are then behind it), then
+    publish the rest as fast as the broker takes it (pre-encoded) and wait until the worker
+    took every node record. Snapshots /proc, kills the worker. Raises TimeoutError."""
+    import uuid
+
+    prefix = f"bench{uuid.uuid4().hex[:8]}."
+    ensure_topics(kafka, catalogue(prefix))
+    first, rest, total = encode_fleet(fleet, prefix)
+    first_samples = sum(t.endswith(SAMPLES.name) for t, *_ in first)
+    produce_raw(kafka, first)
+    app_id = f"bench-{uuid.uuid4().hex[:8]}"
+    with WorkerProcess(
+        kafka.bootstrap_servers, prefix, app_id, workdir, name=app_id,
+        args=["--loglevel", "warning", *args], counters_interval_s=0.5,
+    ) as worker:  # fmt: skip
+
+        def poll() -> tuple[int, int, int]:
+            if not worker.alive():
+                raise RuntimeError(f"worker died:\n{worker.log_tail()}")
+            c = worker.counters()
+            return int(c.get("samples", 0)), int(c.get("findings", 0)), int(c.get("windows", 0))
+
+        state = wait_stable(poll, lambda s: s[0] >= first_samples, 120, settle_s=0)
+        if state[0] < first_samples:
+            raise TimeoutError(f"worker did not start:\n{worker.log_tail()}")
+        log(f"worker ready; publishing {total - first_samples} node records ...")
+        since = time.time()
+        produce_raw(kafka, rest)
+        state = wait_stable(poll, lambda s: s[0] >= total, timeout_s, settle_s=3.0)
+        if state[0] < total:
+            raise TimeoutError(f"worker took {state[0]} of {total}:\n{worker.log_tail()}")
+        snapshot = worker.proc_snapshot()
+        return WorkerRun(worker.counters(), snapshot, since, prefix, total)
+
+
+def run_stream_bench(
+    kafka: KafkaSettings,
+    nodes: int,
+    gpus_per_node: int,
+    duration_s: float,
+    workdir: Path,
+    rss_nodes: int = 12_500,
+    rss_duration_s: float = 10.0,
+    worker_args: Sequence[str] = (),
+    log: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
+    """The whole benchmark (see :mod:`peerwatch.streams.bench`); returns the report dict.
+    ``rss_nodes`` = 0 skips the RSS-at-scale run."""
+    from peerwatch.streams.bench import verdicts, worker_metrics
+
+    fleet = bench_fleet(nodes, gpus_per_node, duration_s)
+    log(f"worker over {nodes} x {gpus_per_node} GPUs x {duration_s:g} s ...")
+    run = run_worker_over(kafka, fleet, workdir, worker_args, log=log)
+    worker = worker_metrics(run.counters, run.timed_since_wall_s)
+    prefix = run.topic_prefix
+    log("floor over the same samples topic ...")
+    floor = measure_floor(kafka, prefix + SAMPLES.name, run.node_records)
+    floor_rate = floor.gpu_samples / floor.wall_s if floor.wall_s else None
+    report: dict[str, Any] = {
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "duration_s": duration_s,
+        "topic_prefix": prefix,
+        "worker": worker,
+        "worker_cpu_s_total": run.proc.cpu_s,
+        "worker_peak_rss_bytes": run.proc.peak_rss_bytes,
+        "floor": {
+            "node_records": floor.node_records,
+            "gpu_samples": floor.gpu_samples,
+            "wall_s": floor.wall_s,
+            "cpu_s": floor.cpu_s,
+            "gpu_samples_per_s": floor_rate,
+            "node_records_per_s": floor.node_records / floor.wall_s if floor.wall_s else None,
+            "cpu_s_per_1000_gpu_samples": 1000 * floor.cpu_s / floor.gpu_samples
+            if floor.gpu_samples
+            else None,
+        },
+        "processor_over_floor": worker["gpu_samples_per_s"] / floor_rate
+        if worker["gpu_samples_per_s"] and floor_rate
+        else None,
+        "rss_at_scale": None,
+    }
+    if rss_nodes > 0:
+        log(f"RSS run: {rss_nodes} x {gpus_per_node} GPUs x {rss_duration_s:g} s ...")
+        big = bench_fleet(rss_nodes, gpus_per_node, rss_duration_s)
+        big_run = run_worker_over(kafka, big, workdir, worker_args, log=log)
+        report["rss_at_scale"] = {
+            "nodes": rss_nodes,
+            "gpus_tracked": rss_nodes * gpus_per_node,
+            "node_records": big_run.node_records,
+            "peak_rss_bytes": big_run.proc.peak_rss_bytes,
+            "worker": worker_metrics(big_run.counters, big_run.timed_since_wall_s),
+        }
+    report["verdicts"] = verdicts(report)
+    return report

@@ -1,0 +1,104 @@
+"""The pure part of ``peerwatch bench stream``: /proc parsing, rates, verdicts, the table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from peerwatch.streams.bench import (
+    format_table,
+    parse_stat_cpu_s,
+    parse_status_kib,
+    percentile,
+    verdicts,
+    worker_metrics,
+)
+
+# A real-shaped /proc/<pid>/stat line whose command name holds spaces and parentheses.
+STAT = (
+    "4242 (python (faust) w) S 1 4242 4242 0 -1 4194560 52311 0 0 0 "
+    "1234 567 0 0 20 0 9 0 123456 987654321 30000 18446744073709551615"
+)
+STATUS = "Name:\tpython\nVmPeak:\t  900000 kB\nVmHWM:\t  524288 kB\nVmRSS:\t  400000 kB\n"
+
+
+def test_stat_cpu_counts_fields_after_the_command_name() -> None:
+    assert parse_stat_cpu_s(STAT, 100) == pytest.approx(18.01)
+
+
+def test_stat_rejects_garbage() -> None:
+    with pytest.raises(ValueError):
+        parse_stat_cpu_s("no command name here", 100)
+    with pytest.raises(ValueError):
+        parse_stat_cpu_s("1 (x) S 1 2", 100)
+
+
+def test_status_fields_in_bytes() -> None:
+    assert parse_status_kib(STATUS) == 512 << 20
+    assert parse_status_kib(STATUS, "VmRSS") == 400000 * 1024
+    with pytest.raises(ValueError):
+        parse_status_kib(STATUS, "VmSwap")
+
+
+def test_percentile_nearest_rank() -> None:
+    assert percentile([], 0.5) is None
+    assert percentile([5.0, 1.0, 3.0], 0.5) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0, 100.0], 0.95) == 100.0
+
+
+def counters() -> dict[str, Any]:
+    # [start wall, end wall, start cpu, end cpu, node records, GPU readings]
+    return {
+        "batch_log": [
+            [90.0, 91.0, 1.0, 1.5, 10, 80],  # before the timed input: excluded
+            [100.0, 101.0, 2.0, 2.8, 1000, 8000],
+            [101.0, 102.0, 2.8, 3.6, 1000, 8000],
+        ],
+        "findings": 2,
+        "finding_latency_ms": [400.0, 2500.0],
+    }
+
+
+def test_worker_metrics_over_the_timed_batches() -> None:
+    m = worker_metrics(counters(), since_wall_s=100.0)
+    assert m["node_records"] == 2000 and m["gpu_samples"] == 16000
+    assert m["wall_s"] == pytest.approx(2.0)
+    assert m["gpu_samples_per_s"] == pytest.approx(8000.0)
+    assert m["cpu_s_per_1000_gpu_samples"] == pytest.approx(1.6 / 16)
+    assert m["finding_latency_ms"]["max"] == 2500.0
+    assert worker_metrics(counters())["node_records"] == 2010
+
+
+def report(gps: float, ratio: float, rss: int | None, gpus: int, lat_ms: float) -> dict[str, Any]:
+    worker = {
+        "gpu_samples_per_s": gps, "node_records_per_s": gps / 8, "node_records": 100,
+        "cpu_s_per_1000_gpu_samples": 0.02,
+        "finding_latency_ms": {"count": 1, "p50": lat_ms, "p95": lat_ms, "max": lat_ms},
+    }  # fmt: skip
+    out = {
+        "nodes": 8, "gpus_per_node": 8, "duration_s": 60.0, "worker": worker,
+        "worker_peak_rss_bytes": 100 << 20, "processor_over_floor": ratio,
+        "floor": {"gpu_samples_per_s": gps / ratio, "cpu_s_per_1000_gpu_samples": 0.01},
+        "rss_at_scale": {"gpus_tracked": gpus, "peak_rss_bytes": rss} if rss else None,
+    }  # fmt: skip
+    out["verdicts"] = verdicts(out)
+    return out
+
+
+def test_verdicts_against_the_issue_targets() -> None:
+    good = report(60_000.0, 0.5, 700 << 20, 100_000, 900.0)["verdicts"]
+    assert set(good.values()) == {"PASS"}
+    bad = report(30_000.0, 0.2, 1100 << 20, 100_000, 2500.0)["verdicts"]
+    assert set(bad.values()) == {"FAIL"}
+    # An RSS measured with fewer GPUs than the target's proves nothing either way.
+    assert report(60_000.0, 0.5, 200 << 20, 50_000, 900.0)["verdicts"]["rss_100k_gpus"] == "N/A"
+
+
+def test_table_names_every_target_and_verdict() -> None:
+    table = format_table(report(30_000.0, 0.6, 700 << 20, 100_000, 900.0))
+    assert "30,000.0" in table and "0.600" in table
+    lines = {line.split("  ")[0]: line for line in table.splitlines()}
+    assert lines["worker GPU samples/s"].endswith("FAIL")
+    assert lines["processor / floor"].endswith("PASS")
+    assert "100,000 GPUs tracked" in table
