@@ -18,6 +18,7 @@ from peerwatch.settings import KafkaSettings, expand
 from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import TopicSpec
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
