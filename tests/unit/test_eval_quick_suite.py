@@ -1,0 +1,17 @@
+"""CI gate: the quick evaluation suite meets the detection targets with the default settings.
+
+Runs 25 labelled simulated scenarios (every fault and confounder, several seeds, jobs of 2-512
+GPUs) through the same pipeline as the live stream; about 20-30 s on two cores."""
+
+from __future__ import annotations
+
+from peerwatch.streams.eval_suites import suite
+from peerwatch.streams.evaluation import evaluate, parse_overrides
+
+
+def test_quick_suite_meets_every_target() -> None:
+    results, total, checks = evaluate(suite("quick"), parse_overrides([]))
+    assert len(results) >= 20
+    failed = [f"{t.name}: {t.value} (goal {t.goal})" for t in checks if not t.passed]
+    assert not failed, failed
+    assert total.to_dict()["false_drains"] == 0
