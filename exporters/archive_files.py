@@ -129,7 +129,8 @@ def read_container(
         try:
             block = next(blocks)
             if compiled is not None:
-                records = _decode_block(compiled, block.bytes_.getvalue(), block.num_records)
+                raw = block.bytes_.getvalue()  # type: ignore[attr-defined]
+                records = _decode_block(compiled, raw, block.num_records)
             else:
                 records = list(block)  # type: ignore[arg-type]
         except StopIteration:

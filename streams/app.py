@@ -287,7 +287,7 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                           key_type=bytes, value_serializer="json", key_serializer="raw")  # fmt: skip
     findings_t = app.topic(f"{app_id}-findings", partitions=node_partitions, internal=True,
                            key_type=bytes, value_serializer="json", key_serializer="raw")  # fmt: skip
-    table_schema = faust.Schema(key_serializer="raw", value_serializer="json")
+    table_schema: Any = faust.Schema(key_serializer="raw", value_serializer="json")
     alloc_table = app.Table("alloc", default=None, partitions=node_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
     job_table = app.Table("jobs", default=None, partitions=job_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
     # One entry per (job, window, source partition): a job's pending windows stay small records
@@ -642,7 +642,7 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                     key=str(r["node"]).encode(), value=codecs["DrainRecommendation"].encode(r)
                 )
 
-    @app.timer(interval=30.0)
+    @app.timer(interval=30.0)  # type: ignore[untyped-decorator]
     async def report_counters() -> None:
         log.info("stream counters: %s", {k: v for k, v in asdict(counters).items()
                                           if k not in ("finding_latency_ms", "batch_log")})  # fmt: skip
@@ -650,7 +650,7 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
     if cfg.counters_path:
         counters_path = cfg.counters_path
 
-        @app.timer(interval=cfg.counters_interval_s)
+        @app.timer(interval=cfg.counters_interval_s)  # type: ignore[untyped-decorator]
         async def write_counters() -> None:
             counters.write(counters_path)
 
