@@ -148,7 +148,9 @@ def compile_encoder(schema: dict[str, Any]) -> EncodeBody:
                 for f in t["fields"]:
                     name = f["name"]
                     get = (
-                        f"{v}.get({name!r}, {f['default']!r})" if "default" in f else f"{v}[{name!r}]"
+                        f"{v}.get({name!r}, {f['default']!r})"
+                        if "default" in f
+                        else f"{v}[{name!r}]"
                     )
                     enc(f["type"], get, ind, inner_ns)
                 return

@@ -1,6 +1,6 @@
 """Encode/decode rate of an 8-GPU NodeGpuSample: fastavro vs the compiled codec, in one run.
 
-    .venv/bin/python scripts/bench_codec.py [--records 3000] [--json]
+.venv/bin/python scripts/bench_codec.py [--records 3000] [--json]
 """
 
 from __future__ import annotations

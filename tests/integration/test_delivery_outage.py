@@ -23,6 +23,8 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
 NODES = [f"gpu{i:03d}" for i in range(6)]
 
 
@@ -58,9 +60,7 @@ def test_outage_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
         ensure_topics(settings, [topic])
         delivery = Delivery(
             settings,
-            DeliverySettings(
-                spool_dir=tmp_path / "spool", retry_interval_s=0.5
-            ),
+            DeliverySettings(spool_dir=tmp_path / "spool", retry_interval_s=0.5),
         ).start()
         seq = dict.fromkeys(NODES, 0)
         max_send_s = 0.0

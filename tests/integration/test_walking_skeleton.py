@@ -92,7 +92,9 @@ async def consume_aiokafka(settings: KafkaSettings, topic: str, count: int) -> l
         await consumer.stop()
 
 
-async def produce_aiokafka(settings: KafkaSettings, topic: str, keys: list[bytes]) -> dict[bytes, int]:
+async def produce_aiokafka(
+    settings: KafkaSettings, topic: str, keys: list[bytes]
+) -> dict[bytes, int]:
     producer = AIOKafkaProducer(**aiokafka_kwargs(settings))
     await producer.start()
     try:
@@ -119,9 +121,14 @@ def test_records_round_trip_through_kafka_to_aiokafka(
     got_samples = asyncio.run(consume_aiokafka(kafka_settings, samples_topic, len(sent_samples)))
     got_jobs = asyncio.run(consume_aiokafka(kafka_settings, jobs_topic, len(sent_jobs)))
 
-    decoded = sorted((sample_codec.decode(m.value) for m in got_samples), key=lambda r: (r["node"], r["seq"]))
+    decoded = sorted(
+        (sample_codec.decode(m.value) for m in got_samples), key=lambda r: (r["node"], r["seq"])
+    )
     assert decoded == sorted(sent_samples, key=lambda r: (r["node"], r["seq"]))
-    assert sorted((job_codec.decode(m.value) for m in got_jobs), key=lambda j: j["job_id"]) == sent_jobs
+    assert (
+        sorted((job_codec.decode(m.value) for m in got_jobs), key=lambda j: j["job_id"])
+        == sent_jobs
+    )
     # One node's records share a partition and keep their order there.
     for node in nodes:
         msgs = [m for m in got_samples if m.key == node.encode()]
@@ -129,7 +136,9 @@ def test_records_round_trip_through_kafka_to_aiokafka(
         assert [sample_codec.decode(m.value)["seq"] for m in msgs] == [0, 1, 2]
 
 
-def test_same_key_same_partition_in_both_clients(kafka_settings: KafkaSettings, topic_prefix: str) -> None:
+def test_same_key_same_partition_in_both_clients(
+    kafka_settings: KafkaSettings, topic_prefix: str
+) -> None:
     spec = next(s for s in catalogue(topic_prefix) if s.name.endswith(SAMPLES.name))
     ensure_topics(kafka_settings, [spec])
     keys = [f"gpu{i:05d}".encode() for i in range(200)]
