@@ -443,6 +443,7 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                 local_alloc,  # type: ignore[arg-type]
                 cfg.window_s,
                 cfg.lateness_s,
+                idle_jobs=True,
             )
         refresh_allocations({s["node"] for s in batch})
         unattributed_before = agg.unattributed

@@ -35,6 +35,7 @@ from peerwatch.streams.model import (
     InvalidRecordError,
     JobContext,
     gpu_key,
+    is_idle_job,
     require,
 )
 from peerwatch.streams.peers import GpuVerdict, baseline_verdict, peer_verdicts
@@ -49,6 +50,7 @@ GATE_LOW_ACTIVITY = "low_activity"
 GATE_NO_DATA = "no_data"
 GATE_JOB_WIDE = "job_wide"
 GATE_NO_BASELINE = "no_baseline"
+GATE_IDLE = "idle"
 
 _JobWideGroup = tuple[str, list[Mapping[str, Any]], list[GpuVerdict]]
 
@@ -236,6 +238,8 @@ def _gate(
     settings: DetectorSettings,
 ) -> str | None:
     start_ms = int(ordered[0]["window_start_ms"])
+    if is_idle_job(job.job_id):
+        return GATE_IDLE  # unallocated GPUs: hard rules only, never peer verdicts
     anchor = job.anchor_ms
     if state.windows_seen <= settings.warmup_windows or (
         anchor is not None and start_ms < anchor + settings.warmup_windows * settings.window_ms

@@ -19,6 +19,16 @@ CLEARED = "CLEARED"
 JOB_WIDE = "JOB_WIDE"
 HARD_ERROR = "HARD_ERROR"
 
+#: Readings of GPUs no job owns are grouped per node under this pseudo job id ("idle:<node>"):
+#: hard errors on an idle GPU must drain the node before the next job lands on it, while peer
+#: comparison never runs on them (the detector gates them as ``idle``).
+IDLE_JOB_PREFIX = "idle:"
+
+
+def is_idle_job(job_id: str | None) -> bool:
+    """True for the pseudo job that holds a node's unallocated GPUs."""
+    return bool(job_id) and str(job_id).startswith(IDLE_JOB_PREFIX)
+
 
 class InvalidRecordError(PeerwatchError):
     """A record handed to the detector or the policy lacks a field or mixes jobs/windows.

@@ -182,7 +182,7 @@ class Pipeline:
         self.settings = settings = settings or PipelineSettings()
         self.allocations = AllocationTable(settings.allocation_retention_s * 1000)
         self.aggregator = WindowAggregator(
-            self.allocations, settings.detector.window_s, settings.lateness_s
+            self.allocations, settings.detector.window_s, settings.lateness_s, idle_jobs=True
         )
         self.jobs = JobStage(settings.detector, int(settings.job_grace_s * 1000))
         self.policy = PolicyStage(settings.policy, settings.fan_out_job_wide)

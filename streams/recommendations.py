@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from peerwatch.streams.model import stable_id
+from peerwatch.streams.model import is_idle_job, stable_id
 from peerwatch.streams.policy_state import NodePolicyState
 from peerwatch.streams.settings import PolicySettings
 
@@ -85,14 +85,20 @@ def emit(
                     "kind": evidence_kind,
                     "detail": str(detail),
                     "finding_id": finding["finding_id"],
-                    "job_id": finding["job_id"],
+                    "job_id": None if is_idle_job(finding["job_id"]) else finding["job_id"],
                     "gpu_index": gpu,
                 }
             ]
         if gpus is None:
             gpus = sorted({int(e["gpu_index"]) for e in evidence if e.get("gpu_index") is not None})
         if jobs is None:
-            jobs = sorted({str(e["job_id"]) for e in evidence if e.get("job_id") is not None})
+            jobs = sorted(
+                {
+                    str(e["job_id"])
+                    for e in evidence
+                    if e.get("job_id") is not None and not is_idle_job(str(e["job_id"]))
+                }
+            )
     return [
         {
             "recommendation_id": rec_id,

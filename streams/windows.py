@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peerwatch.streams.allocation import AllocationTable
+from peerwatch.streams.model import IDLE_JOB_PREFIX
 
 #: Clocks-event reasons that count as throttling: HW slowdown, SW thermal, HW thermal, brake.
 THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80
@@ -137,10 +138,14 @@ class WindowAggregator:
         allocations: AllocationTable,
         window_s: int = DEFAULT_WINDOW_S,
         lateness_s: float = DEFAULT_LATENESS_S,
+        idle_jobs: bool = False,
     ) -> None:
+        """``idle_jobs``: aggregate readings of GPUs no job owns under the node's pseudo job
+        ``idle:<node>`` (so hard errors on idle GPUs are seen) instead of dropping them."""
         if window_s <= 0 or lateness_s < 0:
             raise ValueError("window_s must be > 0 and lateness_s >= 0")
         self.allocations = allocations
+        self.idle_jobs = idle_jobs
         self.window_ms = int(window_s * 1000)
         self.lateness_ms = int(lateness_s * 1000)
         self._nodes: dict[str, _Node] = {}
@@ -198,6 +203,8 @@ class WindowAggregator:
                 if p is None:
                     p = prevs[idx] = _Prev()
                 owner = owners.get(idx)
+                if owner is None and self.idle_jobs:
+                    owner = IDLE_JOB_PREFIX + node_name
                 acc: _Acc | None = None
                 if owner is not None:
                     acc = bucket.get(idx)
@@ -307,6 +314,8 @@ class WindowAggregator:
             owner = self.allocations.owner(node, idx, at)
             if owner is None and at != ts:
                 at, owner = ts, self.allocations.owner(node, idx, ts)
+            if owner is None and self.idle_jobs:
+                owner = IDLE_JOB_PREFIX + node
             if owner is None:
                 self.xids_unattributed += 1
                 continue

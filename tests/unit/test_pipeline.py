@@ -58,8 +58,11 @@ def test_clock_drop_is_confirmed_on_that_gpu_and_drained_after_ten_minutes() -> 
     assert len(drains) == 1
     assert drains[0]["node"] == "gpu00001" and drains[0]["gpu_indices"] == [3]
     assert drains[0]["ts_ms"] - (t0 + 200_000) >= 10 * 60 * 1000
-    # Every window of the job came out, annotated by the detector.
-    ws = of(outs, WINDOW)
+    # Every window of the job came out, annotated by the detector; the fleet's unallocated GPUs
+    # come out under their node's idle pseudo job, gated (hard rules only, never peer verdicts).
+    idle = [w for w in of(outs, WINDOW) if w["job_id"].startswith("idle:")]
+    assert idle and all(w["gated"] == "idle" and w["score"] is None for w in idle)
+    ws = [w for w in of(outs, WINDOW) if not w["job_id"].startswith("idle:")]
     assert {w["job_id"] for w in ws} == {"42"} and len(
         {(w["node"], w["gpu_index"]) for w in ws}
     ) == 16
@@ -148,3 +151,22 @@ def test_job_wide_fan_out_alerts_every_node_of_the_job() -> None:
     alerts = of(fanned, RECOMMENDATION)
     assert sorted(r["node"] for r in alerts) == ["gpu00000", "gpu00001"]
     assert {r["action"] for r in alerts} == {"ALERT"}
+
+
+def test_hard_error_on_an_idle_gpu_drains_the_node_without_a_job() -> None:
+    doc = {
+        "fleet": {"nodes": 2, "gpus_per_node": 8, "duration_s": 240, "seed": 5},
+        "jobs": [{"job_id": "7", "gpus": 8, "first_node": 0, "duration_s": 600, "warmup_s": 0}],
+        "faults": [{"name": "xid", "node": "gpu00001", "gpu_index": 4, "start_s": 100,
+                    "params": {"xid": 79}}],
+    }  # fmt: skip
+    fleet = Fleet(parse_scenario(doc))
+    outs = list(Pipeline().run((r.stream, r.key, r.value) for t in fleet.ticks() for r in t))
+    hard = [f for f in of(outs, FINDING) if f["status"] == "HARD_ERROR"]
+    assert [(f["node"], f["gpu_index"], f["job_id"]) for f in hard] == [
+        ("gpu00001", 4, "idle:gpu00001")
+    ]
+    drains = [r for r in of(outs, RECOMMENDATION) if r["action"] == "DRAIN"]
+    assert [(r["node"], r["gpu_indices"], r["job_ids"]) for r in drains] == [("gpu00001", [4], [])]
+    # Idle GPUs never get peer verdicts, so nothing else on the idle node is flagged.
+    assert not [f for f in of(outs, FINDING) if f["status"] in ("SUSPECT", "CONFIRMED")]
