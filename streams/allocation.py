@@ -54,6 +54,7 @@ class JobMeta:
             requeue_ms=self.requeue_ms,
             partition=self.partition,
             roles=dict(roles or {}),
+            end_ms=self.end_ms,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -51,6 +51,7 @@ GATE_NO_DATA = "no_data"
 GATE_JOB_WIDE = "job_wide"
 GATE_NO_BASELINE = "no_baseline"
 GATE_IDLE = "idle"
+GATE_ENDING = "ending"
 
 _JobWideGroup = tuple[str, list[Mapping[str, Any]], list[GpuVerdict]]
 
@@ -240,6 +241,9 @@ def _gate(
     start_ms = int(ordered[0]["window_start_ms"])
     if is_idle_job(job.job_id):
         return GATE_IDLE  # unallocated GPUs: hard rules only, never peer verdicts
+    window_end_ms = int(ordered[0]["window_end_ms"])
+    if job.end_ms is not None and window_end_ms > job.end_ms - settings.window_ms:
+        return GATE_ENDING  # the job's last window: teardown, not a slow GPU
     anchor = job.anchor_ms
     if state.windows_seen <= settings.warmup_windows or (
         anchor is not None and start_ms < anchor + settings.warmup_windows * settings.window_ms

@@ -76,6 +76,9 @@ class JobContext:
     requeue_ms: int | None = None
     partition: str | None = None
     roles: Mapping[str, str] = field(default_factory=dict)
+    #: Job end (int ms, UTC) once known: windows of the job's last moments are gated ("ending"),
+    #: since teardown makes every GPU look slow against its own baseline.
+    end_ms: int | None = None
 
     def role_of(self, node: str, gpu_index: int) -> str:
         return self.roles.get(gpu_key(node, gpu_index), "")
@@ -94,6 +97,7 @@ class JobContext:
             "requeue_ms": self.requeue_ms,
             "partition": self.partition,
             "roles": dict(self.roles),
+            "end_ms": self.end_ms,
         }
 
     @classmethod
@@ -106,6 +110,7 @@ class JobContext:
             requeue_ms=data.get("requeue_ms"),
             partition=data.get("partition"),
             roles=dict(data.get("roles") or {}),
+            end_ms=data.get("end_ms"),
         )
 
     @classmethod
