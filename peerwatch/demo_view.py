@@ -57,6 +57,14 @@ class DemoView:
             return
         if status not in FLAGGING:
             return
+        job_id = str(finding.get("job_id"))
+        current = self.flags.get(key)
+        if (
+            current is not None
+            and job_id.startswith("idle:")
+            and not current.job_id.startswith("idle:")
+        ):
+            return  # the GPU stayed broken after its job ended: keep the job's own finding
         self.flags[key] = Flag(
             node=key[0],
             gpu_index=key[1],

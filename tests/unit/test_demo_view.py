@@ -62,3 +62,12 @@ def test_job_events_fill_the_jobs_table() -> None:
                        "allocations": [{"node": "a", "gpu_indices": [0, 1]}, {"node": "b", "gpu_indices": [0]}]})  # fmt: skip
     assert view.jobs["7"]["gpus"] == 3 and view.jobs["7"]["nodes"] == 2
     assert "train" in view.render()
+
+
+def test_idle_follow_up_does_not_hide_the_jobs_finding() -> None:
+    view = DemoView()
+    view.on_finding(finding("n3", 1, "HARD_ERROR", hard_rules=["xid_79"]))
+    later = finding("n3", 1, "HARD_ERROR", hard_rules=["gpu_lost"])
+    later["job_id"] = "idle:n3"
+    view.on_finding(later)
+    assert view.flags[("n3", 1)].job_id == "1001"
