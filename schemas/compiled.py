@@ -82,6 +82,13 @@ _RUNTIME = {
 }  # fmt: skip
 
 
+def _build(src: str, name: str, schema: dict[str, Any]) -> Any:
+    """Compile generated source and return its function ``name``."""
+    ns: dict[str, Any] = dict(_RUNTIME)
+    exec(compile(src, f"<avro {name} {schema.get('name')}>", "exec"), ns)  # noqa: S102 - see module doc
+    return ns[name]
+
+
 class _Gen:
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -197,9 +204,7 @@ def compile_encoder(schema: dict[str, Any]) -> EncodeBody:
 
     enc(schema, "rec", 1, None)
     src = "def encode(rec):\n    o = bytearray()\n" + "\n".join(g.lines) + "\n    return bytes(o)\n"
-    ns: dict[str, Any] = dict(_RUNTIME)
-    exec(compile(src, f"<avro encoder {schema.get('name')}>", "exec"), ns)  # noqa: S102 - see module doc
-    fn: EncodeBody = ns["encode"]
+    fn: EncodeBody = _build(src, "encode", schema)
     return fn
 
 
@@ -289,7 +294,5 @@ def compile_decoder(schema: dict[str, Any]) -> DecodeBody:
 
     dec(schema, "result", 1, None)
     src = "def decode(buf, p):\n" + "\n".join(g.lines) + "\n    return result, p\n"
-    ns: dict[str, Any] = dict(_RUNTIME)
-    exec(compile(src, f"<avro decoder {schema.get('name')}>", "exec"), ns)  # noqa: S102 - see module doc
-    fn: DecodeBody = ns["decode"]
+    fn: DecodeBody = _build(src, "decode", schema)
     return fn
