@@ -51,6 +51,7 @@ GATE_NO_DATA = "no_data"
 GATE_JOB_WIDE = "job_wide"
 GATE_NO_BASELINE = "no_baseline"
 GATE_IDLE = "idle"
+_IDLE_RULE_PREFIXES = ("xid_", "ecc_uncorrected", "nvlink_errors")
 GATE_ENDING = "ending"
 
 _JobWideGroup = tuple[str, list[Mapping[str, Any]], list[GpuVerdict]]
@@ -349,6 +350,13 @@ def _hard_finding(
 ) -> dict[str, Any] | None:
     """HARD_ERROR when a rule fires that has not fired in the last clear_after_windows."""
     rules = hard_rules(window, settings)
+    if is_idle_job(job.job_id):
+        # On unallocated GPUs only new events count (XIDs, ECC and NVLink error increases).
+        # Lasting conditions (lost, remap pending/failed, PCIe width) found by a job's own
+        # windows are already reported there, and the prolog health check refuses a GPU in
+        # such a state before the next job starts; reporting them again here would race the
+        # job's own finding to open the node's drain episode.
+        rules = [r for r in rules if r.startswith(_IDLE_RULE_PREFIXES)]
     if not rules:
         return None
     start_ms = int(window["window_start_ms"])
