@@ -352,6 +352,8 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
     # partition that is behind (catching up after a restart, a slow broker) never makes another
     # partition's samples late. Stage 3 waits for the slowest partition (watermark heartbeats).
     aggregators: dict[int, WindowAggregator] = {}
+    last_prune = {"ms": -(1 << 62)}
+    window_ms = cfg.window_s * 1000
 
     def refresh_allocations(nodes: set[str]) -> None:
         # The hot agent only reads the table (faust forbids table writes inside take batches);
@@ -473,7 +475,9 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                 await batches_t.send(key=b"~watermark", partition=q, value={
                     "kind": "watermark", "src": partition, "closed_until_ms": agg.closed_until_ms,
                 })  # fmt: skip
-        if agg.watermark_ms is not None:
+        # Pruning walks every node's table: once per window of event time is plenty.
+        if agg.watermark_ms is not None and agg.watermark_ms >= last_prune["ms"] + window_ms:
+            last_prune["ms"] = agg.watermark_ms
             local_alloc.prune(agg.watermark_ms - cfg.allocation_retention_s * 1000)
 
     # -- stage 3: per-job peer comparison -----------------------------------------------------------
