@@ -36,7 +36,7 @@ import faust
 
 from peerwatch.errors import CodecError
 from peerwatch.schemas.codec import AvroCodec
-from peerwatch.settings import Settings
+from peerwatch.settings import Settings, expand
 from peerwatch.streams.allocation import AllocationTable
 from peerwatch.streams.detector_state import JobDetectorState
 from peerwatch.streams.model import JOB_WIDE, InvalidRecordError, JobContext
@@ -249,11 +249,15 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
     prefix = settings.topic_prefix
     topics = {t.value_schema or "deadletter": t for t in catalogue(prefix)}
     app_id = prefix + cfg.app_id
+    datadir = expand(settings.state_dir) / "faust" / app_id
+    datadir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         app_id,
         broker=_faust_broker(settings),
         broker_credentials=_credentials(settings),
         store="memory://",
+        # faust keeps a data folder per app; never in the current directory (a checkout).
+        datadir=str(datadir),
         web_enabled=False,
         web_host="127.0.0.1",
         topic_partitions=topics["NodeGpuSample"].partitions,
