@@ -63,6 +63,8 @@ def _rlong(buf: Any, p: int) -> tuple[int, int]:
         p += 1
         acc |= (b & 0x7F) << shift
         if b < 0x80:
+            if shift == 63 and b > 1:
+                raise ValueError("varint does not fit 64 bits")
             return (acc >> 1) ^ -(acc & 1), p
         shift += 7
         if shift > 63:

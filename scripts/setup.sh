@@ -27,11 +27,20 @@ if [[ ! -x .venv/bin/python ]]; then
     log "creating .venv"
     "$PYTHON" -m venv .venv
 fi
+# The C decoder (schemas/_avro_native.c) needs a C compiler; without one it is skipped and the
+# codec uses its Python reader (slower, same results).
+if ! command -v cc >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    log "installing a C compiler for the native Avro decoder"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc >/dev/null
+fi
 stamp=.venv/.peerwatch-installed
-if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+if [[ ! -f $stamp || pyproject.toml -nt $stamp || schemas/_avro_native.c -nt $stamp ]]; then
     log "installing peerwatch and its dependencies into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -e '.[dev]'
     touch "$stamp"
+fi
+if ! .venv/bin/python -c 'from peerwatch.schemas import native; raise SystemExit(not native.available())'; then
+    log "note: the native Avro decoder is not built (no C compiler or Python headers); decoding is slower"
 fi
 log "ready: .venv/bin/peerwatch"

@@ -29,5 +29,7 @@ fi
 # The OpenTelemetry Collector the exporter tests talk to is built once from the Go module proxy.
 bash scripts/build-collector.sh >/dev/null
 
+# The C decoder must be there in CI (a silent fallback would hide a broken build).
+export PEERWATCH_REQUIRE_NATIVE="${PEERWATCH_REQUIRE_NATIVE:-1}"
 # pytest exits 5 when it collected no test: that is a failure here, like any other non-zero code.
 .venv/bin/python -m pytest "${@:-tests}"

@@ -3,14 +3,19 @@
 Stages and their keys (every stage scales out as a Kafka consumer group; state lives in
 changelog-backed tables, so a restarted or moved worker recovers it):
 
-1. ``route_jobs`` (job-events, key job) re-keys each JobEvent by node onto ``<id>-allocations``,
-   co-partitioned with the samples; ``allocations`` keeps one allocation table per node (table
-   ``<id>-alloc``).
-2. ``hot`` (samples, key node) is batch-oriented: ``take_events`` hands it up to ``batch_max``
-   samples at once, which are decoded, attributed and aggregated by the pure
+1. the allocation table is a *global* table (Kafka Streams' GlobalKTable pattern): every
+   worker's hot stage reads all JobEvents itself and knows the owner of every GPU at every time.
+   JobEvents are few (thousands a day on a 100,000-GPU cluster, against 12,500 samples a
+   second), and reading them directly, up to the end offsets asked after each batch of samples
+   was fetched, orders a job's start and end exactly before its own samples: a re-keyed,
+   co-partitioned table fed by another stage cannot promise that.
+2. the hot stage (samples, key node) runs on its own confluent-kafka consumer thread
+   (:mod:`~peerwatch.streams.hot_stage`): batches of up to ``batch_max`` samples are decoded,
+   attributed and aggregated by the pure
    :class:`~peerwatch.streams.windows.WindowAggregator`; closed windows leave as one compact
-   record per (job, window) on ``<id>-window-batches`` keyed by job. Faust's per-event overhead is
-   the known bottleneck, so nothing here is done per event that can be done per batch.
+   record per (job, window) on ``<id>-window-batches`` keyed by job. Faust's per-event overhead
+   is the known bottleneck (profiled: more than decoding and aggregating), so samples never
+   pass through it. Its offsets trail the oldest open window, so a crash loses no open window.
 3. ``jobs`` (job-events + window batches, key job) gathers a job's windows from all its nodes and
    runs the pure detector; GpuWindow and StragglerFinding records go out, and findings go on to
    ``<id>-findings`` keyed by node.
@@ -28,22 +33,25 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import faust
+import mode
 
 from peerwatch.errors import CodecError
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import Settings, expand
 from peerwatch.streams.allocation import AllocationTable
 from peerwatch.streams.detector_state import JobDetectorState
+from peerwatch.streams.hot_stage import HotStage, HotTopics
 from peerwatch.streams.model import JOB_WIDE, InvalidRecordError, JobContext
 from peerwatch.streams.pipeline import JobStage, PolicyStage
 from peerwatch.streams.policy_state import NodePolicyState
 from peerwatch.streams.settings import DetectorSettings, PolicySettings
-from peerwatch.streams.windows import JobWindowBatch, WindowAggregator
+from peerwatch.streams.windows import JobWindowBatch
 from peerwatch.topics import TopicSpec, catalogue
 
 log = logging.getLogger(__name__)
@@ -65,10 +73,11 @@ class StreamSettings:
     #: Write the counters as JSON to this file every ``counters_interval_s`` (benchmarks, tests).
     counters_path: str | None = None
     counters_interval_s: float = 30.0
-    #: Longest wait at start for the allocation stages to catch up (see ``_allocation_backlog``).
-    allocation_gate_s: float = 120.0
     detector: DetectorSettings = field(default_factory=DetectorSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+
+
+_COUNT_LOCK = threading.Lock()
 
 
 @dataclass
@@ -124,39 +133,24 @@ class StreamCounters:
         if len(self.finding_latency_ms) > 10_000:
             del self.finding_latency_ms[:1000]
 
+    def count_deadletter(self) -> None:
+        """One more record sent to the dead-letter topic (from any thread)."""
+        with _COUNT_LOCK:
+            self.deadletter += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as plain data (lists copied: the hot thread keeps appending)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["finding_latency_ms"] = list(self.finding_latency_ms)
+        out["batch_log"] = list(self.batch_log)
+        return out
+
     def write(self, path: str) -> None:
         """Replace ``path`` with the counters as JSON (atomically: readers never see half)."""
         tmp = f"{path}.tmp"
         with open(tmp, "w") as fh:
-            json.dump({**asdict(self), "pid": os.getpid()}, fh)
+            fh.write(json.dumps({**self.snapshot(), "pid": os.getpid()}))
         os.replace(tmp, path)
-
-
-def _allocation_backlog(
-    settings: Settings, group: str, topic: str, targets: dict[int, int] | None
-) -> tuple[dict[int, int], int]:
-    """Blocking (run it in a thread): the high watermarks of ``topic`` (``targets`` if given)
-    and how many records below them the consumer ``group`` has not committed yet."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from peerwatch.kafka_config import consumer_config
-
-    consumer = Consumer(consumer_config(settings.kafka, group))
-    try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
-        if targets is None:
-            targets = {
-                tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps
-            }
-        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
-        left = 0
-        for partition, high in targets.items():
-            low = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[0]
-            left += max(0, high - max(committed.get(partition, -1), low))
-        return targets, left
-    finally:
-        consumer.close()
 
 
 def _samples_partition(node: str, partitions: int) -> int:
@@ -188,43 +182,6 @@ def _credentials(settings: Settings) -> Any:
     return faust.SSLCredentials(kw["ssl_context"])
 
 
-class NodeAllocations:
-    """Per-node allocation tables (as the ``alloc`` table holds them) behind the interface the
-    window aggregator reads: ``segment``, ``owner``, ``version``, ``job``, ``prune``."""
-
-    def __init__(self) -> None:
-        self.tables: dict[str, AllocationTable] = {}
-        self.versions: dict[str, int] = {}
-        self._bumps: dict[str, int] = {}
-
-    def set(self, node: str, version: int, table: AllocationTable) -> None:
-        self.tables[node] = table
-        self.versions[node] = version
-        self._bumps[node] = self._bumps.get(node, 0) + 1
-
-    def version(self, node: str) -> int:
-        return self._bumps.get(node, 0)
-
-    def segment(self, node: str, ts_ms: int) -> tuple[dict[int, str], int, int | None]:
-        table = self.tables.get(node)
-        return table.segment(node, ts_ms) if table else ({}, -(1 << 62), None)
-
-    def owner(self, node: str, gpu_index: int, ts_ms: int) -> str | None:
-        table = self.tables.get(node)
-        return table.owner(node, gpu_index, ts_ms) if table else None
-
-    def job(self, job_id: str) -> Any:
-        for table in self.tables.values():
-            meta = table.job(job_id)
-            if meta is not None:
-                return meta
-        return None
-
-    def prune(self, now_ms: int) -> None:
-        for table in self.tables.values():
-            table.prune(now_ms)
-
-
 def internal_topics(settings: Settings, stream: StreamSettings | None = None) -> list[TopicSpec]:
     """The app's repartition topics: created up front (with the catalogue's partition counts) so
     that faust never auto-creates them with other counts and every agent finds them at start."""
@@ -234,8 +191,6 @@ def internal_topics(settings: Settings, stream: StreamSettings | None = None) ->
     nodes, jobs = by_schema["NodeGpuSample"].partitions, by_schema["JobEvent"].partitions
     day_ms = 24 * 3600 * 1000
     return [
-        TopicSpec(f"{app_id}-allocations", "node", "JobEvent", nodes, "delete", 7 * day_ms,
-                  "JobEvents re-keyed by node (stage 1)"),
         TopicSpec(f"{app_id}-window-batches", "job_id", None, jobs, "delete", day_ms,
                   "closed windows of one job from one worker, JSON (stage 2 -> 3)"),
         TopicSpec(f"{app_id}-findings", "node", None, nodes, "delete", 7 * day_ms,
@@ -285,14 +240,11 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
     deadletter = raw_topic(topics["deadletter"].name)
     node_partitions = topics["NodeGpuSample"].partitions
     job_partitions = topics["JobEvent"].partitions
-    alloc_t = app.topic(f"{app_id}-allocations", partitions=node_partitions, internal=True,
-                        key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw")  # fmt: skip
     batches_t = app.topic(f"{app_id}-window-batches", partitions=job_partitions, internal=True,
                           key_type=bytes, value_serializer="json", key_serializer="raw")  # fmt: skip
     findings_t = app.topic(f"{app_id}-findings", partitions=node_partitions, internal=True,
                            key_type=bytes, value_serializer="json", key_serializer="raw")  # fmt: skip
     table_schema: Any = faust.Schema(key_serializer="raw", value_serializer="json")
-    alloc_table = app.Table("alloc", default=None, partitions=node_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
     job_table = app.Table("jobs", default=None, partitions=job_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
     # One entry per (job, window, source partition): a job's pending windows stay small records
     # (a 512-GPU job's whole state would not fit one Kafka message).
@@ -306,7 +258,7 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
     app.peerwatch_counters = counters  # type: ignore[attr-defined]
 
     async def dead(event: Any, reason: str, detail: str) -> None:
-        counters.deadletter += 1
+        counters.count_deadletter()
         msg = event.message
         headers = [
             ("peerwatch.reason", reason.encode()),
@@ -317,172 +269,32 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
         ]
         await deadletter.send(key=event.key, value=msg.value, headers=headers)
 
-    # -- stage 1: allocations, re-keyed by node ---------------------------------------------------
-    @app.agent(job_events_t, name=f"{app_id}-route-jobs")
-    async def route_jobs(stream: Any) -> None:
-        async for event in stream.events():
-            try:
-                job = codecs["JobEvent"].decode(event.value)
-            except CodecError as exc:
-                await dead(event, "undecodable", str(exc))
-                continue
-            for alloc in job.get("allocations") or []:
-                await alloc_t.send(key=str(alloc["node"]).encode(), value=event.value)
+    # -- stage 2: the hot path, on its own consumer thread (see hot_stage) ---------------------
+    hot = HotStage(
+        settings, app_id,
+        HotTopics(
+            samples=samples_t.get_topic_name(),
+            job_events=job_events_t.get_topic_name(),
+            batches=batches_t.get_topic_name(),
+            deadletter=deadletter.get_topic_name(),
+            job_partitions=job_partitions,
+        ),
+        counters,
+        window_s=cfg.window_s, lateness_s=cfg.lateness_s, batch_max=cfg.batch_max,
+        batch_within_s=cfg.batch_within_s, allocation_retention_s=cfg.allocation_retention_s,
+    )  # fmt: skip
 
-    local_alloc = NodeAllocations()
+    class HotService(mode.Service):
+        """Starts the hot stage's thread with the app; stops it (final commit) with the app.
+        (Defined here: importing mode's services at module level runs a subprocess.)"""
 
-    @app.agent(alloc_t, name=f"{app_id}-allocations")
-    async def allocations(stream: Any) -> None:
-        async for event in stream.events():
-            node = event.key.decode()
-            try:
-                job = codecs["JobEvent"].decode(event.value)
-                current = alloc_table.get(event.key) or {}
-                table = (
-                    AllocationTable.from_dict(current["table"])
-                    if current
-                    else AllocationTable(cfg.allocation_retention_s * 1000)
-                )
-                own = [a for a in job["allocations"] if a["node"] == node]
-                table.apply_event({**job, "allocations": own})
-                alloc_table[event.key] = {
-                    "v": int(current.get("v", 0)) + 1,
-                    "table": table.for_nodes([node]).to_dict(),
-                }
-            except (CodecError, InvalidRecordError, KeyError, ValueError) as exc:
-                await dead(event, "invalid", str(exc))
+        async def on_started(self) -> None:
+            hot.start()
 
-    # One aggregator per samples partition: each partition has its own event-time progress, so a
-    # partition that is behind (catching up after a restart, a slow broker) never makes another
-    # partition's samples late. Stage 3 waits for the slowest partition (watermark heartbeats).
-    aggregators: dict[int, WindowAggregator] = {}
-    last_prune = {"ms": -(1 << 62)}
-    window_ms = cfg.window_s * 1000
+        async def on_stop(self) -> None:
+            await asyncio.to_thread(hot.stop)
 
-    def refresh_allocations(nodes: set[str]) -> None:
-        # The hot agent only reads the table (faust forbids table writes inside take batches);
-        # a node's allocation is re-read when its changelog-backed value changed.
-        for node in nodes:
-            value = alloc_table.get(node.encode())
-            if value is not None and local_alloc.versions.get(node) != value["v"]:
-                local_alloc.set(node, value["v"], AllocationTable.from_dict(value["table"]))
-
-    # -- stage 2: the hot path, batched ------------------------------------------------------------
-    gate = {"open": False}
-
-    async def allocations_caught_up() -> None:
-        # Faust consumes every topic at once, so a worker starting on a backlog would aggregate
-        # samples before the JobEvents that own them reached the allocation table, and drop
-        # them as unattributed. Before its first batch the hot stage therefore waits until the
-        # group has committed the job-events and then the re-keyed allocations that existed at
-        # start (two hops: stage 1 may run on another worker). Live, JobEvents precede their
-        # samples by far more than the stage-1 latency, so this only matters at start.
-        deadline = time.monotonic() + cfg.allocation_gate_s
-        for topic in (job_events_t.get_topic_name(), alloc_t.get_topic_name()):
-            targets: dict[int, int] | None = None
-            while time.monotonic() < deadline:
-                try:
-                    targets, left = await asyncio.to_thread(
-                        _allocation_backlog, settings, app_id, topic, targets
-                    )
-                except Exception as exc:
-                    log.warning("allocation gate: %s", exc)
-                    left = -1
-                if left == 0:
-                    break
-                await asyncio.sleep(0.5)
-            else:
-                log.warning("allocation gate: %s not caught up after %.0f s; going on",
-                            topic, cfg.allocation_gate_s)  # fmt: skip
-                break
-
-    # Samples taken while the gate is closed wait here (the agent must keep consuming: a full
-    # stream buffer would stall faust's fetcher for every topic, the allocations included).
-    # Faust acks them as taken, so a crash inside the gate's few seconds loses them.
-    held: list[Any] = []
-    hot_lock = asyncio.Lock()
-
-    async def open_gate() -> None:
-        await allocations_caught_up()
-        async with hot_lock:
-            gate["open"] = True
-            batch = held[:]
-            held.clear()
-            await process_samples(batch)
-
-    @app.agent(samples_t, name=f"{app_id}-hot")
-    async def hot(stream: Any) -> None:
-        gate_task: asyncio.Task[None] | None = None
-        async for events in stream.take_events(cfg.batch_max, within=cfg.batch_within_s):
-            async with hot_lock:
-                if not gate["open"]:
-                    held.extend(events)
-                    if gate_task is None:
-                        gate_task = asyncio.ensure_future(open_gate())
-                    continue
-                await process_samples(events)
-
-    async def process_samples(events: list[Any]) -> None:
-        if not events:
-            return
-        start_wall, start_cpu = time.time(), time.process_time()
-        decode = codecs["NodeGpuSample"].decode
-        by_partition: dict[int, list[dict[str, Any]]] = {}
-        for event in events:
-            try:
-                sample = decode(event.value)
-            except CodecError as exc:
-                await dead(event, "undecodable", str(exc))
-                continue
-            by_partition.setdefault(event.message.partition, []).append(sample)
-        records = readings = 0
-        for partition, batch in sorted(by_partition.items()):
-            records += len(batch)
-            readings += sum(len(s["gpus"]) for s in batch)
-            await aggregate(partition, batch)
-        counters.batch_done(records, readings, start_wall, start_cpu)
-
-    async def aggregate(partition: int, batch: list[dict[str, Any]]) -> None:
-        agg = aggregators.get(partition)
-        if agg is None:
-            agg = aggregators[partition] = WindowAggregator(
-                local_alloc,  # type: ignore[arg-type]
-                cfg.window_s,
-                cfg.lateness_s,
-                idle_jobs=True,
-            )
-        refresh_allocations({s["node"] for s in batch})
-        unattributed_before = agg.unattributed
-        late_samples = agg.add_batch(batch)
-        counters.unattributed += agg.unattributed - unattributed_before
-        for late in late_samples:
-            counters.late += 1
-            await deadletter.send(
-                key=str(late["node"]).encode(),
-                value=codecs["NodeGpuSample"].encode(late),
-                headers=[
-                    ("peerwatch.reason", b"late"),
-                    ("peerwatch.topic", samples_t.get_topic_name().encode()),
-                ],
-            )
-        closed_before = agg.closed_until_ms
-        closed_wall_ms = time.time() * 1000.0
-        for b in agg.close_ready():
-            await batches_t.send(key=b.job_id.encode(), value={
-                "kind": "windows", "src": partition, "job_id": b.job_id,
-                "window_start_ms": b.window_start_ms, "window_end_ms": b.window_end_ms,
-                "windows": b.windows, "closed_wall_ms": closed_wall_ms,
-            })  # fmt: skip
-        if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
-            # Tell every stage-3 partition how far this samples partition has closed windows.
-            for q in range(job_partitions):
-                await batches_t.send(key=b"~watermark", partition=q, value={
-                    "kind": "watermark", "src": partition, "closed_until_ms": agg.closed_until_ms,
-                })  # fmt: skip
-        # Pruning walks every node's table: once per window of event time is plenty.
-        if agg.watermark_ms is not None and agg.watermark_ms >= last_prune["ms"] + window_ms:
-            last_prune["ms"] = agg.watermark_ms
-            local_alloc.prune(agg.watermark_ms - cfg.allocation_retention_s * 1000)
+    app.service(HotService())  # type: ignore[arg-type]
 
     # -- stage 3: per-job peer comparison -----------------------------------------------------------
     job_stages: dict[str, JobStage] = {}
@@ -512,6 +324,8 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
             saved = job_table.get(job_id.encode()) or {}
             if saved.get("detector"):
                 stage.states[job_id] = JobDetectorState.from_dict(saved["detector"])
+            if saved.get("released_ms") is not None:
+                stage.released[job_id] = int(saved["released_ms"])
             for ev in saved.get("events") or []:
                 job_meta.apply_event(ev)
             prefix = f"{job_id}|".encode()
@@ -557,6 +371,8 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
         saved = dict(job_table.get(key) or {})
         if job_id in stage.states:
             saved["detector"] = stage.states[job_id].to_dict()
+        if job_id in stage.released:
+            saved["released_ms"] = stage.released[job_id]
         job_table[key] = saved
         for ctx, result in results:
             for w in result.windows:
@@ -605,7 +421,8 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                     continue
                 job_id = b["job_id"]
                 job_partition[job_id] = partition
-                stage_of(job_id).add(batch_of(b))
+                if not stage_of(job_id).add(batch_of(b)):
+                    continue  # a window already released (re-sent after a hot-stage restart)
                 start, src = int(b["window_start_ms"]), int(b["src"])
                 wall = b.get("closed_wall_ms")
                 if wall is not None:
@@ -653,7 +470,7 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
 
     @app.timer(interval=30.0)  # type: ignore[untyped-decorator]
     async def report_counters() -> None:
-        log.info("stream counters: %s", {k: v for k, v in asdict(counters).items()
+        log.info("stream counters: %s", {k: v for k, v in counters.snapshot().items()
                                           if k not in ("finding_latency_ms", "batch_log")})  # fmt: skip
 
     if cfg.counters_path:

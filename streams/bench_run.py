@@ -288,11 +288,22 @@ def measure_floor(
     kafka: KafkaSettings, topic: str, expected: int, timeout_s: float = 600.0
 ) -> FloorResult:
     """Consume ``expected`` records of ``topic`` from the start with a plain confluent Consumer
-    and decode each with :class:`AvroCodec`; wall and CPU time from the first record to the last.
-    Raises TimeoutError if fewer arrive within ``timeout_s``."""
-    from confluent_kafka import Consumer, TopicPartition
+    and decode each body with fastavro (the issue's floor: consume + fastavro decode); wall and
+    CPU time from the first record to the last. Raises TimeoutError if fewer arrive within
+    ``timeout_s``."""
+    import io
 
-    decode = AvroCodec("NodeGpuSample").decode
+    from confluent_kafka import Consumer, TopicPartition
+    from fastavro import schemaless_reader
+
+    from peerwatch.schemas.codec import HEADER_LEN
+    from peerwatch.schemas.registry import current_schema
+
+    schema = current_schema("NodeGpuSample")
+
+    def decode(value: bytes) -> Any:
+        return schemaless_reader(io.BytesIO(value[HEADER_LEN:]), schema, None)
+
     consumer = Consumer(consumer_config(kafka, f"floor-{time.time_ns()}"))
     try:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]

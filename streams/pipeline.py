@@ -85,12 +85,20 @@ class JobStage:
         self.grace_ms = grace_ms
         self.pending: dict[str, dict[int, dict[tuple[str, int], dict[str, Any]]]] = {}
         self.states: dict[str, JobDetectorState] = {}
+        #: job -> start of the newest window released (older batches are dropped).
+        self.released: dict[str, int] = {}
+        self.dropped = 0
 
-    def add(self, batch: JobWindowBatch) -> None:
-        """Hold the windows of ``batch`` (one job, one window, some nodes)."""
+    def add(self, batch: JobWindowBatch) -> bool:
+        """Hold the windows of ``batch`` (one job, one window, some nodes). A batch for a window
+        the job already released (a hot-stage restart re-sending it) is dropped: False."""
+        if batch.window_start_ms <= self.released.get(batch.job_id, -(1 << 62)):
+            self.dropped += 1
+            return False
         slot = self.pending.setdefault(batch.job_id, {}).setdefault(batch.window_start_ms, {})
         for w in batch.windows:
             slot[(str(w["node"]), int(w["gpu_index"]))] = w
+        return True
 
     def release(
         self, watermark_ms: int, context_of: Callable[[str], JobContext]
@@ -109,6 +117,7 @@ class JobStage:
                 if not complete and start + wms + self.grace_ms > watermark_ms:
                     break
                 del starts[start]
+                self.released[job_id] = max(self.released.get(job_id, start), start)
                 state = self.states.get(job_id)
                 if state is None:
                     state = self.states[job_id] = JobDetectorState(job_id=job_id)

@@ -1,0 +1,294 @@
+/*
+ * Avro binary decoding in C: the optional accelerator of peerwatch.schemas.codec.
+ *
+ * Python builds a *plan* from a schema (peerwatch.schemas.native.plan_of): nested tuples
+ * (kind, a, b) with the record field names, enum symbols and union branches baked in.
+ * decode(plan, buffer, offset) walks the plan over the bytes and returns (value, end offset),
+ * building exactly the objects the generated Python reader (compiled.py) builds: dicts for
+ * records, lists for arrays, dicts for maps, str for strings and enum symbols, bytes, int,
+ * float, bool, None. Every read is bounds-checked; malformed bytes raise ValueError (or
+ * UnicodeDecodeError from the strict UTF-8 decoder) and never read past the buffer.
+ *
+ * The plan comes only from our own shipped schema files; it is validated as it is walked
+ * (a malformed plan raises TypeError rather than crashing).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+enum {
+    K_NULL = 0, K_BOOL = 1, K_LONG = 2, K_FLOAT = 3, K_DOUBLE = 4, K_STRING = 5, K_BYTES = 6,
+    K_ENUM = 7, K_ARRAY = 8, K_MAP = 9, K_UNION = 10, K_RECORD = 11
+};
+
+#define MAX_DEPTH 64
+
+typedef struct {
+    const unsigned char *buf;
+    Py_ssize_t len;
+    Py_ssize_t pos;
+} Reader;
+
+static PyObject *decode_value(Reader *r, PyObject *plan, int depth);
+
+static int bad(const char *what) {
+    PyErr_SetString(PyExc_ValueError, what);
+    return -1;
+}
+
+/* Zig-zag varint of at most 64 bits; -1 with ValueError on truncation or overflow. */
+static int read_long(Reader *r, int64_t *out) {
+    uint64_t acc = 0;
+    int shift = 0;
+    while (1) {
+        if (r->pos >= r->len) return bad("truncated varint");
+        unsigned char b = r->buf[r->pos++];
+        if (shift == 63 && b > 1) return bad("varint does not fit 64 bits");
+        acc |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80) break;
+        shift += 7;
+        if (shift > 63) return bad("varint longer than 10 bytes");
+    }
+    *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
+    return 0;
+}
+
+static int read_length(Reader *r, Py_ssize_t *out) {
+    int64_t n;
+    if (read_long(r, &n) < 0) return -1;
+    if (n < 0 || n > (int64_t)(r->len - r->pos)) return bad("bad length");
+    *out = (Py_ssize_t)n;
+    return 0;
+}
+
+static int plan_parts(PyObject *plan, long *kind, PyObject **a, PyObject **b) {
+    if (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != 3) {
+        PyErr_SetString(PyExc_TypeError, "plan nodes are (kind, a, b) tuples");
+        return -1;
+    }
+    *kind = PyLong_AsLong(PyTuple_GET_ITEM(plan, 0));
+    if (*kind == -1 && PyErr_Occurred()) return -1;
+    *a = PyTuple_GET_ITEM(plan, 1);
+    *b = PyTuple_GET_ITEM(plan, 2);
+    return 0;
+}
+
+/* Block-encoded arrays and maps: returns the next block's item count (0 ends), -1 on error. */
+static Py_ssize_t next_block(Reader *r) {
+    int64_t n;
+    if (read_long(r, &n) < 0) return -1;
+    if (n < 0) {
+        int64_t size;
+        if (n == INT64_MIN) return bad("bad block count");
+        n = -n;
+        if (read_long(r, &size) < 0) return -1;
+    }
+    /* Items of our schemas take at least one byte each: a count beyond the bytes left is bad
+       (and never makes us allocate for it). */
+    if (n > (int64_t)(r->len - r->pos)) return bad("block count beyond the buffer");
+    return (Py_ssize_t)n;
+}
+
+static PyObject *decode_record(Reader *r, PyObject *names, PyObject *plans, int depth) {
+    if (!PyTuple_Check(names) || !PyTuple_Check(plans)
+        || PyTuple_GET_SIZE(names) != PyTuple_GET_SIZE(plans)) {
+        PyErr_SetString(PyExc_TypeError, "record plan: names and plans tuples of one length");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = decode_value(r, PyTuple_GET_ITEM(plans, i), depth + 1);
+        if (v == NULL || PyDict_SetItem(d, PyTuple_GET_ITEM(names, i), v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+static PyObject *decode_array(Reader *r, PyObject *item_plan, int depth) {
+    PyObject *list = PyList_New(0);
+    if (list == NULL) return NULL;
+    while (1) {
+        Py_ssize_t n = next_block(r);
+        if (n < 0) goto fail;
+        if (n == 0) break;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *v = decode_value(r, item_plan, depth + 1);
+            if (v == NULL) goto fail;
+            int rc = PyList_Append(list, v);
+            Py_DECREF(v);
+            if (rc < 0) goto fail;
+        }
+    }
+    return list;
+fail:
+    Py_DECREF(list);
+    return NULL;
+}
+
+static PyObject *decode_map(Reader *r, PyObject *value_plan, int depth) {
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    while (1) {
+        Py_ssize_t n = next_block(r);
+        if (n < 0) goto fail;
+        if (n == 0) break;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t len;
+            if (read_length(r, &len) < 0) goto fail;
+            PyObject *k = PyUnicode_DecodeUTF8((const char *)r->buf + r->pos, len, NULL);
+            if (k == NULL) goto fail;
+            r->pos += len;
+            PyObject *v = decode_value(r, value_plan, depth + 1);
+            if (v == NULL) {
+                Py_DECREF(k);
+                goto fail;
+            }
+            int rc = PyDict_SetItem(d, k, v);
+            Py_DECREF(k);
+            Py_DECREF(v);
+            if (rc < 0) goto fail;
+        }
+    }
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+static PyObject *decode_value(Reader *r, PyObject *plan, int depth) {
+    long kind;
+    PyObject *a, *b;
+    if (depth > MAX_DEPTH) {
+        PyErr_SetString(PyExc_ValueError, "plan nested too deeply");
+        return NULL;
+    }
+    if (plan_parts(plan, &kind, &a, &b) < 0) return NULL;
+    switch (kind) {
+    case K_NULL:
+        Py_RETURN_NONE;
+    case K_BOOL: {
+        if (r->pos >= r->len) return bad("truncated boolean"), NULL;
+        unsigned char c = r->buf[r->pos++];
+        if (c == 1) Py_RETURN_TRUE;
+        if (c == 0) Py_RETURN_FALSE;
+        return bad("bad boolean"), NULL;
+    }
+    case K_LONG: {
+        int64_t v;
+        if (read_long(r, &v) < 0) return NULL;
+        return PyLong_FromLongLong(v);
+    }
+    case K_FLOAT: {
+        if (r->len - r->pos < 4) return bad("truncated float"), NULL;
+        double v = PyFloat_Unpack4((const char *)r->buf + r->pos, 1);
+        if (v == -1.0 && PyErr_Occurred()) return NULL;
+        r->pos += 4;
+        return PyFloat_FromDouble(v);
+    }
+    case K_DOUBLE: {
+        if (r->len - r->pos < 8) return bad("truncated double"), NULL;
+        double v = PyFloat_Unpack8((const char *)r->buf + r->pos, 1);
+        if (v == -1.0 && PyErr_Occurred()) return NULL;
+        r->pos += 8;
+        return PyFloat_FromDouble(v);
+    }
+    case K_STRING:
+    case K_BYTES: {
+        Py_ssize_t len;
+        if (read_length(r, &len) < 0) return NULL;
+        const char *p = (const char *)r->buf + r->pos;
+        r->pos += len;
+        return kind == K_STRING ? PyUnicode_DecodeUTF8(p, len, NULL)
+                                : PyBytes_FromStringAndSize(p, len);
+    }
+    case K_ENUM: {
+        int64_t i;
+        if (!PyTuple_Check(a)) {
+            PyErr_SetString(PyExc_TypeError, "enum plan: symbols tuple");
+            return NULL;
+        }
+        if (read_long(r, &i) < 0) return NULL;
+        if (i < 0 || i >= PyTuple_GET_SIZE(a)) return bad("enum index out of range"), NULL;
+        PyObject *s = PyTuple_GET_ITEM(a, (Py_ssize_t)i);
+        Py_INCREF(s);
+        return s;
+    }
+    case K_ARRAY:
+        return decode_array(r, a, depth);
+    case K_MAP:
+        return decode_map(r, a, depth);
+    case K_UNION: {
+        int64_t i;
+        if (!PyTuple_Check(a)) {
+            PyErr_SetString(PyExc_TypeError, "union plan: branches tuple");
+            return NULL;
+        }
+        /* One byte, as the Python reader takes it: our unions have at most 64 branches, so a
+           longer (non-canonical) index is refused rather than accepted. */
+        if (r->pos >= r->len) return bad("truncated union branch"), NULL;
+        unsigned char c = r->buf[r->pos++];
+        if (c >= 0x80) return bad("bad union branch"), NULL;
+        i = (int64_t)(c >> 1) ^ -(int64_t)(c & 1);
+        if (i < 0 || i >= PyTuple_GET_SIZE(a)) return bad("bad union branch"), NULL;
+        return decode_value(r, PyTuple_GET_ITEM(a, (Py_ssize_t)i), depth + 1);
+    }
+    case K_RECORD:
+        return decode_record(r, a, b, depth);
+    default:
+        PyErr_Format(PyExc_TypeError, "unknown plan kind %ld", kind);
+        return NULL;
+    }
+}
+
+static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "decode(plan, buffer, offset)");
+        return NULL;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[2]);
+    if (offset == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = NULL;
+    if (offset < 0 || offset > view.len) {
+        PyErr_SetString(PyExc_ValueError, "offset outside the buffer");
+    } else {
+        Reader r = {(const unsigned char *)view.buf, view.len, offset};
+        PyObject *value = decode_value(&r, args[0], 0);
+        if (value != NULL) {
+            result = Py_BuildValue("(Nn)", value, r.pos);
+        }
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", (PyCFunction)(void (*)(void))py_decode, METH_FASTCALL,
+     "decode(plan, buffer, offset) -> (value, end offset); ValueError on malformed bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_avro_native",
+    "Avro binary decoding in C (see peerwatch.schemas.native).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__avro_native(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "PLAN_VERSION", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
