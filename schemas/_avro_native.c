@@ -97,7 +97,8 @@ static PyObject *decode_record(Reader *r, PyObject *names, PyObject *plans, int 
         return NULL;
     }
     Py_ssize_t n = PyTuple_GET_SIZE(names);
-    PyObject *d = PyDict_New();
+    /* Sized for all fields at once: a 42-field record would otherwise be resized three times. */
+    PyObject *d = _PyDict_NewPresized(n);
     if (d == NULL) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *v = decode_value(r, PyTuple_GET_ITEM(plans, i), depth + 1);

@@ -14,7 +14,11 @@ Pure except :func:`read_proc` (two small file reads). The measurements come from
   benchmark process; *processor / floor* is the ratio of the GPU-sample rates;
 - *peak RSS*: ``VmHWM`` of the worker process (the high-water mark of its resident set);
 - *finding latency*: wall time from the hot stage closing a window (the last samples partition
-  to close it) to the broker acknowledging a StragglerFinding of that window.
+  to close it) to the broker acknowledging a StragglerFinding of that window. Measured twice:
+  over the burst (windows close back to back, so they queue) and over a *paced* phase
+  (``--paced``, default 120 s: the last seconds of the input published one tick per second of
+  wall time, as agents publish; a second fault starts in it). The target is judged on the
+  paced phase when it has findings.
 """
 
 from __future__ import annotations
@@ -91,22 +95,40 @@ def rate(count: float, seconds: float | None) -> float | None:
     return count / seconds if seconds else None
 
 
+def latency_summary(values: Sequence[float]) -> dict[str, Any]:
+    """count, p50, p95 and max of latencies (ms)."""
+    lat = [float(v) for v in values]
+    return {
+        "count": len(lat),
+        "p50": percentile(lat, 0.5),
+        "p95": percentile(lat, 0.95),
+        "max": max(lat) if lat else None,
+    }
+
+
 def worker_metrics(
-    counters: Mapping[str, Any], since_wall_s: float | None = None
+    counters: Mapping[str, Any],
+    since_wall_s: float | None = None,
+    until_records: int | None = None,
 ) -> dict[str, Any]:
     """Rates and CPU cost from a worker's counters file (see ``StreamCounters``), over the hot
-    batches that began at or after ``since_wall_s`` (all logged batches when None): wall time
-    from the first such batch's start to the last one's end, CPU time likewise."""
-    log = [
-        b for b in counters.get("batch_log") or () if since_wall_s is None or b[0] >= since_wall_s
-    ]
+    batches that began at or after ``since_wall_s`` (all logged batches when None) and, with
+    ``until_records``, up to the batch that brought the worker's node-record count to it: wall
+    time from the first such batch's start to the last one's end, CPU time likewise."""
+    log = []
+    seen = 0
+    for b in counters.get("batch_log") or ():
+        if until_records is not None and seen >= until_records:
+            break
+        seen += int(b[4])
+        if since_wall_s is None or b[0] >= since_wall_s:
+            log.append(b)
     wall = cpu = None
     nodes = gpus = 0
     if log:
         wall = max(b[1] for b in log) - min(b[0] for b in log)
         cpu = log[-1][3] - log[0][2]
         nodes, gpus = int(sum(b[4] for b in log)), int(sum(b[5] for b in log))
-    lat = [float(v) for v in counters.get("finding_latency_ms") or ()]
     return {
         "node_records": nodes,
         "gpu_samples": gpus,
@@ -117,12 +139,7 @@ def worker_metrics(
         "node_records_per_s": rate(nodes, wall),
         "cpu_s_per_1000_gpu_samples": 1000.0 * cpu / gpus if cpu is not None and gpus else None,
         "findings": int(counters.get("findings", 0)),
-        "finding_latency_ms": {
-            "count": len(lat),
-            "p50": percentile(lat, 0.5),
-            "p95": percentile(lat, 0.95),
-            "max": max(lat) if lat else None,
-        },
+        "finding_latency_ms": latency_summary(counters.get("finding_latency_ms") or ()),
     }
 
 
@@ -131,7 +148,10 @@ def verdicts(report: Mapping[str, Any]) -> dict[str, str]:
     worker, rss = report["worker"], report.get("rss_at_scale") or {}
     gps = worker.get("gpu_samples_per_s")
     ratio = report.get("processor_over_floor")
-    lat = worker["finding_latency_ms"].get("max")
+    # The target is judged on the paced phase when there is one: input at the agents' pace,
+    # as in production. The burst (the whole input at once) queues windows by design.
+    paced = (report.get("paced") or {}).get("finding_latency_ms") or {}
+    lat = paced.get("max") if paced.get("count") else worker["finding_latency_ms"].get("max")
     rss_bytes, rss_gpus = rss.get("peak_rss_bytes"), rss.get("gpus_tracked")
 
     def judge(ok: bool | None) -> str:
@@ -173,10 +193,16 @@ def format_table(report: Mapping[str, Any]) -> str:
         (f"peak RSS, {rss.get('gpus_tracked') or 0:,} GPUs tracked (MiB)",
          _fmt(rss["peak_rss_bytes"] / mib if rss.get("peak_rss_bytes") else None),
          "< 1,024 @ 100k GPUs", v["rss_100k_gpus"]),
-        (f"finding latency p50/p95/max (ms, n={lat['count']})",
-         "/".join(_fmt(lat[k], ",.0f") for k in ("p50", "p95", "max")), "< 2,000 (max)",
-         v["finding_latency"]),
     ]  # fmt: skip
+    paced = (report.get("paced") or {}).get("finding_latency_ms") or {}
+    judged_paced = bool(paced.get("count"))
+    rows.append((f"finding latency, burst p50/p95/max (ms, n={lat['count']})",
+                 "/".join(_fmt(lat[k], ",.0f") for k in ("p50", "p95", "max")),
+                 "" if judged_paced else "< 2,000 (max)", "" if judged_paced else v["finding_latency"]))  # fmt: skip
+    if judged_paced:
+        rows.append((f"finding latency, paced p50/p95/max (ms, n={paced['count']})",
+                     "/".join(_fmt(paced[k], ",.0f") for k in ("p50", "p95", "max")),
+                     "< 2,000 (max)", v["finding_latency"]))  # fmt: skip
     width = max(len(r[0]) for r in rows)
     lines = [f"{a:<{width}}  {b:>22}  {c:<20} {d}".rstrip() for a, b, c, d in rows]
     return "\n".join(["peerwatch bench stream", *lines])

@@ -327,24 +327,32 @@ def measure_floor(
         consumer.close()
 
 
-def bench_fleet(nodes: int, gpus_per_node: int, duration_s: float, seed: int = 1) -> Fleet:
+def bench_fleet(
+    nodes: int, gpus_per_node: int, duration_s: float, seed: int = 1, paced_s: float = 0.0
+) -> Fleet:
     """A busy fleet stamped in the recent past: jobs of up to 512 GPUs side by side, each with
-    an 8% SM-clock drop on one GPU from 60 s (so the benchmark sees findings and latencies)."""
+    an 8% SM-clock drop on one GPU from 60 s (so the benchmark sees findings and latencies).
+    ``paced_s`` more seconds follow, with a second drop on another GPU 5 s into them (findings
+    for the paced phase, see :func:`run_worker_over`)."""
     from peerwatch.producers.sim.scenario import parse_scenario
 
-    now_ms = int(time.time() * 1000) - int(duration_s * 1000) - 60_000
+    total_s = duration_s + paced_s
+    now_ms = int(time.time() * 1000) - int(total_s * 1000) - 60_000
     per_job = max(1, 512 // gpus_per_node)
     jobs, faults = [], []
     for j, first in enumerate(range(0, nodes, per_job)):
         count = min(per_job, nodes - first)
         jobs.append({"job_id": f"{9000 + j}", "gpus": count * gpus_per_node, "first_node": first,
-                     "warmup_s": 0, "duration_s": duration_s + 3600})  # fmt: skip
+                     "warmup_s": 0, "duration_s": total_s + 3600})  # fmt: skip
         if count * gpus_per_node >= 16 and duration_s > 90:
             faults.append({"name": "sm_clock_drop", "node": first + count // 2, "gpu_index": 0,
                            "start_s": 60, "params": {"pct": 8}})  # fmt: skip
+        if count * gpus_per_node >= 16 and paced_s >= 60:
+            faults.append({"name": "sm_clock_drop", "node": first, "gpu_index": 1,
+                           "start_s": duration_s + 5, "params": {"pct": 8}})  # fmt: skip
     doc = {
         "fleet": {"nodes": nodes, "gpus_per_node": gpus_per_node, "interval_s": 1.0,
-                  "duration_s": duration_s, "seed": seed, "start_ms": now_ms - now_ms % 30_000},
+                  "duration_s": total_s, "seed": seed, "start_ms": now_ms - now_ms % 30_000},
         "jobs": jobs,
         "faults": faults,
     }  # fmt: skip
@@ -379,6 +387,29 @@ class WorkerRun:
     topic_prefix: str
     #: Node records of the whole input (the first tick included).
     node_records: int
+    #: Window close -> finding latencies (ms) of findings made during the paced phase.
+    paced_latency_ms: list[float] = field(default_factory=list)
+    #: Node records published paced (included in ``node_records``).
+    paced_records: int = 0
+
+
+def publish_paced(kafka: KafkaSettings, records: Sequence[Raw], interval_s: float) -> None:
+    """Publish ``records`` grouped by their timestamp's tick, one tick every ``interval_s`` of
+    wall time from now (each tick flushed, like an agent's send)."""
+    from confluent_kafka import Producer
+
+    producer = Producer(producer_config(kafka, **{"linger.ms": 5}))
+    ticks: dict[int, list[Raw]] = {}
+    for r in records:
+        ticks.setdefault(int((r[3] or 0) // (interval_s * 1000)), []).append(r)
+    t0 = time.monotonic()
+    for i, tick in enumerate(sorted(ticks)):
+        delay = t0 + i * interval_s - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        for topic, key, value, ts_ms in ticks[tick]:
+            producer.produce(topic, value, key, timestamp=ts_ms or 0)
+        producer.flush(30)
 
 
 def run_worker_over(
@@ -386,18 +417,26 @@ def run_worker_over(
     fleet: Fleet,
     workdir: Path,
     args: Sequence[str] = (),
+    paced_s: float = 0.0,
     timeout_s: float = 900.0,
     log: Callable[[str], None] = lambda _m: None,
 ) -> WorkerRun:
     """Publish the fleet's first tick under a fresh prefix, start one worker and wait until it
-    processed it (start-up, group join and the allocation gate are then behind it), then
-    publish the rest as fast as the broker takes it (pre-encoded) and wait until the worker
-    took every node record. Snapshots /proc, kills the worker. Raises TimeoutError."""
+    processed it (start-up and group join are then behind it), then publish the rest as fast as
+    the broker takes it (pre-encoded) and wait until the worker took every node record. The
+    last ``paced_s`` seconds of event time are then published paced, one tick per second of
+    wall time, as agents would (the finding latencies of that phase are kept apart).
+    Snapshots /proc, kills the worker. Raises TimeoutError."""
     import uuid
 
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     ensure_topics(kafka, catalogue(prefix))
     first, rest, total = encode_fleet(fleet, prefix)
+    end_ms = fleet.spec.start_ms + fleet.spec.duration_ms
+    paced_from_ms = end_ms - int(paced_s * 1000) if paced_s > 0 else None
+    paced = [r for r in rest if paced_from_ms is not None and (r[3] or 0) >= paced_from_ms]
+    rest = [r for r in rest if paced_from_ms is None or (r[3] or 0) < paced_from_ms]
+    paced_samples = sum(t.endswith(SAMPLES.name) for t, *_ in paced)
     first_samples = sum(t.endswith(SAMPLES.name) for t, *_ in first)
     produce_raw(kafka, first)
     app_id = f"bench-{uuid.uuid4().hex[:8]}"
@@ -418,11 +457,21 @@ def run_worker_over(
         log(f"worker ready; publishing {total - first_samples} node records ...")
         since = time.time()
         produce_raw(kafka, rest)
-        state = wait_stable(poll, lambda s: s[0] >= total, timeout_s, settle_s=3.0)
-        if state[0] < total:
-            raise TimeoutError(f"worker took {state[0]} of {total}:\n{worker.log_tail()}")
+        burst = total - paced_samples
+        state = wait_stable(poll, lambda s: s[0] >= burst, timeout_s, settle_s=3.0)
+        if state[0] < burst:
+            raise TimeoutError(f"worker took {state[0]} of {burst}:\n{worker.log_tail()}")
+        paced_latency: list[float] = []
+        if paced:
+            log(f"publishing {paced_samples} node records paced over {paced_s:g} s ...")
+            before = len(worker.counters().get("finding_latency_ms") or [])
+            publish_paced(kafka, paced, interval_s=1.0)
+            state = wait_stable(poll, lambda s: s[0] >= total, timeout_s, settle_s=5.0)
+            paced_latency = list(worker.counters().get("finding_latency_ms") or [])[before:]
         snapshot = worker.proc_snapshot()
-        return WorkerRun(worker.counters(), snapshot, since, prefix, total)
+        return WorkerRun(
+            worker.counters(), snapshot, since, prefix, total, paced_latency, paced_samples
+        )
 
 
 def run_stream_bench(
@@ -433,17 +482,25 @@ def run_stream_bench(
     workdir: Path,
     rss_nodes: int = 12_500,
     rss_duration_s: float = 10.0,
+    paced_s: float = 0.0,
     worker_args: Sequence[str] = (),
     log: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
     """The whole benchmark (see :mod:`peerwatch.streams.bench`); returns the report dict.
     ``rss_nodes`` = 0 skips the RSS-at-scale run."""
-    from peerwatch.streams.bench import verdicts, worker_metrics
+    from peerwatch.streams.bench import latency_summary, verdicts, worker_metrics
 
-    fleet = bench_fleet(nodes, gpus_per_node, duration_s)
-    log(f"worker over {nodes} x {gpus_per_node} GPUs x {duration_s:g} s ...")
-    run = run_worker_over(kafka, fleet, workdir, worker_args, log=log)
-    worker = worker_metrics(run.counters, run.timed_since_wall_s)
+    fleet = bench_fleet(nodes, gpus_per_node, duration_s, paced_s=paced_s)
+    log(
+        f"worker over {nodes} x {gpus_per_node} GPUs x {duration_s:g} s (+ {paced_s:g} s paced) ..."
+    )
+    run = run_worker_over(kafka, fleet, workdir, worker_args, paced_s=paced_s, log=log)
+    # Rates over the burst only (the paced phase is idle most of the time).
+    worker = worker_metrics(
+        run.counters, run.timed_since_wall_s, run.node_records - run.paced_records
+    )
+    every = list(run.counters.get("finding_latency_ms") or [])
+    worker["finding_latency_ms"] = latency_summary(every[: len(every) - len(run.paced_latency_ms)])
     prefix = run.topic_prefix
     log("floor over the same samples topic ...")
     floor = measure_floor(kafka, prefix + SAMPLES.name, run.node_records)
@@ -471,6 +528,11 @@ def run_stream_bench(
         if worker["gpu_samples_per_s"] and floor_rate
         else None,
         "rss_at_scale": None,
+        "paced": {
+            "seconds": paced_s,
+            "node_records": run.paced_records,
+            "finding_latency_ms": latency_summary(run.paced_latency_ms),
+        },
     }
     if rss_nodes > 0:
         log(f"RSS run: {rss_nodes} x {gpus_per_node} GPUs x {rss_duration_s:g} s ...")

@@ -111,21 +111,6 @@ def _delta(new: int, old: int) -> int:
     return new - old if new >= old else new  # a reset counter restarts at zero
 
 
-def _sum(reading: Mapping[str, Any], names: tuple[str, ...]) -> int | None:
-    total, seen = 0, False
-    for name in names:
-        v = reading.get(name)
-        if v is not None:
-            total += v
-            seen = True
-    return total if seen else None
-
-
-_THR = ("throttle_hw_slowdown_ns", "throttle_sw_thermal_ns", "throttle_hw_thermal_ns",
-        "throttle_hw_power_brake_ns")  # fmt: skip
-_NVL = ("nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors")
-
-
 class WindowAggregator:
     """Event-time window aggregation for the nodes of one partition (or, offline, all nodes).
 
@@ -198,6 +183,7 @@ class WindowAggregator:
                 bucket = ns.buckets[wstart] = {}
             for g in s["gpus"]:
                 readings += 1
+                get = g.get
                 idx = g["index"]
                 p = prevs.get(idx)
                 if p is None:
@@ -210,63 +196,72 @@ class WindowAggregator:
                     acc = bucket.get(idx)
                     if acc is None:
                         acc = bucket[idx] = _Acc(owner, idx)
-                        acc.uuid = g.get("uuid")
+                        acc.uuid = get("uuid")
                     elif acc.job != owner:
                         acc = bucket.get((owner, idx))
                         if acc is None:
                             acc = bucket[(owner, idx)] = _Acc(owner, idx)
-                            acc.uuid = g.get("uuid")
+                            acc.uuid = get("uuid")
                     acc.n += 1
                 else:
                     unattributed += 1
-                if g.get("state") == "LOST":
+                if get("state") == "LOST":
                     if acc is not None:
                         acc.lost = True
                     continue  # every quantity is null; keep the counters of the last good read
-                energy = g.get("energy_mj")
-                thr = _sum(g, _THR)
-                cap = g.get("throttle_sw_power_cap_ns")
-                ecc = g.get("ecc_volatile_uncorrected")
-                nvl = _sum(g, _NVL)
-                pcie = g.get("pcie_replay_count")
+                energy = get("energy_mj")
+                # Throttle time = HW slowdown + SW thermal + HW thermal + power brake (any known).
+                thr = None
+                for v in (get("throttle_hw_slowdown_ns"), get("throttle_sw_thermal_ns"),
+                          get("throttle_hw_thermal_ns"), get("throttle_hw_power_brake_ns")):  # fmt: skip
+                    if v is not None:
+                        thr = v if thr is None else thr + v
+                cap = get("throttle_sw_power_cap_ns")
+                ecc = get("ecc_volatile_uncorrected")
+                nvl = None
+                for v in (get("nvlink_replay_errors"), get("nvlink_recovery_errors"),
+                          get("nvlink_crc_errors")):  # fmt: skip
+                    if v is not None:
+                        nvl = v if nvl is None else nvl + v
+                pcie = get("pcie_replay_count")
                 if acc is not None:
-                    clk, mx = g.get("sm_clock_mhz"), g.get("sm_clock_max_mhz")
+                    clk, mx = get("sm_clock_mhz"), get("sm_clock_max_mhz")
                     if clk is not None and mx:
                         acc.clk_s += clk / mx
                         acc.clk_n += 1
-                    sm = g.get("sm_active_pct")
+                    sm = get("sm_active_pct")
                     if sm is None:
-                        sm = g.get("gpu_util_pct")
+                        sm = get("gpu_util_pct")
                     if sm is not None:
                         acc.sm_s += sm
                         acc.sm_n += 1
-                    pw = g.get("power_mw")
+                    pw = get("power_mw")
                     if pw is not None:
                         acc.pw_s += pw
                         acc.pw_n += 1
-                        lim = g.get("power_limit_mw")
+                        lim = get("power_limit_mw")
                         if lim:
                             acc.pr_s += pw / lim
                             acc.pr_n += 1
-                    t = g.get("temperature_c")
+                    t = get("temperature_c")
                     if t is not None and (acc.temp is None or t > acc.temp):
                         acc.temp = t
-                    r = g.get("clocks_event_reasons")
+                    r = get("clocks_event_reasons")
                     if r is not None:
                         acc.bits_n += 1
                         if r & THROTTLE_BITS:
                             acc.thr_bits += 1
                         if r & POWER_CAP_BIT:
                             acc.cap_bits += 1
-                    w = g.get("pcie_link_width")
+                    w = get("pcie_link_width")
                     if w is not None and (acc.wmin is None or w < acc.wmin):
                         acc.wmin = w
-                    w = g.get("pcie_link_width_max")
+                    w = get("pcie_link_width_max")
                     if w is not None and (acc.wmax is None or w > acc.wmax):
                         acc.wmax = w
-                    if g.get("remap_pending"):
+                    if get("remap_pending"):
                         acc.remap_p = True
-                    if g.get("remap_failed"):
+                    if get("remap_failed"):
                         acc.remap_f = True
                     if ts > p.ts >= 0:
                         dt_ns = (ts - p.ts) * 1_000_000

@@ -25,6 +25,9 @@ def register(sub: Any) -> None:
                    help="nodes of the RSS-at-scale run (default 12,500 = 100,000 GPUs; 0 skips)")  # fmt: skip
     s.add_argument("--rss-duration", type=float, default=10.0,
                    help="simulated seconds of the RSS run (default 10)")  # fmt: skip
+    s.add_argument("--paced", type=float, default=120.0,
+                   help="seconds published at one tick per second after the burst, for the "
+                        "finding latency (default 120; 0 skips)")  # fmt: skip
     s.add_argument("--workdir", help="where worker logs and counters go (default: a temp dir)")
     s.add_argument("--json", action="store_true", help="print one JSON object instead")
     s.set_defaults(func=run)
@@ -38,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="peerwatch-bench-"))
     report = run_stream_bench(
         settings.kafka, args.nodes, args.gpus_per_node, args.duration, workdir,
-        rss_nodes=args.rss_nodes, rss_duration_s=args.rss_duration,
+        rss_nodes=args.rss_nodes, rss_duration_s=args.rss_duration, paced_s=args.paced,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )  # fmt: skip
     print(json.dumps(report, sort_keys=True) if args.json else format_table(report))

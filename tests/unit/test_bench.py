@@ -8,6 +8,7 @@ import pytest
 
 from peerwatch.streams.bench import (
     format_table,
+    latency_summary,
     parse_stat_cpu_s,
     parse_status_kib,
     percentile,
@@ -102,3 +103,28 @@ def test_table_names_every_target_and_verdict() -> None:
     assert lines["worker GPU samples/s"].endswith("FAIL")
     assert lines["processor / floor"].endswith("PASS")
     assert "100,000 GPUs tracked" in table
+
+
+def test_worker_metrics_stop_at_the_burst() -> None:
+    # The first two batches make 2010 records; the third (paced input) is left out.
+    c = counters()
+    c["batch_log"] = [*c["batch_log"], [500.0, 500.1, 9.0, 9.1, 8, 64]]
+    m = worker_metrics(c, until_records=2010)
+    assert m["node_records"] == 2010
+    assert worker_metrics(c)["node_records"] == 2018
+
+
+def test_latency_is_judged_on_the_paced_phase_when_it_has_findings() -> None:
+    burst_slow = report(60_000.0, 0.5, 700 << 20, 100_000, 9_000.0)
+    burst_slow["paced"] = {"seconds": 120.0, "node_records": 100,
+                           "finding_latency_ms": latency_summary([300.0, 900.0])}  # fmt: skip
+    assert verdicts(burst_slow)["finding_latency"] == "PASS"
+    burst_slow["verdicts"] = verdicts(burst_slow)
+    table = format_table(burst_slow)
+    assert "finding latency, paced p50/p95/max (ms, n=2)" in table
+    paced_line = next(line for line in table.splitlines() if "paced" in line)
+    assert paced_line.endswith("PASS") and "900" in paced_line
+    # no finding in the paced phase: the burst figure is judged
+    burst_slow["paced"]["finding_latency_ms"] = latency_summary([])
+    assert verdicts(burst_slow)["finding_latency"] == "FAIL"
+    assert latency_summary([]) == {"count": 0, "p50": None, "p95": None, "max": None}
