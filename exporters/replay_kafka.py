@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from peerwatch.errors import CodecError
-from peerwatch.exporters.replay import INPUT_STREAMS, Record, TimeRange, sort_records
+from peerwatch.exporters.replay import INPUT_STREAMS, Record, TimeRange, bulk_load, sort_records
 from peerwatch.schemas.codec import AvroCodec
 
 
@@ -37,6 +37,8 @@ def kafka_records(
     )  # fmt: skip
     pairs: list[tuple[str, dict[str, Any]]] = []
     bad = 0
+    loading = bulk_load()
+    loading.__enter__()
     try:
         stream_of: dict[str, str] = {}
         codecs: dict[str, AvroCodec] = {}
@@ -84,8 +86,9 @@ def kafka_records(
                     bad += 1
                     continue
                 pairs.append((stream_of[where[0]], value))
+        from peerwatch.exporters.archive_files import record_time_ms
+
+        return sort_records((s, v) for s, v in pairs if span.admits(s, record_time_ms(v))), bad
     finally:
         consumer.close()
-    from peerwatch.exporters.archive_files import record_time_ms
-
-    return sort_records((s, v) for s, v in pairs if span.admits(s, record_time_ms(v))), bad
+        loading.__exit__(None, None, None)
