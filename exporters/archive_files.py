@@ -99,17 +99,27 @@ def _canonical(schema: Any) -> str:
     return str(to_parsing_canonical_form(schema))
 
 
-def read_file(path: Path, reader_schema: Any = None) -> Iterator[dict[str, Any]]:
+def read_file(
+    path: Path, reader_schema: Any = None, keep_nodes: frozenset[str] | None = None
+) -> Iterator[dict[str, Any]]:
     """Every record of one container file. A truncated or corrupt tail (a writer killed
-    mid-block) ends the file with a warning instead of an error: what precedes it is intact."""
+    mid-block) ends the file with a warning instead of an error: what precedes it is intact.
+    ``keep_nodes``: see :func:`read_container`."""
     with Path(path).open("rb") as fh:
-        yield from read_container(fh, reader_schema, str(path))
+        yield from read_container(fh, reader_schema, str(path), keep_nodes)
 
 
 def read_container(
-    fh: IO[bytes], reader_schema: Any = None, what: str = ""
+    fh: IO[bytes],
+    reader_schema: Any = None,
+    what: str = "",
+    keep_nodes: frozenset[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Like :func:`read_file` on an open binary file (``what`` names it in warnings)."""
+    """Like :func:`read_file` on an open binary file (``what`` names it in warnings).
+
+    ``keep_nodes``: for records whose first field is the string ``node`` (NodeGpuSample),
+    only those of these nodes are decoded and returned; the others are stepped over without
+    being built (the C reader's ``skip``, else a decode that is thrown away)."""
     try:
         blocks = fastavro.block_reader(fh)
         # Schema resolution halves fastavro's speed: only resolve when the file was written
@@ -125,14 +135,22 @@ def read_container(
     # Same schema as the current one: decode each block with the codec's compiled reader (about
     # twice fastavro's speed on wide records); else fastavro (resolution of older versions).
     compiled = _compiled_for(blocks.writer_schema) if blocks.reader_schema is None else None
+    skip = None
+    if keep_nodes is not None and compiled is not None and _node_first(blocks.writer_schema):
+        skip = _skipper_for(blocks.writer_schema, compiled)
     while True:
         try:
             block = next(blocks)
             if compiled is not None:
                 raw = block.bytes_.getvalue()  # type: ignore[attr-defined]
-                records = _decode_block(compiled, raw, block.num_records)
+                if skip is not None and keep_nodes is not None:
+                    records = _decode_nodes(compiled, skip, raw, block.num_records, keep_nodes)
+                else:
+                    records = _decode_block(compiled, raw, block.num_records)
             else:
                 records = list(block)  # type: ignore[arg-type]
+                if keep_nodes is not None and _node_first(blocks.writer_schema):
+                    records = [r for r in records if r.get("node") in keep_nodes]
         except StopIteration:
             return
         # fastavro reports a cut block as EOFError, zlib.error, ValueError...: all mean
@@ -160,6 +178,42 @@ def _compiled_for(writer_schema: Any) -> Any:
     if _canonical(codec.schema) != _canonical(writer_schema):
         return None
     return codec.compiled_decoder
+
+
+def _node_first(writer_schema: Any) -> bool:
+    fields: Any = writer_schema.get("fields") if isinstance(writer_schema, dict) else None
+    if not fields:
+        return False
+    return bool(fields[0].get("name") == "node" and fields[0].get("type") == "string")
+
+
+def _skipper_for(writer_schema: Any, decode: Any) -> Any:
+    """``(buffer, offset) -> end`` over one record: the C skip, or decode-and-drop."""
+    from peerwatch.schemas.native import native_skipper
+
+    skip = native_skipper(strip_logical_types(writer_schema))
+    if skip is not None:
+        return skip
+    return lambda data, pos: decode(data, pos)[1]
+
+
+def _decode_nodes(
+    decode: Any, skip: Any, data: bytes, count: int, keep: frozenset[str]
+) -> list[dict[str, Any]]:
+    """The records of one block whose leading ``node`` string is in ``keep``."""
+    out, pos = [], 0
+    for _ in range(count):
+        n, start = _varint(data, pos)
+        if n < 0 or start + n > len(data):
+            raise ValueError("bad node length")
+        if data[start : start + n].decode() in keep:
+            record, pos = decode(data, pos)
+            out.append(record)
+        else:
+            pos = skip(data, pos)
+    if pos != len(data):
+        raise ValueError(f"{len(data) - pos} trailing bytes in a block")
+    return out
 
 
 def _decode_block(decode: Any, data: bytes, count: int) -> list[dict[str, Any]]:

@@ -18,7 +18,10 @@ stage's code; what can make them differ is settings and input order:
   empty at ``--from`` (replay from the start of a job to reproduce its live findings exactly).
 
 ``--job``/``--node`` filter the OUTPUTS: the detector still sees every GPU of a job, or the peer
-groups (and so every z-score) would change.
+groups (and so every z-score) would change. Samples of nodes that cannot change those outputs
+(:func:`scope_nodes`: not the job's, and no job of theirs shared a node with it) are skipped
+without being decoded, so replaying one job out of a whole cluster's archive costs about what
+the job's own nodes cost.
 """
 
 from __future__ import annotations
@@ -133,14 +136,54 @@ def bulk_load() -> Iterator[None]:
             gc.enable()
 
 
-def _decode_task(task: tuple[str, str | bytes]) -> list[tuple[str, dict[str, Any]]]:
-    """Decode one ``(stream, file path or container bytes)`` (module level: runs in worker
-    processes too)."""
-    stream, src = task
+def scope_nodes(
+    job_events: Iterable[Mapping[str, Any]], job: str | None = None, node: str | None = None
+) -> frozenset[str] | None:
+    """The nodes whose samples decide every output about ``job``/``node``; None = all.
+
+    Outputs about a job depend on its own GPUs (peers are the job's GPUs); a node's drain
+    recommendations also depend on the findings of every other job that ran on it, and those on
+    that job's GPUs. So: the nodes of the job (or the node), plus every node of any job that
+    shared one of them. Records of other nodes cannot change what is kept, and are skipped.
+    """
+    if job is None and node is None:
+        return None
+    nodes_of: dict[str, set[str]] = {}
+    for ev in job_events:
+        nodes = {str(a["node"]) for a in ev.get("allocations") or [] if a.get("node")}
+        nodes_of.setdefault(str(ev.get("job_id")), set()).update(nodes)
+    core = {node} if node is not None else set(nodes_of.get(str(job), set()))
+    out = set(core)
+    for nodes in nodes_of.values():
+        if nodes & core:
+            out |= nodes
+    return frozenset(out)
+
+
+def archive_job_events(root: Path, span: TimeRange, topic_prefix: str = "") -> list[dict[str, Any]]:
+    """The JobEvents of the archive in ``span`` (with its lookback): small, read first to
+    scope a ``--job``/``--node`` replay."""
+    spec = INPUT_STREAMS["job-events"]
+    lo = span.from_ms - span.lookback_ms
+    out: list[dict[str, Any]] = []
+    schema = current_schema(str(spec.value_schema))
+    for path in archive_files(Path(root), topic_prefix + spec.name, lo, span.to_ms):
+        out += [r for r in read_file(path, schema) if span.admits("job-events", record_time_ms(r))]
+    return out
+
+
+def _decode_task(
+    task: tuple[str, str | bytes, frozenset[str] | None],
+) -> list[tuple[str, dict[str, Any]]]:
+    """Decode one ``(stream, file path or container bytes, nodes to keep)`` (module level: runs
+    in worker processes too)."""
+    stream, src, keep = task
     schema = current_schema(str(INPUT_STREAMS[stream].value_schema))
+    if stream != "samples":
+        keep = None
     if isinstance(src, bytes):
-        return [(stream, r) for r in read_container(io.BytesIO(src), schema, stream)]
-    return [(stream, r) for r in read_file(Path(src), schema)]
+        return [(stream, r) for r in read_container(io.BytesIO(src), schema, stream, keep)]
+    return [(stream, r) for r in read_file(Path(src), schema, keep)]
 
 
 def archive_records(
@@ -149,10 +192,12 @@ def archive_records(
     topic_prefix: str = "",
     workers: int = 1,
     part_bytes: int = 2 << 20,
+    keep_nodes: frozenset[str] | None = None,
 ) -> Iterator[Record]:
     """The input records under ``root`` in ``span``, hour by hour in replay order (memory: one
     hour of records). ``workers`` > 1 decodes parts of ``part_bytes`` of each file in that many
-    processes (Avro decoding is the replay's bottleneck); the order is the same."""
+    processes (Avro decoding is the replay's bottleneck); the order is the same.
+    ``keep_nodes``: samples of other nodes are skipped undecoded (see :func:`scope_nodes`)."""
     hours: dict[str, list[tuple[str, Path]]] = {}
     for stream, spec in INPUT_STREAMS.items():
         lo = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
@@ -161,7 +206,7 @@ def archive_records(
     if workers <= 1:
         for hour in sorted(hours):
             with bulk_load():
-                decoded = [r for s, p in hours[hour] for r in _decode_task((s, str(p)))]
+                decoded = [r for s, p in hours[hour] for r in _decode_task((s, str(p), keep_nodes))]
                 admitted = _admitted(decoded, span)
                 del decoded
             yield from admitted
@@ -170,12 +215,12 @@ def archive_records(
 
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         for hour in sorted(hours):
-            tasks: list[tuple[str, str | bytes]] = []
+            tasks: list[tuple[str, str | bytes, frozenset[str] | None]] = []
             for stream, path in hours[hour]:
                 try:
-                    tasks += [(stream, part) for part in split_file(path, part_bytes)]
+                    tasks += [(stream, part, keep_nodes) for part in split_file(path, part_bytes)]
                 except ValueError:  # not even a header: read_file logs and skips it
-                    tasks.append((stream, str(path)))
+                    tasks.append((stream, str(path), keep_nodes))
             with bulk_load():
                 decoded = [r for part in pool.imap(_decode_task, tasks) for r in part]
                 admitted = _admitted(decoded, span)

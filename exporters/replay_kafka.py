@@ -24,9 +24,13 @@ def kafka_records(
     *,
     slack_ms: int = 300_000,
     timeout_s: float = 30.0,
+    streams: tuple[str, ...] | None = None,
+    keep_nodes: frozenset[str] | None = None,
 ) -> tuple[list[Record], int]:
     """The input records of ``span`` in replay order, and how many messages could not be
-    decoded (skipped). Raises confluent_kafka.KafkaException when the cluster does not answer."""
+    decoded (skipped). ``streams`` limits the input streams read; ``keep_nodes`` skips, by
+    message key and undecoded, the samples of other nodes (see ``replay.scope_nodes``). Raises
+    confluent_kafka.KafkaException when the cluster does not answer."""
     from confluent_kafka import Consumer, TopicPartition
 
     from peerwatch.kafka_config import consumer_config
@@ -44,7 +48,10 @@ def kafka_records(
         codecs: dict[str, AvroCodec] = {}
         wanted: list[Any] = []
         ends: dict[tuple[str, int], int] = {}
+        keep_keys = None if keep_nodes is None else {n.encode() for n in keep_nodes}
         for stream, spec in INPUT_STREAMS.items():
+            if streams is not None and stream not in streams:
+                continue
             topic = topic_prefix + spec.name
             stream_of[topic] = stream
             codecs[topic] = AvroCodec(str(spec.value_schema))
@@ -80,6 +87,12 @@ def kafka_records(
                     or msg.timestamp()[1] > span.to_ms + slack_ms
                 ):
                     open_parts.discard(where)
+                if (
+                    keep_keys is not None
+                    and msg.key() not in keep_keys
+                    and stream_of[where[0]] == "samples"
+                ):
+                    continue
                 try:
                     value = codecs[where[0]].decode(msg.value() or b"")
                 except CodecError:

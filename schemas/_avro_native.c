@@ -248,6 +248,103 @@ static PyObject *decode_value(Reader *r, PyObject *plan, int depth) {
     }
 }
 
+/* Step over one value without building it (bounds and branches checked, UTF-8 not): 0 or -1. */
+static int skip_value(Reader *r, PyObject *plan, int depth) {
+    long kind;
+    PyObject *a, *b;
+    if (depth > MAX_DEPTH) return bad("plan nested too deeply");
+    if (plan_parts(plan, &kind, &a, &b) < 0) return -1;
+    switch (kind) {
+    case K_NULL:
+        return 0;
+    case K_BOOL:
+        if (r->pos >= r->len) return bad("truncated boolean");
+        if (r->buf[r->pos] > 1) return bad("bad boolean");
+        r->pos++;
+        return 0;
+    case K_LONG:
+    case K_ENUM: {
+        int64_t v;
+        return read_long(r, &v);
+    }
+    case K_FLOAT:
+    case K_DOUBLE: {
+        Py_ssize_t n = kind == K_FLOAT ? 4 : 8;
+        if (r->len - r->pos < n) return bad("truncated float");
+        r->pos += n;
+        return 0;
+    }
+    case K_STRING:
+    case K_BYTES: {
+        Py_ssize_t len;
+        if (read_length(r, &len) < 0) return -1;
+        r->pos += len;
+        return 0;
+    }
+    case K_ARRAY:
+    case K_MAP:
+        while (1) {
+            Py_ssize_t n = next_block(r);
+            if (n < 0) return -1;
+            if (n == 0) return 0;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (kind == K_MAP) {
+                    Py_ssize_t len;
+                    if (read_length(r, &len) < 0) return -1;
+                    r->pos += len;
+                }
+                if (skip_value(r, a, depth + 1) < 0) return -1;
+            }
+        }
+    case K_UNION: {
+        if (!PyTuple_Check(a)) {
+            PyErr_SetString(PyExc_TypeError, "union plan: branches tuple");
+            return -1;
+        }
+        if (r->pos >= r->len) return bad("truncated union branch");
+        unsigned char c = r->buf[r->pos++];
+        if (c >= 0x80) return bad("bad union branch");
+        int64_t i = (int64_t)(c >> 1) ^ -(int64_t)(c & 1);
+        if (i < 0 || i >= PyTuple_GET_SIZE(a)) return bad("bad union branch");
+        return skip_value(r, PyTuple_GET_ITEM(a, (Py_ssize_t)i), depth + 1);
+    }
+    case K_RECORD: {
+        if (!PyTuple_Check(b)) {
+            PyErr_SetString(PyExc_TypeError, "record plan: plans tuple");
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(b); i++) {
+            if (skip_value(r, PyTuple_GET_ITEM(b, i), depth + 1) < 0) return -1;
+        }
+        return 0;
+    }
+    default:
+        PyErr_Format(PyExc_TypeError, "unknown plan kind %ld", kind);
+        return -1;
+    }
+}
+
+static PyObject *py_skip(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "skip(plan, buffer, offset)");
+        return NULL;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[2]);
+    if (offset == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = NULL;
+    if (offset < 0 || offset > view.len) {
+        PyErr_SetString(PyExc_ValueError, "offset outside the buffer");
+    } else {
+        Reader r = {(const unsigned char *)view.buf, view.len, offset};
+        if (skip_value(&r, args[0], 0) == 0) result = PyLong_FromSsize_t(r.pos);
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 3) {
@@ -275,6 +372,8 @@ static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
 static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))py_decode, METH_FASTCALL,
      "decode(plan, buffer, offset) -> (value, end offset); ValueError on malformed bytes."},
+    {"skip", (PyCFunction)(void (*)(void))py_skip, METH_FASTCALL,
+     "skip(plan, buffer, offset) -> end offset of the value there, built nothing."},
     {NULL, NULL, 0, NULL},
 };
 

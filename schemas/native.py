@@ -104,3 +104,11 @@ def native_decoder(schema: Any) -> Any:
     if native is None:
         return None
     return functools.partial(native.decode, plan_of(schema))
+
+
+def native_skipper(schema: Any) -> Any:
+    """``(buffer, offset) -> end`` stepping over one value of ``schema`` without building it
+    (strings are not checked for UTF-8), or None when the C module is not in use."""
+    if native is None:
+        return None
+    return functools.partial(native.skip, plan_of(schema))

@@ -54,10 +54,12 @@ def run(args: argparse.Namespace) -> int:
     from peerwatch.exporters.replay import (
         Progress,
         TimeRange,
+        archive_job_events,
         archive_records,
         live_equivalent_settings,
         output_lines,
         replay,
+        scope_nodes,
     )
 
     settings = settings_of(args)
@@ -74,13 +76,32 @@ def run(args: argparse.Namespace) -> int:
 
         t0 = time.perf_counter()
         records: Any
-        records, extra["undecodable"] = kafka_records(settings.kafka, span, settings.topic_prefix)
+        keep = None
+        if args.job or args.node:
+            job_events, _ = kafka_records(
+                settings.kafka, span, settings.topic_prefix, streams=("job-events",)
+            )
+            keep = scope_nodes((v for _, _, v in job_events), args.job, args.node)
+            extra["nodes_in_scope"] = len(keep or ())
+        records, extra["undecodable"] = kafka_records(
+            settings.kafka, span, settings.topic_prefix, keep_nodes=keep
+        )
         # Fetching and decoding are part of the replay's cost: the rate covers them.
         read_s = time.perf_counter() - t0
     else:
         if not Path(args.archive).is_dir():
             raise ConfigError("--archive", f"{args.archive} is not a directory")
-        records = archive_records(Path(args.archive), span, settings.topic_prefix, args.workers)
+        keep = None
+        if args.job or args.node:
+            keep = scope_nodes(
+                archive_job_events(Path(args.archive), span, settings.topic_prefix),
+                args.job,
+                args.node,
+            )
+            extra["nodes_in_scope"] = len(keep or ())
+        records = archive_records(
+            Path(args.archive), span, settings.topic_prefix, args.workers, keep_nodes=keep
+        )
     progress = None if args.no_progress else Progress(span, sys.stderr)
     result = replay(records, pipeline, job=args.job, node=args.node,
                     keep_windows=bool(args.report), progress=progress)  # fmt: skip

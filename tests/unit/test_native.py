@@ -160,3 +160,26 @@ def test_buffers_offsets_and_bad_plans() -> None:
 def test_plan_refuses_unknown_names() -> None:
     with pytest.raises(Unsupported):
         plan_of({"type": "record", "name": "R", "fields": [{"name": "x", "type": "Nope"}]})
+
+
+@pytest.mark.parametrize("name", registry.SCHEMA_NAMES)
+def test_skip_ends_where_decode_ends(name: str) -> None:
+    wire = registry.strip_logical_types(registry.raw_schema(name))
+    decode, skip = native.native_decoder(wire), native.native_skipper(wire)
+    parsed = registry.current_schema(name)
+    rng = random.Random(name + "skip")
+    for record in generate_many(parsed, 60):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, record)
+        good = buf.getvalue()
+        assert skip(good, 0) == len(good)
+        assert skip(b"\x00" + good, 1) == len(good) + 1
+        bad = bytearray(good)
+        bad[rng.randrange(len(bad))] = rng.randrange(256)
+        try:
+            _, end = decode(bytes(bad), 0)
+        except (ValueError, UnicodeDecodeError):
+            continue  # skipping may or may not notice (it does not check UTF-8)
+        assert skip(bytes(bad), 0) == end
+        with pytest.raises(ValueError):
+            skip(good[: len(good) // 2], 0) if len(good) > 1 else skip(b"", 0)

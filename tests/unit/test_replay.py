@@ -13,11 +13,13 @@ import pytest
 from peerwatch.exporters.replay import (
     Progress,
     TimeRange,
+    archive_job_events,
     archive_records,
     keep_output,
     live_equivalent_settings,
     output_lines,
     replay,
+    scope_nodes,
     sort_records,
 )
 from peerwatch.producers.sim.fleet import Fleet
@@ -155,3 +157,51 @@ def test_windows_are_kept_only_when_asked(archive: Path) -> None:
         archive_records(archive, SPAN), settings, keep_windows=True
     ).windows
     assert {w["job_id"] for w in windows} == {"77", "78"}
+
+
+def test_scope_is_the_job_or_node_plus_every_job_that_shared_a_node() -> None:
+    def started(job: str, *nodes: str) -> dict[str, Any]:
+        return {"job_id": job, "kind": "STARTED",
+                "allocations": [{"node": n, "gpu_indices": [0]} for n in nodes]}  # fmt: skip
+
+    events = [started("1", "a", "b"), started("2", "b", "c"), started("3", "d"), started("4", "c")]
+    assert scope_nodes(events) is None
+    # job 1's nodes, plus job 2 (shares b) with its node c; not job 4 (shares only c with 2)
+    assert scope_nodes(events, job="1") == {"a", "b", "c"}
+    assert scope_nodes(events, job="3") == {"d"}
+    assert scope_nodes(events, node="c") == {"b", "c"}
+    assert scope_nodes(events, job="1", node="d") == {"d"}
+    assert scope_nodes(events, job="unknown") == frozenset()
+
+
+@pytest.mark.parametrize(("job", "node"), [("77", None), ("78", None), (None, "gpu00005"),
+                                           ("77", "gpu00005")])  # fmt: skip
+def test_scoped_reading_gives_the_outputs_of_a_full_replay(
+    archive: Path, job: str | None, node: str | None
+) -> None:
+    settings = live_equivalent_settings()
+    full = replay(archive_records(archive, SPAN), settings, job=job, node=node, keep_windows=True)
+    keep = scope_nodes(archive_job_events(archive, SPAN), job, node)
+    assert keep is not None and len(keep) < 10
+    scoped = replay(
+        archive_records(archive, SPAN, keep_nodes=keep), settings, job=job, node=node,
+        keep_windows=True,
+    )  # fmt: skip
+    assert scoped.node_records < full.node_records
+    assert scoped.findings == full.findings
+    assert scoped.recommendations == full.recommendations
+    assert scoped.windows == full.windows
+    assert full.findings or job == "78"
+
+
+def test_scoped_reading_without_the_c_reader(
+    archive: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from peerwatch.schemas import native
+
+    monkeypatch.setattr(native, "native", None)  # the decode-and-drop fallback
+    settings = live_equivalent_settings()
+    keep = frozenset({f"gpu0000{i}" for i in range(8)})
+    scoped = replay(archive_records(archive, SPAN, keep_nodes=keep), settings, job="77")
+    full = replay(archive_records(archive, SPAN), settings, job="77")
+    assert scoped.findings == full.findings and scoped.findings
