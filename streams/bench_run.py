@@ -393,6 +393,24 @@ class WorkerRun:
     paced_records: int = 0
 
 
+def delete_prefixed_topics(kafka: KafkaSettings, prefix: str) -> int:
+    """Delete every topic named ``prefix…`` (a benchmark's input, outputs and the worker's
+    internal topics): a long-lived broker would otherwise collect thousands of partitions, one
+    open file each and more. Returns how many were asked to be deleted; failures are ignored."""
+    from confluent_kafka.admin import AdminClient
+
+    from peerwatch.kafka_config import admin_config
+
+    admin = AdminClient(admin_config(kafka))
+    names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    if not names:
+        return 0
+    for future in admin.delete_topics(names, operation_timeout=30).values():
+        with contextlib.suppress(Exception):
+            future.result()
+    return len(names)
+
+
 def publish_paced(kafka: KafkaSettings, records: Sequence[Raw], interval_s: float) -> None:
     """Publish ``records`` grouped by their timestamp's tick, one tick every ``interval_s`` of
     wall time from now (each tick flushed, like an agent's send)."""
@@ -484,6 +502,7 @@ def run_stream_bench(
     rss_duration_s: float = 10.0,
     paced_s: float = 0.0,
     worker_args: Sequence[str] = (),
+    keep_topics: bool = False,
     log: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
     """The whole benchmark (see :mod:`peerwatch.streams.bench`); returns the report dict.
@@ -504,6 +523,8 @@ def run_stream_bench(
     prefix = run.topic_prefix
     log("floor over the same samples topic ...")
     floor = measure_floor(kafka, prefix + SAMPLES.name, run.node_records)
+    if not keep_topics:
+        delete_prefixed_topics(kafka, prefix)
     floor_rate = floor.gpu_samples / floor.wall_s if floor.wall_s else None
     report: dict[str, Any] = {
         "nodes": nodes,
@@ -538,6 +559,8 @@ def run_stream_bench(
         log(f"RSS run: {rss_nodes} x {gpus_per_node} GPUs x {rss_duration_s:g} s ...")
         big = bench_fleet(rss_nodes, gpus_per_node, rss_duration_s)
         big_run = run_worker_over(kafka, big, workdir, worker_args, log=log)
+        if not keep_topics:
+            delete_prefixed_topics(kafka, big_run.topic_prefix)
         report["rss_at_scale"] = {
             "nodes": rss_nodes,
             "gpus_tracked": rss_nodes * gpus_per_node,
