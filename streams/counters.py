@@ -1,0 +1,89 @@
+"""What a stream worker did, as counters a benchmark or a test reads back (``--counters-file``).
+
+Written by both the faust event loop (stages 3, 4) and the hot stage's thread; every field but
+``deadletter`` has one writer, and that one is counted under a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+_COUNT_LOCK = threading.Lock()
+
+
+@dataclass
+class StreamCounters:
+    """What the worker did; ``samples`` are node records, ``gpu_samples`` GPU readings in them.
+
+    The ``*_wall_s`` / ``*_cpu_s`` pairs are wall time (``time.time()``) and this process's CPU
+    time (``time.process_time()``) when the hot stage finished its first and its latest batch
+    of samples, so a benchmark can take rates over exactly the processing interval.
+    ``finding_latency_ms`` holds, per finding, the wall time from the hot stage closing the
+    finding's window (the last samples partition to close it) to the broker acknowledging the
+    StragglerFinding record (the most recent 10,000).
+    """
+
+    samples: int = 0
+    gpu_samples: int = 0
+    batches: int = 0
+    windows: int = 0
+    findings: int = 0
+    recommendations: int = 0
+    late: int = 0
+    deadletter: int = 0
+    #: GPU readings no job owned at their time (no allocation known): counted, not windowed.
+    unattributed: int = 0
+    first_batch_wall_s: float | None = None
+    first_batch_cpu_s: float | None = None
+    last_batch_wall_s: float | None = None
+    last_batch_cpu_s: float | None = None
+    finding_latency_ms: list[float] = field(default_factory=list)
+    #: The latest 20,000 hot batches: [start wall s, end wall s, start CPU s, end CPU s,
+    #: node records, GPU readings], so a benchmark can take any interval of them.
+    batch_log: list[list[float]] = field(default_factory=list)
+
+    def batch_done(
+        self, node_records: int, gpu_readings: int, start_wall_s: float, start_cpu_s: float
+    ) -> None:
+        """Count one hot-path batch that began at ``start_*`` and stamp its end."""
+        now_wall, now_cpu = time.time(), time.process_time()
+        if self.first_batch_wall_s is None:
+            self.first_batch_wall_s, self.first_batch_cpu_s = now_wall, now_cpu
+        self.last_batch_wall_s, self.last_batch_cpu_s = now_wall, now_cpu
+        self.batch_log.append(
+            [start_wall_s, now_wall, start_cpu_s, now_cpu, node_records, gpu_readings]
+        )
+        if len(self.batch_log) > 20_000:
+            del self.batch_log[:1000]
+        self.samples += node_records
+        self.gpu_samples += gpu_readings
+        self.batches += 1
+
+    def latency(self, ms: float) -> None:
+        self.finding_latency_ms.append(ms)
+        if len(self.finding_latency_ms) > 10_000:
+            del self.finding_latency_ms[:1000]
+
+    def count_deadletter(self) -> None:
+        """One more record sent to the dead-letter topic (from any thread)."""
+        with _COUNT_LOCK:
+            self.deadletter += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as plain data (lists copied: the hot thread keeps appending)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["finding_latency_ms"] = list(self.finding_latency_ms)
+        out["batch_log"] = list(self.batch_log)
+        return out
+
+    def write(self, path: str) -> None:
+        """Replace ``path`` with the counters as JSON (atomically: readers never see half)."""
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(json.dumps({**self.snapshot(), "pid": os.getpid()}))
+        os.replace(tmp, path)
