@@ -56,17 +56,24 @@ from peerwatch.streams.pipeline import (
     PipelineSettings,
 )
 from peerwatch.streams.settings import DetectorSettings, PolicySettings
-from peerwatch.topics import HEALTH, JOB_EVENTS, NODE_EVENTS, SAMPLES, TopicSpec
+from peerwatch.topics import HEALTH, JOB_EVENTS, NODE_EVENTS, SAMPLES, STEP_TIMES, TopicSpec
 
 #: Pipeline stream -> topic. Order = tie-break rank at equal event time.
 INPUT_STREAMS: dict[str, TopicSpec] = {
     "job-events": JOB_EVENTS,
     "node-events": NODE_EVENTS,
     "health": HEALTH,
+    "step-times": STEP_TIMES,
     "samples": SAMPLES,
 }
 _RANK = {s: i for i, s in enumerate(INPUT_STREAMS)}
-_KEY_FIELD = {"job-events": "job_id", "node-events": "node", "health": "node", "samples": "node"}
+_KEY_FIELD = {
+    "job-events": "job_id",
+    "node-events": "node",
+    "health": "node",
+    "step-times": "job_id",
+    "samples": "node",
+}
 Record = tuple[str, str, dict[str, Any]]
 
 

@@ -176,7 +176,7 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
 
     codecs = {n: AvroCodec(n) for n in ("NodeGpuSample", "JobEvent", "NodeStateEvent",
                                         "HealthCheckResult", "GpuWindow", "StragglerFinding",
-                                        "DrainRecommendation")}  # fmt: skip
+                                        "DrainRecommendation", "StepTime")}  # fmt: skip
     counters = StreamCounters()
     app.peerwatch_counters = counters  # type: ignore[attr-defined]
 
@@ -317,13 +317,22 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                 for node in targets:
                     await findings_t.send(key=str(node).encode(), value={**f, "node": node})
 
-    @app.agent(app.topic(job_events_t.get_topic_name(), batches_t.get_topic_name(),
+    # Step times (optional, keyed by job like the job events and window batches): a GPU's
+    # window gets the mean step duration of its steps in that window before detection.
+    step_times_name = topics["StepTime"].name
+
+    @app.agent(app.topic(job_events_t.get_topic_name(), batches_t.get_topic_name(), step_times_name,
                          key_type=bytes, key_serializer="raw", value_serializer="raw"),
                name=f"{app_id}-jobs")  # fmt: skip
     async def jobs(stream: Any) -> None:
         async for event in stream.events():
             partition = event.message.partition
             try:
+                if event.message.topic == step_times_name:
+                    step = codecs["StepTime"].decode(event.value)
+                    counters.step_times += 1
+                    stage_of(str(step["job_id"])).add_step(step)
+                    continue
                 if event.message.topic == job_events_t.get_topic_name():
                     job_id = event.key.decode()
                     stage_of(job_id)

@@ -36,6 +36,8 @@ class StreamCounters:
     recommendations: int = 0
     late: int = 0
     deadletter: int = 0
+    #: StepTime records taken by stage 3.
+    step_times: int = 0
     #: GPU readings no job owned at their time (no allocation known): counted, not windowed.
     unattributed: int = 0
     first_batch_wall_s: float | None = None

@@ -10,7 +10,9 @@ the evaluation harness. Each stage is a separable object with serialisable state
 4. :class:`PolicyStage` (findings, health results, node events -> ``policy.apply``; by node).
 
 Input: ``(stream, key, value)`` records in roughly event-time order, streams ``samples``,
-``job-events``, ``node-events``, ``health`` (``step-times`` are counted and not yet used).
+``job-events``, ``node-events``, ``health`` and the optional ``step-times`` (per-rank step
+durations: a GPU's window gets the mean ``step_ms`` of its steps in that window, see
+:meth:`JobStage.add_step`; without them the step feature is simply not compared).
 Output: :class:`Output` records. Deterministic: the same input gives the same output.
 """
 
@@ -88,6 +90,9 @@ class JobStage:
         #: job -> start of the newest window released (older batches are dropped).
         self.released: dict[str, int] = {}
         self.dropped = 0
+        #: job -> window start -> (node, GPU index) -> [sum of step ms, steps] (StepTime).
+        self.steps: dict[str, dict[int, dict[tuple[str, int], list[float]]]] = {}
+        self.steps_late = 0
 
     def add(self, batch: JobWindowBatch) -> bool:
         """Hold the windows of ``batch`` (one job, one window, some nodes). A batch for a window
@@ -99,6 +104,40 @@ class JobStage:
         for w in batch.windows:
             slot[(str(w["node"]), int(w["gpu_index"]))] = w
         return True
+
+    def add_step(self, record: Mapping[str, Any]) -> bool:
+        """Hold one StepTime for the window of its ``ts_ms``; its GPU's window then gets the
+        mean ``step_ms`` of the window's steps, compared across peers like the other features.
+        False (not used) without a GPU index, or when the job already released that window."""
+        gpu, job_id = record.get("gpu_index"), str(record.get("job_id"))
+        ts, duration = record.get("ts_ms"), record.get("step_duration_ms")
+        if gpu is None or not isinstance(ts, int) or not isinstance(duration, int | float):
+            return False
+        wms = self.settings.window_ms
+        start = ts - ts % wms
+        if start <= self.released.get(job_id, -(1 << 62)):
+            self.steps_late += 1
+            return False
+        slot = self.steps.setdefault(job_id, {}).setdefault(start, {})
+        acc = slot.setdefault((str(record.get("node")), int(gpu)), [0.0, 0])
+        acc[0] += float(duration)
+        acc[1] += 1
+        return True
+
+    def _with_steps(self, job_id: str, start: int, windows: list[dict[str, Any]]) -> None:
+        starts = self.steps.get(job_id)
+        if not starts:
+            return
+        for old in [s for s in starts if s < start]:
+            del starts[old]  # windows released without their own samples
+        got = starts.pop(start, None)
+        if not starts:
+            del self.steps[job_id]
+        if got:
+            for w in windows:
+                acc = got.get((str(w["node"]), int(w["gpu_index"])))
+                if acc and acc[1]:
+                    w["step_ms"] = acc[0] / acc[1]
 
     def release(
         self, watermark_ms: int, context_of: Callable[[str], JobContext]
@@ -122,13 +161,20 @@ class JobStage:
                 if state is None:
                     state = self.states[job_id] = JobDetectorState(job_id=job_id)
                 windows = [have[k] for k in sorted(have)]
+                self._with_steps(job_id, start, windows)
                 out.append((ctx, detect_job_window(ctx, windows, state, self.settings)))
             if not starts:
                 del self.pending[job_id]
         return out
 
     def prune(self, watermark_ms: int, idle_ms: int) -> None:
-        """Forget detector states of jobs with no window for ``idle_ms`` (ended jobs)."""
+        """Forget detector states of jobs with no window for ``idle_ms`` (ended jobs), and step
+        times that no window claimed for as long."""
+        for job_id, starts in list(self.steps.items()):
+            for start in [s for s in starts if s + idle_ms < watermark_ms]:
+                del starts[start]
+            if not starts:
+                del self.steps[job_id]
         for job_id, state in list(self.states.items()):
             last = state.last_window_start_ms
             if job_id not in self.pending and last is not None and last + idle_ms < watermark_ms:
@@ -219,6 +265,7 @@ class Pipeline:
             return []
         if stream == "step-times":
             self.step_times += 1
+            self.jobs.add_step(value)
             return []
         out = self._drain()
         event_ts = value.get("ts_ms")

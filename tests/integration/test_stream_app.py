@@ -353,3 +353,49 @@ def test_two_workers_in_one_group_find_the_same(
     assert min(shares) > 0, f"one worker did all the work: {shares}"
     assert both.finding_ids == reference.finding_ids
     assert sorted(both.rec_ids) == sorted(reference.rec_ids)
+
+
+def test_step_times_reach_the_job_stage(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
+    """StepTime records (keyed by job) are joined to their GPU's window by stage 3: the live
+    GpuWindows carry the same mean step_ms as the offline pipeline computes. Step times are
+    published ahead of the samples, as training code publishes them before a window closes."""
+    now_ms = int(time.time() * 1000) - 200_000
+    doc = {
+        "fleet": {"nodes": 4, "gpus_per_node": 8, "interval_s": INTERVAL_S, "duration_s": 90,
+                  "seed": 11, "start_ms": now_ms - now_ms % (WINDOW_S * 1000),
+                  "step_times": True},
+        "jobs": [{"job_id": "3001", "gpus": 32, "first_node": 0, "warmup_s": 0,
+                  "duration_s": 7200}],
+    }  # fmt: skip
+    fleet = Fleet(parse_scenario(doc))
+    sc = Scenario(fleet, doc["fleet"]["start_ms"])
+    for tick, recs in fleet.timed_ticks():
+        sc.records += [(tick, r.stream, r.key, r.value) for r in recs]
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    ensure_topics(kafka_settings, catalogue(prefix))
+    raw = sc.raw(prefix)
+    samples_topic = prefix + SAMPLES.name
+    produce_raw(kafka_settings, [r for r in raw if r[0] != samples_topic])
+    with new_worker(kafka_settings, prefix, tmp_path, "steps", f"app-{uuid.uuid4().hex[:6]}") as w:
+        wait_stable(lambda: int(w.counters().get("step_times", 0)),
+                    lambda n: n >= sum(s == "step-times" for _, s, _, _ in sc.records), 90)  # fmt: skip
+        produce_raw(kafka_settings, [r for r in raw if r[0] == samples_topic])
+        wait_stable(lambda: int(w.counters().get("samples", 0)),
+                    lambda n: n >= sc.node_records, 90, settle_s=8)  # fmt: skip
+        live = [
+            decode_any(r.value)[1] for r in read_topic(kafka_settings, prefix + JOB_WINDOWS.name)
+        ]
+    pipeline = Pipeline(PipelineSettings(detector=DetectorSettings(window_s=WINDOW_S),
+                                         lateness_s=LATENESS_S, fan_out_job_wide=True))  # fmt: skip
+    offline = [o.value for _, s, k, v in sc.records for o in pipeline.feed(s, k, v)
+               if o.kind == "window"]  # fmt: skip
+
+    def key(w: dict[str, Any]) -> tuple[Any, ...]:
+        return (w["job_id"], w["node"], w["gpu_index"], w["window_start_ms"])
+
+    want = {key(w): w["step_ms"] for w in offline if w["job_id"] == "3001"}
+    got = {key(w): w["step_ms"] for w in live if w["job_id"] == "3001"}
+    assert want and all(v is not None for v in want.values())
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-9), k

@@ -170,3 +170,38 @@ def test_hard_error_on_an_idle_gpu_drains_the_node_without_a_job() -> None:
     assert [(r["node"], r["gpu_indices"], r["job_ids"]) for r in drains] == [("gpu00001", [4], [])]
     # Idle GPUs never get peer verdicts, so nothing else on the idle node is flagged.
     assert not [f for f in of(outs, FINDING) if f["status"] in ("SUSPECT", "CONFIRMED")]
+
+
+def test_step_times_fill_the_step_feature_and_flag_the_slow_rank() -> None:
+    doc = scenario(faults=[{"name": "sm_clock_drop", "node": 1, "gpu_index": 3, "start_s": 200,
+                            "params": {"pct": 8}}])  # fmt: skip
+    doc["fleet"]["step_times"] = True
+    outs, _ = run(doc)
+    ws = [w for w in of(outs, WINDOW) if w["job_id"] == "42" and w["gated"] is None]
+    assert ws and all(w["step_ms"] is not None for w in ws)
+    late = [w for w in ws if w["window_start_ms"] >= ws[0]["window_start_ms"] + 300_000]
+    slow = [w["step_ms"] for w in late if (w["node"], w["gpu_index"]) == ("gpu00001", 3)]
+    peers = [w["step_ms"] for w in late if (w["node"], w["gpu_index"]) != ("gpu00001", 3)]
+    assert min(slow) > 1.05 * max(peers)  # an 8% slower clock: about 8% longer steps
+    confirmed = [f for f in of(outs, FINDING) if f["status"] == "CONFIRMED"]
+    steps = [e for f in confirmed for e in f["features"] if e["feature"] == "step"]
+    assert steps and all(e["z"] > 3.5 and e["value"] > e["peer_median"] for e in steps)
+    assert {(f["node"], f["gpu_index"]) for f in confirmed} == {("gpu00001", 3)}
+
+
+def test_step_times_without_a_gpu_or_after_the_release_are_not_used() -> None:
+    stage = JobStage(DetectorSettings(window_s=30))
+    w = {"job_id": "9", "node": "n", "gpu_index": 0, "window_start_ms": 0}
+    assert not stage.add_step({"job_id": "9", "node": "n", "gpu_index": None, "ts_ms": 5,
+                               "step_duration_ms": 100.0})  # fmt: skip
+    assert stage.add_step({"job_id": "9", "node": "n", "gpu_index": 0, "ts_ms": 5,
+                           "step_duration_ms": 100.0})  # fmt: skip
+    assert stage.add_step({"job_id": "9", "node": "n", "gpu_index": 0, "ts_ms": 6,
+                           "step_duration_ms": 300.0})  # fmt: skip
+    windows = [dict(w)]
+    stage._with_steps("9", 0, windows)
+    assert windows[0]["step_ms"] == 200.0
+    stage.released["9"] = 0
+    assert not stage.add_step({"job_id": "9", "node": "n", "gpu_index": 0, "ts_ms": 7,
+                               "step_duration_ms": 1.0})  # fmt: skip
+    assert stage.steps_late == 1
