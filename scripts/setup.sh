@@ -29,9 +29,14 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 # The C decoder (schemas/_avro_native.c) needs a C compiler; without one it is skipped and the
 # codec uses its Python reader (slower, same results).
-if ! command -v cc >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
-    log "installing a C compiler for the native Avro decoder"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc >/dev/null
+native_deps=()
+command -v cc >/dev/null 2>&1 || native_deps+=(gcc)
+# Python.h: Debian's python3 keeps it in python3-dev (a python built from source has it).
+"$PYTHON" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+    || native_deps+=(python3-dev)
+if ((${#native_deps[@]})) && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    log "installing ${native_deps[*]} for the native Avro decoder"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${native_deps[@]}" >/dev/null
 fi
 stamp=.venv/.peerwatch-installed
 if [[ ! -f $stamp || pyproject.toml -nt $stamp || schemas/_avro_native.c -nt $stamp ]]; then
