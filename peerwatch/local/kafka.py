@@ -155,7 +155,7 @@ class LocalKafka:
             return
         cluster_id = _cluster_id()
         proc = subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+            self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config)),
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if proc.returncode != 0:
@@ -265,10 +265,15 @@ def metadata_ready(bootstrap: str, timeout_s: float = 2.0) -> bool:
 
 
 def _cluster_id() -> str:
-    # KRaft cluster ids are 16 random bytes in URL-safe base64 without padding (22 characters).
+    """A KRaft cluster id: 16 random bytes in URL-safe base64 without padding (22 characters).
+    Never one starting with "-" (one in 64 would): the storage tool's argument parser takes it
+    for an option, as Kafka's own ``Uuid.randomUuid`` avoids too."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _alive(pid: int) -> bool:
