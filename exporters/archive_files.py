@@ -143,10 +143,7 @@ def read_container(
             block = next(blocks)
             if compiled is not None:
                 raw = block.bytes_.getvalue()  # type: ignore[attr-defined]
-                if skip is not None and keep_nodes is not None:
-                    records = _decode_nodes(compiled, skip, raw, block.num_records, keep_nodes)
-                else:
-                    records = _decode_block(compiled, raw, block.num_records)
+                records = _decode_block(compiled, raw, block.num_records, keep_nodes, skip)
             else:
                 records = list(block)  # type: ignore[arg-type]
                 if keep_nodes is not None and _node_first(blocks.writer_schema):
@@ -197,28 +194,24 @@ def _skipper_for(writer_schema: Any, decode: Any) -> Any:
     return lambda data, pos: decode(data, pos)[1]
 
 
-def _decode_nodes(
-    decode: Any, skip: Any, data: bytes, count: int, keep: frozenset[str]
+def _decode_block(
+    decode: Any,
+    data: bytes,
+    count: int,
+    keep: frozenset[str] | None = None,
+    skip: Any = None,
 ) -> list[dict[str, Any]]:
-    """The records of one block whose leading ``node`` string is in ``keep``."""
+    """The records of one block; with ``keep`` and ``skip``, only those whose leading ``node``
+    string is in ``keep`` (the others are stepped over by ``skip``)."""
     out, pos = [], 0
     for _ in range(count):
-        n, start = _varint(data, pos)
-        if n < 0 or start + n > len(data):
-            raise ValueError("bad node length")
-        if data[start : start + n].decode() in keep:
-            record, pos = decode(data, pos)
-            out.append(record)
-        else:
-            pos = skip(data, pos)
-    if pos != len(data):
-        raise ValueError(f"{len(data) - pos} trailing bytes in a block")
-    return out
-
-
-def _decode_block(decode: Any, data: bytes, count: int) -> list[dict[str, Any]]:
-    out, pos = [], 0
-    for _ in range(count):
+        if keep is not None and skip is not None:
+            n, start = _varint(data, pos)
+            if n < 0 or start + n > len(data):
+                raise ValueError("bad node length")
+            if data[start : start + n].decode() not in keep:
+                pos = skip(data, pos)
+                continue
         record, pos = decode(data, pos)
         out.append(record)
     if pos != len(data):

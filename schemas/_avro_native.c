@@ -324,47 +324,45 @@ static int skip_value(Reader *r, PyObject *plan, int depth) {
     }
 }
 
-static PyObject *py_skip(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
+/* The (plan, buffer, offset) arguments of decode and skip: fills the view (release it) and a
+   Reader at the offset; -1 with an exception set otherwise. */
+static int open_call(PyObject *const *args, Py_ssize_t nargs, const char *usage, Py_buffer *view,
+                     Reader *r) {
     if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "skip(plan, buffer, offset)");
-        return NULL;
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
     }
     Py_ssize_t offset = PyLong_AsSsize_t(args[2]);
-    if (offset == -1 && PyErr_Occurred()) return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *result = NULL;
-    if (offset < 0 || offset > view.len) {
+    if (offset == -1 && PyErr_Occurred()) return -1;
+    if (PyObject_GetBuffer(args[1], view, PyBUF_SIMPLE) < 0) return -1;
+    if (offset < 0 || offset > view->len) {
+        PyBuffer_Release(view);
         PyErr_SetString(PyExc_ValueError, "offset outside the buffer");
-    } else {
-        Reader r = {(const unsigned char *)view.buf, view.len, offset};
-        if (skip_value(&r, args[0], 0) == 0) result = PyLong_FromSsize_t(r.pos);
+        return -1;
     }
+    r->buf = (const unsigned char *)view->buf;
+    r->len = view->len;
+    r->pos = offset;
+    return 0;
+}
+
+static PyObject *py_skip(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    Py_buffer view;
+    Reader r;
+    if (open_call(args, nargs, "skip(plan, buffer, offset)", &view, &r) < 0) return NULL;
+    PyObject *result = skip_value(&r, args[0], 0) == 0 ? PyLong_FromSsize_t(r.pos) : NULL;
     PyBuffer_Release(&view);
     return result;
 }
 
 static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "decode(plan, buffer, offset)");
-        return NULL;
-    }
-    Py_ssize_t offset = PyLong_AsSsize_t(args[2]);
-    if (offset == -1 && PyErr_Occurred()) return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *result = NULL;
-    if (offset < 0 || offset > view.len) {
-        PyErr_SetString(PyExc_ValueError, "offset outside the buffer");
-    } else {
-        Reader r = {(const unsigned char *)view.buf, view.len, offset};
-        PyObject *value = decode_value(&r, args[0], 0);
-        if (value != NULL) {
-            result = Py_BuildValue("(Nn)", value, r.pos);
-        }
-    }
+    Reader r;
+    if (open_call(args, nargs, "decode(plan, buffer, offset)", &view, &r) < 0) return NULL;
+    PyObject *value = decode_value(&r, args[0], 0);
+    PyObject *result = value != NULL ? Py_BuildValue("(Nn)", value, r.pos) : NULL;
     PyBuffer_Release(&view);
     return result;
 }

@@ -413,10 +413,9 @@ def delete_prefixed_topics(kafka: KafkaSettings, prefix: str) -> int:
 
 def publish_paced(kafka: KafkaSettings, records: Sequence[Raw], interval_s: float) -> None:
     """Publish ``records`` grouped by their timestamp's tick, one tick every ``interval_s`` of
-    wall time from now (each tick flushed, like an agent's send)."""
-    from confluent_kafka import Producer
-
-    producer = Producer(producer_config(kafka, **{"linger.ms": 5}))
+    wall time from now (each tick flushed, like an agent's send). Raises RuntimeError if a
+    record is not acked."""
+    sink = _ConfluentSink(kafka)
     ticks: dict[int, list[Raw]] = {}
     for r in records:
         ticks.setdefault(int((r[3] or 0) // (interval_s * 1000)), []).append(r)
@@ -426,8 +425,8 @@ def publish_paced(kafka: KafkaSettings, records: Sequence[Raw], interval_s: floa
         if delay > 0:
             time.sleep(delay)
         for topic, key, value, ts_ms in ticks[tick]:
-            producer.produce(topic, value, key, timestamp=ts_ms or 0)
-        producer.flush(30)
+            sink.send(topic, key, value, (), ts_ms or 0)
+        sink.flush(30)
 
 
 def run_worker_over(

@@ -183,6 +183,13 @@ def offline(sc: Scenario) -> tuple[set[str], list[str]]:
     return findings, recs
 
 
+def fresh_topics(kafka: KafkaSettings) -> str:
+    """A new topic prefix with the catalogue's topics created under it."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    ensure_topics(kafka, catalogue(prefix))
+    return prefix
+
+
 def new_worker(kafka_settings: KafkaSettings, prefix: str, tmp: Path, name: str, app: str) -> Any:
     return WorkerProcess(
         kafka_settings.bootstrap_servers, prefix, app, tmp, name=name, args=WORKER_ARGS
@@ -212,8 +219,7 @@ def main_run(
     scenario: Scenario, kafka_settings: KafkaSettings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Outcome, str]]:
     """One uninterrupted worker on: two undecodable records, the scenario, then a late sample."""
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    ensure_topics(kafka_settings, catalogue(prefix))
+    prefix = fresh_topics(kafka_settings)
     samples = prefix + SAMPLES.name
     produce_raw(kafka_settings, garbage(prefix, scenario) + scenario.raw(prefix))
     tmp = tmp_path_factory.mktemp("main")
@@ -303,8 +309,7 @@ def test_restart_after_sigkill_loses_and_duplicates_nothing(
     tmp_path: Path,
 ) -> None:
     reference, reference_prefix = main_run
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    ensure_topics(kafka_settings, catalogue(prefix))
+    prefix = fresh_topics(kafka_settings)
     app = f"app-{uuid.uuid4().hex[:6]}"
     half_ms = scenario.start_ms + 120_000
     first = scenario.raw(prefix, until_ms=half_ms)
@@ -336,8 +341,7 @@ def test_two_workers_in_one_group_find_the_same(
     tmp_path: Path,
 ) -> None:
     reference, _ = main_run
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    ensure_topics(kafka_settings, catalogue(prefix))
+    prefix = fresh_topics(kafka_settings)
     app = f"app-{uuid.uuid4().hex[:6]}"
     with (
         new_worker(kafka_settings, prefix, tmp_path, "one", app) as one,
@@ -371,8 +375,7 @@ def test_step_times_reach_the_job_stage(kafka_settings: KafkaSettings, tmp_path:
     sc = Scenario(fleet, doc["fleet"]["start_ms"])
     for tick, recs in fleet.timed_ticks():
         sc.records += [(tick, r.stream, r.key, r.value) for r in recs]
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    ensure_topics(kafka_settings, catalogue(prefix))
+    prefix = fresh_topics(kafka_settings)
     raw = sc.raw(prefix)
     samples_topic = prefix + SAMPLES.name
     produce_raw(kafka_settings, [r for r in raw if r[0] != samples_topic])
