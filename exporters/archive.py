@@ -5,7 +5,7 @@ duplicate.
 Design (append + committed lengths):
 
 * Each (topic, hour) being written is ``<root>/<topic>/<YYYY-MM-DD>T<HH>.avro.part``, an Avro
-  object container (schema embedded, logical types stripped, deflate-compressed). Records
+  object container (schema embedded, logical types stripped, zstandard-compressed). Records
   are appended as blocks; a block is only ever written whole by fastavro, but a kill can cut the
   last one short, so readers (:func:`~peerwatch.exporters.archive_files.read_file`) stop at a cut
   tail: everything before it is intact and checked by its sync marker.
@@ -44,6 +44,8 @@ from fastavro.write import Writer
 
 from peerwatch.errors import PeerwatchError
 from peerwatch.exporters.archive_files import (
+    BLOCK_BYTES,
+    DEFAULT_CODEC,
     HOUR_MS,
     hour_of,
     hour_start_ms,
@@ -55,7 +57,7 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "_archive_state.json"
 #: zstandard would need the optional ``zstandard`` package, which is not a dependency.
-CODECS = ("deflate", "null")
+CODECS = ("zstandard", "deflate", "null")
 Offsets = dict[tuple[str, int], int]
 
 
@@ -69,7 +71,7 @@ class ArchiveSettings:
     closed. ``retention_days``: closed files older than this are deleted (0 keeps everything).
     ``flush_interval_s`` / ``flush_records``: a commit happens when either is reached."""
 
-    codec: str = "deflate"
+    codec: str = DEFAULT_CODEC
     flush_interval_s: float = 5.0
     flush_records: int = 20_000
     rotate_after_s: float = 600.0
@@ -260,7 +262,13 @@ class ArchiveWriter:
         else:
             fh = path.open("wb")
             marker = hashlib.sha256(f"{topic}|{hour}".encode()).digest()[:16]
-            writer = Writer(fh, self._schemas[topic], codec=self.settings.codec, sync_marker=marker)
+            writer = Writer(
+                fh,
+                self._schemas[topic],
+                codec=self.settings.codec,
+                sync_marker=marker,
+                sync_interval=BLOCK_BYTES,
+            )
             self._dirty_dirs.add(folder)
         entry = self._open[key] = _Open(fh, writer, path, topic, hour)
         return entry

@@ -75,6 +75,8 @@ _KEY_FIELD = {
     "samples": "node",
 }
 Record = tuple[str, str, dict[str, Any]]
+#: The stream of a record that is a run of indexed samples (``replay_native``).
+SAMPLE_RUN = "sample-run"
 
 
 def live_equivalent_settings(
@@ -321,11 +323,16 @@ def replay(
     node: str | None = None,
     keep_windows: bool = False,
     progress: Progress | None = None,
+    pipeline: Pipeline | None = None,
 ) -> ReplayResult:
     """Run ``records`` (replay order) through a fresh pipeline; keep the outputs that concern
-    ``job``/``node``. Deterministic. Raises nothing for bad records (they count as invalid)."""
+    ``job``/``node``. Deterministic. Raises nothing for bad records (they count as invalid).
+
+    ``pipeline``: a fresh pipeline of ``settings`` to use; a NativePipeline takes the
+    ``(SAMPLE_RUN, "", SampleRun)`` records of :mod:`peerwatch.exporters.replay_native`
+    (raises NativeUnsupported where that path cannot take the input)."""
     result = ReplayResult()
-    pipeline = Pipeline(settings)
+    pipeline = pipeline if pipeline is not None else Pipeline(settings)
     t0 = time.perf_counter()
     last_ts = 0
 
@@ -345,6 +352,14 @@ def replay(
                 result.windows.append(out.value)
 
     for stream, key, value in records:
+        if stream == SAMPLE_RUN:
+            run: Any = value
+            result.records += run.hi - run.lo
+            result.node_records += run.hi - run.lo
+            take(pipeline.feed_samples(run))  # type: ignore[attr-defined]
+            if progress is not None:
+                progress.update(run.last_ts_ms(), result.records)
+            continue
         result.records += 1
         if stream == "samples":
             result.node_records += 1

@@ -273,7 +273,10 @@ class Pipeline:
             self._stream_ms = max(self._stream_ms, event_ts)
         try:
             if stream == "job-events":
-                self.allocations.apply_event(value)
+                try:
+                    self.allocations.apply_event(value)
+                finally:
+                    self._allocations_changed()
             elif stream in ("node-events", "health", "health-results"):
                 out += self._recommend(value, ())
         except InvalidRecordError as exc:
@@ -291,10 +294,13 @@ class Pipeline:
         if not self._batch:
             return []
         batch, self._batch = self._batch, []
-        out = [
-            Output(LATE_SAMPLE, str(s.get("node")), dict(s), self._stream_ms)
-            for s in self.aggregator.add_batch(batch)
-        ]
+        late = self.aggregator.add_batch(batch)
+        return self._after_batch(late)
+
+    def _after_batch(self, late: list[Mapping[str, Any]]) -> list[Output]:
+        """After a batch went through the aggregator: late samples out, windows closed and
+        detected, state pruned."""
+        out = [Output(LATE_SAMPLE, str(s.get("node")), dict(s), self._stream_ms) for s in late]
         if self.aggregator.max_ts_ms is not None:
             self._stream_ms = max(self._stream_ms, self.aggregator.max_ts_ms)
         watermark = self.aggregator.watermark_ms
@@ -304,9 +310,13 @@ class Pipeline:
         wms = self.aggregator.window_ms
         closed = self.aggregator.closed_until_ms or 0
         self._next_close_ms = closed + wms + self.aggregator.lateness_ms
-        self.allocations.prune(watermark)
+        if self.allocations.prune(watermark):
+            self._allocations_changed()
         self.jobs.prune(watermark, self.settings.allocation_retention_s * 1000)
         return out
+
+    def _allocations_changed(self) -> None:
+        """Hook: the allocation table changed (events applied or pruned)."""
 
     def _context(self, job_id: str) -> JobContext:
         meta = self.allocations.job(job_id)

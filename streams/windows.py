@@ -23,7 +23,7 @@ The per-reading work is a handful of dict reads and float ops on ``__slots__`` a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -298,7 +298,6 @@ class WindowAggregator:
     def _add_xids(self, node: str, ts: int, xids: Iterable[Mapping[str, Any]], closed: int) -> None:
         """An XID goes to the window of its own time, or of the carrying sample when that
         window is already closed (a hard error must never be lost to lateness)."""
-        ns = self._nodes[node]
         for x in xids:
             idx = int(x["gpu_index"])
             at = x.get("ts_ms")
@@ -314,16 +313,20 @@ class WindowAggregator:
             if owner is None:
                 self.xids_unattributed += 1
                 continue
-            bucket = ns.buckets.setdefault(at - at % self.window_ms, {})
-            acc = bucket.get(idx)
-            if acc is not None and acc.job != owner:
-                acc = bucket.get((owner, idx))
-                key: Any = (owner, idx)
-            else:
-                key = idx
-            if acc is None:
-                acc = bucket[key] = _Acc(owner, idx)
-            acc.xids.append(int(x["xid"]))
+            self._put_xid(node, at - at % self.window_ms, owner, idx, int(x["xid"]))
+
+    def _put_xid(self, node: str, start: int, owner: str, idx: int, xid: int) -> None:
+        """Append ``xid`` to the acc of (``owner``, GPU ``idx``) in ``node``'s window ``start``."""
+        bucket = self._nodes[node].buckets.setdefault(start, {})
+        acc = bucket.get(idx)
+        if acc is not None and acc.job != owner:
+            acc = bucket.get((owner, idx))
+            key: Any = (owner, idx)
+        else:
+            key = idx
+        if acc is None:
+            acc = bucket[key] = _Acc(owner, idx)
+        acc.xids.append(xid)
 
     # -- closing --------------------------------------------------------------------------------
     def close_ready(self, watermark_ms: int | None = None) -> list[JobWindowBatch]:
@@ -336,25 +339,29 @@ class WindowAggregator:
         boundary = watermark_ms - watermark_ms % self.window_ms
         if self.closed_until_ms is None or boundary > self.closed_until_ms:
             self.closed_until_ms = boundary
-        return self._emit(lambda start: start + self.window_ms <= watermark_ms)
+        return self._emit(watermark_ms)
 
     def flush(self) -> list[JobWindowBatch]:
         """Emit every open window (end of input); later samples of those windows are late."""
         if self.max_ts_ms is not None:
             end = self.max_ts_ms - self.max_ts_ms % self.window_ms + self.window_ms
             self.closed_until_ms = max(self.closed_until_ms or end, end)
-        return self._emit(lambda start: True)
+        return self._emit(None)
 
-    def _emit(self, ready: Any) -> list[JobWindowBatch]:
-        grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    def _pop(self, watermark_ms: int | None) -> Iterator[tuple[str, int, _Acc]]:
+        """Remove and yield ``(node, window start, acc)`` of every window ending at or before
+        ``watermark_ms`` (None: every open window)."""
         for node in sorted(self._nodes):
             ns = self._nodes[node]
             for start in sorted(ns.buckets):
-                if not ready(start):
-                    continue
-                for acc in ns.buckets.pop(start).values():
-                    out = self._window(acc, node, start)
-                    grouped.setdefault((start, acc.job), []).append(out)
+                if watermark_ms is None or start + self.window_ms <= watermark_ms:
+                    for acc in ns.buckets.pop(start).values():
+                        yield node, start, acc
+
+    def _emit(self, watermark_ms: int | None) -> list[JobWindowBatch]:
+        grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        for node, start, acc in self._pop(watermark_ms):
+            grouped.setdefault((start, acc.job), []).append(self._window(acc, node, start))
         wms = self.window_ms
         return [
             JobWindowBatch(

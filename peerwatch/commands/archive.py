@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
                    help="close an hour's file this long after the hour ended (event time)")  # fmt: skip
     p.add_argument("--retention-days", type=float, default=0.0,
                    help="delete closed files older than this (0 = keep)")  # fmt: skip
-    p.add_argument("--codec", default="deflate", choices=["deflate", "null"])
+    p.add_argument("--codec", default="zstandard", choices=["zstandard", "deflate", "null"])
     p.set_defaults(func=run)
 
 

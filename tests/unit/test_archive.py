@@ -71,7 +71,7 @@ def test_file_embeds_schema_and_is_compressed(tmp_path: Path) -> None:
     w.close()
     with (tmp_path / TOPIC / "2026-01-01T00.avro.part").open("rb") as fh:
         reader = fastavro.reader(fh)
-        assert reader.metadata["avro.codec"] == "deflate"
+        assert reader.metadata["avro.codec"] == "zstandard"
         assert reader.writer_schema["name"].endswith("NodeStateEvent")  # type: ignore[index]
 
 

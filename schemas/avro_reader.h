@@ -1,0 +1,179 @@
+/*
+ * Avro binary reading shared by the C modules (schemas/_avro_native.c, streams/_replay_native.c):
+ * a bounds-checked reader over a buffer, zig-zag varints, block counts, and stepping over one
+ * value of a *plan* (see peerwatch.schemas.native) without building it. Static functions: each
+ * module that includes this gets its own copy.
+ */
+#ifndef PEERWATCH_AVRO_READER_H
+#define PEERWATCH_AVRO_READER_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+enum {
+    K_NULL = 0, K_BOOL = 1, K_LONG = 2, K_FLOAT = 3, K_DOUBLE = 4, K_STRING = 5, K_BYTES = 6,
+    K_ENUM = 7, K_ARRAY = 8, K_MAP = 9, K_UNION = 10, K_RECORD = 11
+};
+
+#define MAX_DEPTH 64
+
+typedef struct {
+    const unsigned char *buf;
+    Py_ssize_t len;
+    Py_ssize_t pos;
+} Reader;
+
+static int bad(const char *what) {
+    PyErr_SetString(PyExc_ValueError, what);
+    return -1;
+}
+
+/* Zig-zag varint of at most 64 bits; -1 with ValueError on truncation or overflow. */
+static inline int read_long(Reader *r, int64_t *out) {
+    uint64_t acc = 0;
+    if (r->len - r->pos >= 10) { /* fast path: no bounds check per byte */
+        const unsigned char *p = r->buf + r->pos;
+        for (int i = 0; i < 9; i++) {
+            unsigned char b = p[i];
+            acc |= (uint64_t)(b & 0x7F) << (7 * i);
+            if (b < 0x80) {
+                r->pos += i + 1;
+                *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
+                return 0;
+            }
+        }
+        if (p[9] > 1) return bad("varint does not fit 64 bits");
+        acc |= (uint64_t)p[9] << 63;
+        r->pos += 10;
+        *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
+        return 0;
+    }
+    int shift = 0;
+    while (1) {
+        if (r->pos >= r->len) return bad("truncated varint");
+        unsigned char b = r->buf[r->pos++];
+        if (shift == 63 && b > 1) return bad("varint does not fit 64 bits");
+        acc |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80) break;
+        shift += 7;
+        if (shift > 63) return bad("varint longer than 10 bytes");
+    }
+    *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
+    return 0;
+}
+
+static int read_length(Reader *r, Py_ssize_t *out) {
+    int64_t n;
+    if (read_long(r, &n) < 0) return -1;
+    if (n < 0 || n > (int64_t)(r->len - r->pos)) return bad("bad length");
+    *out = (Py_ssize_t)n;
+    return 0;
+}
+
+static int plan_parts(PyObject *plan, long *kind, PyObject **a, PyObject **b) {
+    if (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != 3) {
+        PyErr_SetString(PyExc_TypeError, "plan nodes are (kind, a, b) tuples");
+        return -1;
+    }
+    *kind = PyLong_AsLong(PyTuple_GET_ITEM(plan, 0));
+    if (*kind == -1 && PyErr_Occurred()) return -1;
+    *a = PyTuple_GET_ITEM(plan, 1);
+    *b = PyTuple_GET_ITEM(plan, 2);
+    return 0;
+}
+
+/* Block-encoded arrays and maps: returns the next block's item count (0 ends), -1 on error. */
+static Py_ssize_t next_block(Reader *r) {
+    int64_t n;
+    if (read_long(r, &n) < 0) return -1;
+    if (n < 0) {
+        int64_t size;
+        if (n == INT64_MIN) return bad("bad block count");
+        n = -n;
+        if (read_long(r, &size) < 0) return -1;
+    }
+    /* Items of our schemas take at least one byte each: a count beyond the bytes left is bad
+       (and never makes us allocate for it). */
+    if (n > (int64_t)(r->len - r->pos)) return bad("block count beyond the buffer");
+    return (Py_ssize_t)n;
+}
+
+/* Step over one value without building it (bounds and branches checked, UTF-8 not): 0 or -1. */
+static int skip_value(Reader *r, PyObject *plan, int depth) {
+    long kind;
+    PyObject *a, *b;
+    if (depth > MAX_DEPTH) return bad("plan nested too deeply");
+    if (plan_parts(plan, &kind, &a, &b) < 0) return -1;
+    switch (kind) {
+    case K_NULL:
+        return 0;
+    case K_BOOL:
+        if (r->pos >= r->len) return bad("truncated boolean");
+        if (r->buf[r->pos] > 1) return bad("bad boolean");
+        r->pos++;
+        return 0;
+    case K_LONG:
+    case K_ENUM: {
+        int64_t v;
+        return read_long(r, &v);
+    }
+    case K_FLOAT:
+    case K_DOUBLE: {
+        Py_ssize_t n = kind == K_FLOAT ? 4 : 8;
+        if (r->len - r->pos < n) return bad("truncated float");
+        r->pos += n;
+        return 0;
+    }
+    case K_STRING:
+    case K_BYTES: {
+        Py_ssize_t len;
+        if (read_length(r, &len) < 0) return -1;
+        r->pos += len;
+        return 0;
+    }
+    case K_ARRAY:
+    case K_MAP:
+        while (1) {
+            Py_ssize_t n = next_block(r);
+            if (n < 0) return -1;
+            if (n == 0) return 0;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (kind == K_MAP) {
+                    Py_ssize_t len;
+                    if (read_length(r, &len) < 0) return -1;
+                    r->pos += len;
+                }
+                if (skip_value(r, a, depth + 1) < 0) return -1;
+            }
+        }
+    case K_UNION: {
+        if (!PyTuple_Check(a)) {
+            PyErr_SetString(PyExc_TypeError, "union plan: branches tuple");
+            return -1;
+        }
+        if (r->pos >= r->len) return bad("truncated union branch");
+        unsigned char c = r->buf[r->pos++];
+        if (c >= 0x80) return bad("bad union branch");
+        int64_t i = (int64_t)(c >> 1) ^ -(int64_t)(c & 1);
+        if (i < 0 || i >= PyTuple_GET_SIZE(a)) return bad("bad union branch");
+        return skip_value(r, PyTuple_GET_ITEM(a, (Py_ssize_t)i), depth + 1);
+    }
+    case K_RECORD: {
+        if (!PyTuple_Check(b)) {
+            PyErr_SetString(PyExc_TypeError, "record plan: plans tuple");
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(b); i++) {
+            if (skip_value(r, PyTuple_GET_ITEM(b, i), depth + 1) < 0) return -1;
+        }
+        return 0;
+    }
+    default:
+        PyErr_Format(PyExc_TypeError, "unknown plan kind %ld", kind);
+        return -1;
+    }
+}
+
+#endif
