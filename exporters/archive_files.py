@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import importlib
+import io
 import logging
 import re
+import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -328,6 +331,52 @@ def block_spans(data: bytes) -> tuple[int, list[tuple[int, int]]]:
         spans.append((pos, end))
         pos = end
     return header_end, spans
+
+
+def _inflater(codec: str) -> Any:
+    if codec == "null":
+        return bytes
+    if codec == "deflate":
+        return lambda data: zlib.decompress(data, -15)
+    if codec == "zstandard":
+        try:  # the standard library from Python 3.14, else the backport (a dependency)
+            zstd = importlib.import_module("compression.zstd")
+        except ImportError:
+            zstd = importlib.import_module("backports.zstd")
+        return zstd.decompress
+    return None
+
+
+def raw_blocks(path: Path) -> tuple[Any, Iterator[tuple[int, bytes]]]:
+    """The writer schema of a container file and its blocks, ``(record count, decompressed
+    bytes)``, undecoded (the null, deflate and zstandard codecs). The iterator ends at a cut or
+    corrupt tail with a warning, as :func:`read_container` does. Raises ValueError for a file
+    that is not a container or has another codec (read it with :func:`read_file`)."""
+    data = Path(path).read_bytes()
+    header_end, spans = block_spans(data)
+    try:
+        header = fastavro.block_reader(io.BytesIO(data[:header_end]))
+    except Exception as exc:
+        raise ValueError(f"{path}: unreadable header ({exc})") from exc
+    inflate = _inflater(str(header.codec))
+    if inflate is None:
+        raise ValueError(f"{path}: codec {header.codec!r}")
+
+    def blocks() -> Iterator[tuple[int, bytes]]:
+        for start, _end in spans:
+            count, pos = _varint(data, start)
+            size, pos = _varint(data, pos)
+            try:
+                payload = inflate(data[pos : pos + size])
+            except Exception as exc:
+                log.warning("%s: corrupt block, rest ignored (%s: %s)", path,
+                            type(exc).__name__, exc)  # fmt: skip
+                return
+            yield count, payload
+        if (spans[-1][1] if spans else header_end) < len(data):
+            log.warning("%s: truncated tail ignored", path)
+
+    return header.writer_schema, blocks()
 
 
 def split_file(path: Path, max_bytes: int) -> list[bytes]:

@@ -315,6 +315,30 @@ class ReplayResult:
         }  # fmt: skip
 
 
+def collect(
+    result: ReplayResult,
+    outputs: Iterable[Output],
+    job: str | None = None,
+    node: str | None = None,
+    keep_windows: bool = False,
+) -> None:
+    """Add ``outputs`` to ``result``: counted (late, invalid) or kept (concerning ``job`` and
+    ``node``; windows only when asked)."""
+    for out in outputs:
+        if out.kind == LATE_SAMPLE:
+            result.late += 1
+        elif out.kind == INVALID:
+            result.invalid += 1
+        elif not keep_output(out, job, node):
+            continue
+        elif out.kind == FINDING:
+            result.findings.append(out.value)
+        elif out.kind == RECOMMENDATION:
+            result.recommendations.append(out.value)
+        elif out.kind == WINDOW and keep_windows:
+            result.windows.append(out.value)
+
+
 def replay(
     records: Iterable[Record],
     settings: PipelineSettings,
@@ -337,19 +361,7 @@ def replay(
     last_ts = 0
 
     def take(outputs: Iterable[Output]) -> None:
-        for out in outputs:
-            if out.kind == LATE_SAMPLE:
-                result.late += 1
-            elif out.kind == INVALID:
-                result.invalid += 1
-            elif not keep_output(out, job, node):
-                continue
-            elif out.kind == FINDING:
-                result.findings.append(out.value)
-            elif out.kind == RECOMMENDATION:
-                result.recommendations.append(out.value)
-            elif out.kind == WINDOW and keep_windows:
-                result.windows.append(out.value)
+        collect(result, outputs, job, node, keep_windows)
 
     for stream, key, value in records:
         if stream == SAMPLE_RUN:

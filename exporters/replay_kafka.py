@@ -10,15 +10,16 @@ Memory: the whole range is held to be sorted (an incident-sized range, not a mon
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from peerwatch.errors import CodecError
+from peerwatch.exporters.archive_files import record_time_ms
 from peerwatch.exporters.replay import INPUT_STREAMS, Record, TimeRange, bulk_load, sort_records
 from peerwatch.schemas.codec import AvroCodec
 
 
-@bulk_load()  # decoded records pile up: the cyclic collector is held off (see bulk_load)
-def kafka_records(
+def range_messages(
     kafka_settings: Any,
     span: TimeRange,
     topic_prefix: str = "",
@@ -26,11 +27,9 @@ def kafka_records(
     slack_ms: int = 300_000,
     timeout_s: float = 30.0,
     streams: tuple[str, ...] | None = None,
-    keep_nodes: frozenset[str] | None = None,
-) -> tuple[list[Record], int]:
-    """The input records of ``span`` in replay order, and how many messages could not be
-    decoded (skipped). ``streams`` limits the input streams read; ``keep_nodes`` skips, by
-    message key and undecoded, the samples of other nodes (see ``replay.scope_nodes``). Raises
+) -> Iterator[tuple[str, Any]]:
+    """``(stream, message)`` of every message of the input topics in ``span`` (job events from
+    the lookback), partition by partition as they come. Raises
     confluent_kafka.KafkaException when the cluster does not answer."""
     from confluent_kafka import Consumer, TopicPartition
 
@@ -40,20 +39,15 @@ def kafka_records(
         consumer_config(kafka_settings, f"peerwatch-replay-{uuid.uuid4().hex[:8]}",
                         **{"enable.partition.eof": True})
     )  # fmt: skip
-    pairs: list[tuple[str, dict[str, Any]]] = []
-    bad = 0
     try:
         stream_of: dict[str, str] = {}
-        codecs: dict[str, AvroCodec] = {}
         wanted: list[Any] = []
         ends: dict[tuple[str, int], int] = {}
-        keep_keys = None if keep_nodes is None else {n.encode() for n in keep_nodes}
         for stream, spec in INPUT_STREAMS.items():
             if streams is not None and stream not in streams:
                 continue
             topic = topic_prefix + spec.name
             stream_of[topic] = stream
-            codecs[topic] = AvroCodec(str(spec.value_schema))
             meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
             start = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
             for p in sorted(meta.partitions):
@@ -86,20 +80,37 @@ def kafka_records(
                     or msg.timestamp()[1] > span.to_ms + slack_ms
                 ):
                     open_parts.discard(where)
-                if (
-                    keep_keys is not None
-                    and msg.key() not in keep_keys
-                    and stream_of[where[0]] == "samples"
-                ):
-                    continue
-                try:
-                    value = codecs[where[0]].decode(msg.value() or b"")
-                except CodecError:
-                    bad += 1
-                    continue
-                pairs.append((stream_of[where[0]], value))
-        from peerwatch.exporters.archive_files import record_time_ms
-
-        return sort_records((s, v) for s, v in pairs if span.admits(s, record_time_ms(v))), bad
+                yield stream_of[where[0]], msg
     finally:
         consumer.close()
+
+
+@bulk_load()  # decoded records pile up: the cyclic collector is held off (see bulk_load)
+def kafka_records(
+    kafka_settings: Any,
+    span: TimeRange,
+    topic_prefix: str = "",
+    *,
+    slack_ms: int = 300_000,
+    timeout_s: float = 30.0,
+    streams: tuple[str, ...] | None = None,
+    keep_nodes: frozenset[str] | None = None,
+) -> tuple[list[Record], int]:
+    """The input records of ``span`` in replay order, and how many messages could not be
+    decoded (skipped). ``streams`` limits the input streams read; ``keep_nodes`` skips, by
+    message key and undecoded, the samples of other nodes (see ``replay.scope_nodes``). Raises
+    confluent_kafka.KafkaException when the cluster does not answer."""
+    codecs = {stream: AvroCodec(str(spec.value_schema)) for stream, spec in INPUT_STREAMS.items()}
+    keep_keys = None if keep_nodes is None else {n.encode() for n in keep_nodes}
+    pairs: list[tuple[str, dict[str, Any]]] = []
+    bad = 0
+    for stream, msg in range_messages(
+        kafka_settings, span, topic_prefix, slack_ms=slack_ms, timeout_s=timeout_s, streams=streams
+    ):
+        if keep_keys is not None and stream == "samples" and msg.key() not in keep_keys:
+            continue
+        try:
+            pairs.append((stream, codecs[stream].decode(msg.value() or b"")))
+        except CodecError:
+            bad += 1
+    return sort_records((s, v) for s, v in pairs if span.admits(s, record_time_ms(v))), bad

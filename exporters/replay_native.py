@@ -9,28 +9,39 @@ A record of another stream at time T comes before the samples of T, as in ``sort
 Damaged files are handled as ``read_container`` handles them (a bad block ends its file with a
 warning). Sample files written with another schema version raise ``NativeUnsupported``: the
 caller replays through the Python path, which resolves versions.
+
+:func:`replay_split` runs that input on two cores (stage 2 here, stages 3 and 4 in a forked
+process); the result is the one of a one-process replay.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import multiprocessing
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import fastavro
 from fastavro.schema import to_parsing_canonical_form
 
-from peerwatch.exporters.archive_files import archive_files, record_time_ms
+from peerwatch.exporters.archive_files import archive_files, raw_blocks, record_time_ms
 from peerwatch.exporters.replay import (
     INPUT_STREAMS,
     SAMPLE_RUN,
+    Progress,
     Record,
+    ReplayResult,
     TimeRange,
     _admitted,
     _decode_task,
+    collect,
+    replay,
+    sort_records,
 )
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
+from peerwatch.streams.pipeline import PipelineSettings
+from peerwatch.streams.pipeline_split import BackPipeline, FrontPipeline
 from peerwatch.streams.windows_native import NativeUnsupported, SampleRun, new_index, sort_index
 
 log = logging.getLogger(__name__)
@@ -50,26 +61,21 @@ def index_samples(
     current = _canonical(wire)
     index = new_index(wire)
     for path in paths:
-        with path.open("rb") as fh:
+        try:
+            writer_schema, blocks = raw_blocks(path)
+        except ValueError as exc:  # a header cut short (nothing durable yet), or another codec
+            if "codec" in str(exc):
+                raise NativeUnsupported(str(exc)) from exc
+            log.warning("%s: unreadable header (%s), skipped", path, exc)
+            continue
+        if _canonical(writer_schema) != current:
+            raise NativeUnsupported(f"{path}: written with another NodeGpuSample version")
+        for count, data in blocks:
             try:
-                blocks = fastavro.block_reader(fh)
-            except Exception as exc:  # a header cut short: nothing durable in this file yet
-                log.warning("%s: unreadable header (%s), skipped", path, exc)
-                continue
-            if _canonical(blocks.writer_schema) != current:
-                raise NativeUnsupported(f"{path}: written with another NodeGpuSample version")
-            while True:
-                try:
-                    block = next(blocks)
-                    data = block.bytes_.getvalue()  # type: ignore[attr-defined]
-                    index.add_block(data, block.num_records, span.from_ms, span.to_ms,
-                                    node_ids, keep_nodes)  # fmt: skip
-                except StopIteration:
-                    break
-                except Exception as exc:  # as read_container: the writer died here
-                    log.warning("%s: truncated tail ignored (%s: %s)", path,
-                                type(exc).__name__, exc)  # fmt: skip
-                    break
+                index.add_block(data, count, span.from_ms, span.to_ms, node_ids, keep_nodes)
+            except ValueError as exc:  # as read_container: the writer died here
+                log.warning("%s: truncated tail ignored (%s)", path, exc)
+                break
     sort_index(index, node_ids)
     return index
 
@@ -95,12 +101,152 @@ def native_archive_records(
         others = _admitted(decoded, span)
         del decoded
         index = index_samples([p for s, p in files if s == "samples"], span, node_ids, keep_nodes)
-        pos = 0
-        for record in others:
-            cut = index.bisect(record_time_ms(record[2]))
-            if cut > pos:
-                yield SAMPLE_RUN, "", SampleRun(index, pos, cut)  # type: ignore[misc]
-                pos = cut
-            yield record
-        if pos < len(index):
-            yield SAMPLE_RUN, "", SampleRun(index, pos, len(index))  # type: ignore[misc]
+        yield from merge_runs(others, index)
+
+
+def merge_runs(others: Iterable[Record], index: Any) -> Iterator[Record]:
+    """The records of the other streams (in replay order) with the samples of a sorted index
+    between them as SampleRuns: a record at time T before the samples of T."""
+    pos = 0
+    for record in others:
+        cut = index.bisect(record_time_ms(record[2]))
+        if cut > pos:
+            yield SAMPLE_RUN, "", SampleRun(index, pos, cut)  # type: ignore[misc]
+            pos = cut
+        yield record
+    if pos < len(index):
+        yield SAMPLE_RUN, "", SampleRun(index, pos, len(index))  # type: ignore[misc]
+
+
+def kafka_native_records(
+    kafka_settings: Any,
+    span: TimeRange,
+    node_ids: dict[str, int],
+    topic_prefix: str = "",
+    keep_nodes: frozenset[str] | None = None,
+    block_bytes: int = 1 << 20,
+) -> tuple[list[Record], int]:
+    """:func:`~peerwatch.exporters.replay_kafka.kafka_records` for the native path: the other
+    streams decoded, the samples' bodies indexed undecoded (gathered into blocks of about
+    ``block_bytes``), merged into SampleRuns; and how many messages were undecodable (skipped,
+    one by one, as the Python path skips them). Raises NativeUnsupported for a sample written
+    with another schema version."""
+    from peerwatch.errors import CodecError
+    from peerwatch.exporters.replay_kafka import range_messages
+    from peerwatch.schemas.codec import AvroCodec, split_header
+
+    codecs = {stream: AvroCodec(str(spec.value_schema)) for stream, spec in INPUT_STREAMS.items()}
+    samples = codecs["samples"]
+    index = new_index(strip_logical_types(raw_schema("NodeGpuSample")))
+    keep_keys = None if keep_nodes is None else {n.encode() for n in keep_nodes}
+    pairs: list[tuple[str, dict[str, Any]]] = []
+    block: list[Any] = []
+    size = bad = 0
+
+    def add(bodies: list[Any]) -> int:
+        """Index ``bodies``; the undecodable ones are skipped one by one: their count."""
+        try:
+            index.add_block(b"".join(bodies), len(bodies), span.from_ms, span.to_ms,
+                            node_ids, keep_nodes)  # fmt: skip
+            return 0
+        except ValueError:
+            if len(bodies) == 1:
+                return 1
+            return sum(add([body]) for body in bodies)
+
+    for stream, msg in range_messages(kafka_settings, span, topic_prefix):
+        value = msg.value() or b""
+        if stream != "samples":
+            try:
+                pairs.append((stream, codecs[stream].decode(value)))
+            except CodecError:
+                bad += 1
+            continue
+        if keep_keys is not None and msg.key() not in keep_keys:
+            continue
+        body = samples.current_body(value)
+        if body is None:
+            try:
+                known = split_header(value) in samples.known_fingerprints
+            except CodecError:
+                known = False
+            if known:
+                raise NativeUnsupported("a sample written with another schema version")
+            bad += 1
+            continue
+        block.append(body)
+        size += len(body)
+        if size >= block_bytes:
+            bad += add(block)
+            block, size = [], 0
+    if block:
+        bad += add(block)
+    sort_index(index, node_ids)
+    others = sort_records((s, v) for s, v in pairs if span.admits(s, record_time_ms(v)))
+    return list(merge_runs(others, index)), bad
+
+
+def replay_split(
+    records: Iterable[Record],
+    settings: PipelineSettings,
+    node_ids: dict[str, int],
+    *,
+    job: str | None = None,
+    node: str | None = None,
+    keep_windows: bool = False,
+    progress: Progress | None = None,
+) -> ReplayResult:
+    """:func:`~peerwatch.exporters.replay.replay` on two cores: stage 2 here, stages 3 and 4
+    in a forked process (:mod:`peerwatch.streams.pipeline_split`); the same result. Raises
+    NativeUnsupported as the native path does (the second process is stopped first)."""
+    t0 = time.perf_counter()
+    ctx = multiprocessing.get_context("fork")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(
+        target=_stages_main,
+        args=(there, settings, job, node, keep_windows),
+        name="peerwatch-replay-stages",
+        daemon=True,
+    )
+    proc.start()
+    there.close()
+    done = False
+    try:
+        front = FrontPipeline(settings, node_ids, here.send)
+        result = replay(records, settings, job=job, node=node, keep_windows=keep_windows,
+                        progress=progress, pipeline=front)  # fmt: skip
+        try:
+            back: ReplayResult = here.recv()
+        except (EOFError, OSError) as exc:
+            raise RuntimeError(
+                f"the replay's stages process ended early (exit code {proc.exitcode})"
+            ) from exc
+        done = True
+    finally:
+        if not done:
+            proc.kill()
+        proc.join()
+        here.close()
+    result.findings, result.recommendations = back.findings, back.recommendations
+    result.windows, result.late, result.invalid = back.windows, back.late, back.invalid
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+def _stages_main(
+    conn: Any, settings: PipelineSettings, job: str | None, node: str | None, keep_windows: bool
+) -> None:
+    """The second process of :func:`replay_split`: every message through a BackPipeline, the
+    kept outputs sent back at the end."""
+    back = BackPipeline(settings)
+    result = ReplayResult()
+    try:
+        while True:
+            message = conn.recv()
+            collect(result, back.handle(message), job, node, keep_windows)
+            if message[0] == "finish":
+                break
+    except EOFError:  # the reading process stopped (an error there, reported there)
+        return
+    conn.send(result)
+    conn.close()

@@ -180,6 +180,13 @@ class AvroCodec:
                 pass
         return write_message(self._header, self._schema, record, self.schema_name)
 
+    def current_body(self, data: Bytes) -> Bytes | None:
+        """The Avro body of a message written with the current schema (header stripped),
+        None for a message of another version or that is not single-object encoded."""
+        if len(data) < HEADER_LEN or data[:HEADER_LEN] != self._header:
+            return None
+        return data[HEADER_LEN:]
+
     def decode(self, data: Bytes) -> dict[str, Any]:
         """Decode one message written with the current or any released version of the schema.
 

@@ -149,6 +149,175 @@ static inline int read_field(Reader *r, const Field *fd, Val *v) {
     return bad("bad field kind");
 }
 
+/* Step over a varint with read_long's checks, without computing it. */
+static inline int skip_long(Reader *r) {
+    Py_ssize_t left = r->len - r->pos;
+    Py_ssize_t n = left < 10 ? left : 10;
+    const unsigned char *p = r->buf + r->pos;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i] < 0x80) {
+            if (i == 9 && p[i] > 1) break;
+            r->pos += i + 1;
+            return 0;
+        }
+    }
+    return bad(n < 10 ? "truncated varint" : "varint does not fit 64 bits");
+}
+
+/* Step over a field's value with read_field's checks (enum range, booleans, bounds). */
+static inline int skip_field(Reader *r, const Field *fd) {
+    if (fd->kind == P_SKIP) return skip_value(r, fd->plan, 1);
+    if (fd->null_branch >= 0) {
+        if (r->pos >= r->len) return bad("truncated union branch");
+        unsigned char c = r->buf[r->pos++];
+        if (c > 2 || c == 1) return bad("bad union branch"); /* zig-zag 0 or 1 */
+        if ((c >> 1) == fd->null_branch) return 0;
+    }
+    switch (fd->kind) {
+    case P_LONG:
+        return skip_long(r);
+    case P_ENUM: {
+        int64_t i;
+        if (read_long(r, &i) < 0) return -1;
+        if (i < 0 || i >= fd->nsym) return bad("enum index out of range");
+        return 0;
+    }
+    case P_BOOL:
+        if (r->pos >= r->len) return bad("truncated boolean");
+        if (r->buf[r->pos] > 1) return bad("bad boolean");
+        r->pos++;
+        return 0;
+    case P_FLOAT:
+    case P_DOUBLE: {
+        Py_ssize_t size = fd->kind == P_FLOAT ? 4 : 8;
+        if (r->len - r->pos < size) return bad("truncated float");
+        r->pos += size;
+        return 0;
+    }
+    case P_STRING: {
+        Py_ssize_t len;
+        if (read_length(r, &len) < 0) return -1;
+        r->pos += len;
+        return 0;
+    }
+    }
+    return bad("bad field kind");
+}
+
+/* A zig-zag varint at buf[*pos] with read_long's checks; NULL, or what is wrong. */
+static inline const char *varint_at(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t len,
+                                    int64_t *out) {
+    Py_ssize_t p = *pos, lim = len - p < 10 ? len - p : 10;
+    uint64_t acc = 0;
+    for (int k = 0;; k++) {
+        if (k >= lim) return lim < 10 ? "truncated varint" : "varint does not fit 64 bits";
+        unsigned char b = buf[p + k];
+        if (k == 9 && b > 1) return "varint does not fit 64 bits";
+        acc |= (uint64_t)(b & 0x7F) << (7 * k);
+        if (b < 0x80) {
+            *pos = p + k + 1;
+            *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
+            return NULL;
+        }
+    }
+}
+
+/* One record of `item` at r: the values of role fields into vals (vals NULL: all stepped
+   over). The checks of read_field/skip_field, with the position kept in a local (r is written
+   back once): this loop is most of a replay's reading. */
+static int record_fields(Reader *r, const Program *item, Val *vals) {
+    const unsigned char *buf = r->buf;
+    Py_ssize_t pos = r->pos, len = r->len;
+    const char *err = NULL;
+    for (Py_ssize_t i = 0; i < item->n; i++) {
+        const Field *fd = &item->f[i];
+        Val *v = vals != NULL && fd->role ? &vals[fd->role] : NULL;
+        if (fd->kind == P_SKIP) {
+            r->pos = pos;
+            if (skip_value(r, fd->plan, 1) < 0) return -1;
+            pos = r->pos;
+            if (v != NULL) v->present = 0;
+            continue;
+        }
+        if (fd->null_branch >= 0) {
+            if (pos >= len) {
+                err = "truncated union branch";
+                break;
+            }
+            unsigned char c = buf[pos++];
+            if (c > 2 || c == 1) { /* zig-zag branch 0 or 1 */
+                err = "bad union branch";
+                break;
+            }
+            if ((c >> 1) == fd->null_branch) {
+                if (v != NULL) v->present = 0;
+                continue;
+            }
+        }
+        int64_t n = 0;
+        switch (fd->kind) {
+        case P_LONG:
+        case P_ENUM:
+            if ((err = varint_at(buf, &pos, len, &n)) != NULL) break;
+            if (fd->kind == P_ENUM && (n < 0 || n >= fd->nsym)) {
+                err = "enum index out of range";
+                break;
+            }
+            if (v != NULL) {
+                v->present = 1;
+                v->is_float = 0;
+                v->i = n;
+            }
+            break;
+        case P_BOOL:
+            if (pos >= len) err = "truncated boolean";
+            else if (buf[pos] > 1) err = "bad boolean";
+            else if (v != NULL) {
+                v->present = 1;
+                v->is_float = 0;
+                v->i = buf[pos];
+            }
+            pos++;
+            break;
+        case P_FLOAT:
+        case P_DOUBLE: {
+            Py_ssize_t size = fd->kind == P_FLOAT ? 4 : 8;
+            if (len - pos < size) {
+                err = "truncated float";
+                break;
+            }
+            if (v != NULL) {
+                const char *at = (const char *)buf + pos;
+                v->f = size == 4 ? PyFloat_Unpack4(at, 1) : PyFloat_Unpack8(at, 1);
+                if (v->f == -1.0 && PyErr_Occurred()) return -1;
+                v->present = 1;
+                v->is_float = 1;
+            }
+            pos += size;
+            break;
+        }
+        case P_STRING:
+            if ((err = varint_at(buf, &pos, len, &n)) != NULL) break;
+            if (n < 0 || n > len - pos) {
+                err = "bad length";
+                break;
+            }
+            if (v != NULL) {
+                v->present = 1;
+                v->off = pos;
+                v->len = (Py_ssize_t)n;
+            }
+            pos += (Py_ssize_t)n;
+            break;
+        default:
+            err = "bad field kind";
+        }
+        if (err != NULL) break;
+    }
+    r->pos = pos;
+    return err != NULL ? bad(err) : 0;
+}
+
 /* Items of an array of records read with `item` (each item's values go to vals, then to visit
    when given); returns the item count or -1. */
 typedef int (*visit_fn)(void *ctx, Val *vals);
@@ -156,19 +325,19 @@ typedef int (*visit_fn)(void *ctx, Val *vals);
 static Py_ssize_t read_array(Reader *r, const Program *item, Val *vals, Py_ssize_t nvals,
                              visit_fn visit, void *ctx) {
     Py_ssize_t total = 0;
-    Val scratch;
     while (1) {
         Py_ssize_t n = next_block(r);
         if (n < 0) return -1;
         if (n == 0) return total;
         for (Py_ssize_t k = 0; k < n; k++) {
-            for (Py_ssize_t j = 0; j < nvals; j++) vals[j].present = 0;
-            for (Py_ssize_t i = 0; i < item->n; i++) {
-                const Field *fd = &item->f[i];
-                Val *v = fd->role ? &vals[fd->role] : &scratch;
-                if (read_field(r, fd, v) < 0) return -1;
+            if (visit == NULL) { /* only stepping over */
+                if (record_fields(r, item, NULL) < 0) return -1;
+                total++;
+                continue;
             }
-            if (visit != NULL && visit(ctx, vals) < 0) return -1;
+            for (Py_ssize_t j = 0; j < nvals; j++) vals[j].present = 0;
+            if (record_fields(r, item, vals) < 0) return -1;
+            if (visit(ctx, vals) < 0) return -1;
             total++;
         }
     }
@@ -200,7 +369,7 @@ static PyTypeObject SampleIndexType;
 
 /* Steps over one sample at r (validating it); fills node (new reference) and ts. */
 static int scan_sample(SampleIndex *ix, Reader *r, PyObject **node, int64_t *ts) {
-    Val v, gv[G_ROLES];
+    Val v = {0}, gv[G_ROLES];
     int have_ts = 0;
     *node = NULL;
     for (Py_ssize_t i = 0; i < ix->top.n; i++) {
@@ -210,6 +379,8 @@ static int scan_sample(SampleIndex *ix, Reader *r, PyObject **node, int64_t *ts)
         } else if (fd->role == S_XIDS) {
             Val xv[1];
             if (read_array(r, &ix->xid, xv, 0, NULL, NULL) < 0) goto fail;
+        } else if (fd->role == S_NONE) {
+            if (skip_field(r, fd) < 0) goto fail;
         } else {
             if (read_field(r, fd, &v) < 0) goto fail;
             if (fd->role == S_NODE && v.present) {
@@ -838,7 +1009,7 @@ static int add_sample(Windows *self, SampleIndex *ix, Entry *e, Py_ssize_t *xids
     Py_ssize_t bi = bucket_of(ns, ts - floor_mod(ts, self->window_ms));
     if (bi < 0) return -1;
     GpuCtx ctx = {self, ix, ns, &ns->b[bi], r.buf, ts};
-    Val v, gv[G_ROLES];
+    Val gv[G_ROLES];
     *xids = 0;
     for (Py_ssize_t i = 0; i < ix->top.n; i++) {
         const Field *fd = &ix->top.f[i];
@@ -849,8 +1020,8 @@ static int add_sample(Windows *self, SampleIndex *ix, Entry *e, Py_ssize_t *xids
             *xids = read_array(&r, &ix->xid, xv, 0, NULL, NULL);
             if (*xids < 0) return -1;
             return 0; /* nothing after the xids is used */
-        } else if (read_field(&r, fd, &v) < 0) {
-            return -1;
+        } else if (skip_field(&r, fd) < 0) {
+            return -1; /* node and ts_ms are known from the index */
         }
     }
     return 0;

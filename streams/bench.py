@@ -18,7 +18,10 @@ Pure except :func:`read_proc` (two small file reads). The measurements come from
   over the burst (windows close back to back, so they queue) and over a *paced* phase
   (``--paced``, default 120 s: the last seconds of the input published one tick per second of
   wall time, as agents publish; a second fault starts in it). The target is judged on the
-  paced phase when it has findings.
+  paced phase when it has findings;
+- *replay / worker*: ``peerwatch replay --archive`` over the same records (written as archive
+  files before the worker starts), its node records per second over the worker's. The replay
+  times itself from reading the first file to its last output (interpreter start-up excluded).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ TARGET_FLOOR_RATIO = 0.3
 TARGET_RSS_BYTES = 1 << 30
 TARGET_RSS_GPUS = 100_000
 TARGET_LATENCY_S = 2.0
+TARGET_REPLAY_OVER_WORKER = 10.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,7 @@ def verdicts(report: Mapping[str, Any]) -> dict[str, str]:
     paced = (report.get("paced") or {}).get("finding_latency_ms") or {}
     lat = paced.get("max") if paced.get("count") else worker["finding_latency_ms"].get("max")
     rss_bytes, rss_gpus = rss.get("peak_rss_bytes"), rss.get("gpus_tracked")
+    replay_ratio = (report.get("replay") or {}).get("over_worker")
 
     def judge(ok: bool | None) -> str:
         return "N/A" if ok is None else "PASS" if ok else "FAIL"
@@ -166,6 +171,9 @@ def verdicts(report: Mapping[str, Any]) -> dict[str, str]:
         "processor_over_floor": judge(None if ratio is None else ratio >= TARGET_FLOOR_RATIO),
         "rss_100k_gpus": judge(rss_ok),
         "finding_latency": judge(None if lat is None else lat / 1000.0 < TARGET_LATENCY_S),
+        "replay_over_worker": judge(
+            None if replay_ratio is None else replay_ratio >= TARGET_REPLAY_OVER_WORKER
+        ),
     }
 
 
@@ -203,6 +211,19 @@ def format_table(report: Mapping[str, Any]) -> str:
         rows.append((f"finding latency, paced p50/p95/max (ms, n={paced['count']})",
                      "/".join(_fmt(paced[k], ",.0f") for k in ("p50", "p95", "max")),
                      "< 2,000 (max)", v["finding_latency"]))  # fmt: skip
+    replay = report.get("replay") or {}
+    if replay:
+        rows.append(
+            (
+                f"replay node records/s ({replay['node_records']:,} from the archive, "
+                f"{replay.get('path', '?')})",
+                _fmt(replay["node_records_per_s"]),
+                "",
+                "",
+            )
+        )
+        rows.append(("replay / worker (node records/s)", _fmt(replay["over_worker"], ".2f"),
+                     ">= 10", v["replay_over_worker"]))  # fmt: skip
     width = max(len(r[0]) for r in rows)
     lines = [f"{a:<{width}}  {b:>22}  {c:<20} {d}".rstrip() for a, b, c, d in rows]
     return "\n".join(["peerwatch bench stream", *lines])

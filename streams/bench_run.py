@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -393,6 +394,36 @@ class WorkerRun:
     paced_records: int = 0
 
 
+def archive_raw(records: Sequence[Raw], root: Path, topic_prefix: str) -> int:
+    """Write encoded records (topics under ``topic_prefix``) as the archiver would, under
+    their topic names without the prefix; returns how many were written."""
+    from peerwatch.exporters.archive_files import AvroFileSink
+
+    topics = {topic_prefix + t.name: t for t in STREAM_TOPICS.values()}
+    codecs = {name: AvroCodec(t.value_schema or "") for name, t in topics.items()}
+    sink = AvroFileSink(root, {t.name: t.value_schema or "" for t in topics.values()})
+    try:
+        for topic, _key, value, ts_ms in records:
+            record = codecs[topic].decode(value)
+            sink.write(topics[topic].name, record, int(record.get("ts_ms", ts_ms or 0)))
+    finally:
+        sink.close()
+    return sink.records
+
+
+def measure_replay(archive: Path, from_ms: int, to_ms: int) -> dict[str, Any]:
+    """``peerwatch replay --archive`` over ``[from_ms, to_ms)`` in a subprocess: its JSON
+    summary (node records, wall time, rate; the replay times itself, start-up excluded).
+    Raises RuntimeError if it fails."""
+    cmd = [sys.executable, "-m", "peerwatch.cli", "replay", "--archive", str(archive),
+           "--from", str(from_ms), "--to", str(to_ms), "--no-progress"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"replay failed ({done.returncode}): {done.stderr[-2000:]}")
+    summary: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return summary
+
+
 def delete_prefixed_topics(kafka: KafkaSettings, prefix: str) -> int:
     """Delete every topic named ``prefix…`` (a benchmark's input, outputs and the worker's
     internal topics): a long-lived broker would otherwise collect thousands of partitions, one
@@ -437,18 +468,23 @@ def run_worker_over(
     paced_s: float = 0.0,
     timeout_s: float = 900.0,
     log: Callable[[str], None] = lambda _m: None,
+    archive: Path | None = None,
 ) -> WorkerRun:
     """Publish the fleet's first tick under a fresh prefix, start one worker and wait until it
     processed it (start-up and group join are then behind it), then publish the rest as fast as
     the broker takes it (pre-encoded) and wait until the worker took every node record. The
     last ``paced_s`` seconds of event time are then published paced, one tick per second of
     wall time, as agents would (the finding latencies of that phase are kept apart).
-    Snapshots /proc, kills the worker. Raises TimeoutError."""
+    Snapshots /proc, kills the worker. ``archive``: also write every record there as archive
+    files (before the worker starts), for the replay phase. Raises TimeoutError."""
     import uuid
 
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     ensure_topics(kafka, catalogue(prefix))
     first, rest, total = encode_fleet(fleet, prefix)
+    if archive is not None:
+        log(f"archiving the same records under {archive} ...")
+        archive_raw([*first, *rest], archive, prefix)
     end_ms = fleet.spec.start_ms + fleet.spec.duration_ms
     paced_from_ms = end_ms - int(paced_s * 1000) if paced_s > 0 else None
     paced = [r for r in rest if paced_from_ms is not None and (r[3] or 0) >= paced_from_ms]
@@ -503,16 +539,20 @@ def run_stream_bench(
     worker_args: Sequence[str] = (),
     keep_topics: bool = False,
     log: Callable[[str], None] = lambda _m: None,
+    replay: bool = True,
 ) -> dict[str, Any]:
     """The whole benchmark (see :mod:`peerwatch.streams.bench`); returns the report dict.
-    ``rss_nodes`` = 0 skips the RSS-at-scale run."""
+    ``rss_nodes`` = 0 skips the RSS-at-scale run; ``replay`` False skips the replay phase."""
     from peerwatch.streams.bench import latency_summary, verdicts, worker_metrics
 
     fleet = bench_fleet(nodes, gpus_per_node, duration_s, paced_s=paced_s)
     log(
         f"worker over {nodes} x {gpus_per_node} GPUs x {duration_s:g} s (+ {paced_s:g} s paced) ..."
     )
-    run = run_worker_over(kafka, fleet, workdir, worker_args, paced_s=paced_s, log=log)
+    archive = workdir / "archive" if replay else None
+    run = run_worker_over(
+        kafka, fleet, workdir, worker_args, paced_s=paced_s, log=log, archive=archive
+    )
     # Rates over the burst only (the paced phase is idle most of the time).
     worker = worker_metrics(
         run.counters, run.timed_since_wall_s, run.node_records - run.paced_records
@@ -554,6 +594,19 @@ def run_stream_bench(
             "finding_latency_ms": latency_summary(run.paced_latency_ms),
         },
     }
+    report["replay"] = None
+    if archive is not None:
+        log("replay of the same records from the archive ...")
+        start_ms = fleet.spec.start_ms
+        summary = measure_replay(archive, start_ms, start_ms + fleet.spec.duration_ms + 60_000)
+        shutil.rmtree(archive, ignore_errors=True)
+        rate = summary.get("node_records_per_s")
+        report["replay"] = {
+            **summary,
+            "over_worker": rate / worker["node_records_per_s"]
+            if rate and worker.get("node_records_per_s")
+            else None,
+        }
     if rss_nodes > 0:
         log(f"RSS run: {rss_nodes} x {gpus_per_node} GPUs x {rss_duration_s:g} s ...")
         big = bench_fleet(rss_nodes, gpus_per_node, rss_duration_s)

@@ -128,27 +128,37 @@ def peer_verdicts(
                 z_scale=settings.z_scale,
             )
     confirm = set(settings.confirm_features)
+    z_threshold = settings.z_threshold
+    # The features this group compares, with their statistics unpacked (a few hundred GPUs
+    # go through this loop per window: no lookups in it but the window's own fields).
+    active = [
+        (feat, st.median, st.mad, st.z_scale, feat.name in confirm)
+        for feat in FEATURES
+        if (st := stats.get(feat.name)) is not None
+    ]
     verdicts = []
     for w in group:
+        get = w.get
         evidence: list[dict[str, Any]] = []
         flags: set[str] = set()
         slow_all: list[float] = []
         slow_confirm: list[float] = []
-        for feat in FEATURES:
-            st = stats.get(feat.name)
-            raw = w.get(feat.field)
-            if st is None or raw is None:
+        for feat, center, spread, z_scale, confirming in active:
+            raw = get(feat.field)
+            if raw is None:
                 continue
             value = float(raw)
-            z = st.z(value)
-            evidence.append(_evidence(feat.name, value, st.median, st.mad, z))
+            z = robust_z(value, center, spread, z_scale)
+            evidence.append(
+                {"feature": feat.name, "value": value, "peer_median": center, "mad": spread, "z": z}
+            )
             if feat.slow is None:
                 continue
             slow = feat.slow(z)
             slow_all.append(slow)
-            if feat.name in confirm:
+            if confirming:
                 slow_confirm.append(slow)
-            if slow >= settings.z_threshold and feat.material(value, st.median, settings):
+            if slow >= z_threshold and feat.material(value, center, settings):
                 flags.add(feat.name)
         verdicts.append(
             GpuVerdict(

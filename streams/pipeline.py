@@ -37,6 +37,9 @@ RECOMMENDATION = "recommendation"
 LATE_SAMPLE = "late_sample"
 INVALID = "invalid"
 _FAR_FUTURE_MS = 1 << 62
+#: Allocations and detector states are pruned at most this often (in event time); both are
+#: kept for an hour after their end, so a minute more changes nothing.
+PRUNE_EVERY_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,7 @@ class Pipeline:
         self.step_times = 0
         self._batch: list[Mapping[str, Any]] = []
         self._next_close_ms = -_FAR_FUTURE_MS
+        self._next_prune_ms = -_FAR_FUTURE_MS
         self._stream_ms = -_FAR_FUTURE_MS
 
     # -- driving --------------------------------------------------------------------------------
@@ -307,13 +311,20 @@ class Pipeline:
         if watermark is None:
             return out
         out += self._detect(self.aggregator.close_ready(watermark), watermark)
-        wms = self.aggregator.window_ms
-        closed = self.aggregator.closed_until_ms or 0
-        self._next_close_ms = closed + wms + self.aggregator.lateness_ms
-        if self.allocations.prune(watermark):
-            self._allocations_changed()
-        self.jobs.prune(watermark, self.settings.allocation_retention_s * 1000)
+        self._closed_to(watermark)
         return out
+
+    def _closed_to(self, watermark_ms: int) -> None:
+        """After windows closed at ``watermark_ms``: the next closing time; state pruned once
+        the watermark moved a minute on (pruning walks every allocation: not at every batch)."""
+        closed = self.aggregator.closed_until_ms or 0
+        self._next_close_ms = closed + self.aggregator.window_ms + self.aggregator.lateness_ms
+        if watermark_ms < self._next_prune_ms:
+            return
+        self._next_prune_ms = watermark_ms + PRUNE_EVERY_MS
+        if self.allocations.prune(watermark_ms):
+            self._allocations_changed()
+        self.jobs.prune(watermark_ms, self.settings.allocation_retention_s * 1000)
 
     def _allocations_changed(self) -> None:
         """Hook: the allocation table changed (events applied or pruned)."""

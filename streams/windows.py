@@ -336,19 +336,28 @@ class WindowAggregator:
             watermark_ms = self.watermark_ms
             if watermark_ms is None:
                 return []
+        return self.group(self.pop_ready(watermark_ms))
+
+    def pop_ready(self, watermark_ms: int) -> list[tuple[str, int, Any]]:
+        """:meth:`close_ready` without building the windows: the closed ``(node, window start,
+        accumulator)`` triples, for :meth:`group` (here or in another process)."""
         boundary = watermark_ms - watermark_ms % self.window_ms
         if self.closed_until_ms is None or boundary > self.closed_until_ms:
             self.closed_until_ms = boundary
-        return self._emit(watermark_ms)
+        return list(self._pop(watermark_ms))
 
     def flush(self) -> list[JobWindowBatch]:
         """Emit every open window (end of input); later samples of those windows are late."""
+        return self.group(self.pop_all())
+
+    def pop_all(self) -> list[tuple[str, int, Any]]:
+        """:meth:`flush` without building the windows (see :meth:`pop_ready`)."""
         if self.max_ts_ms is not None:
             end = self.max_ts_ms - self.max_ts_ms % self.window_ms + self.window_ms
             self.closed_until_ms = max(self.closed_until_ms or end, end)
-        return self._emit(None)
+        return list(self._pop(None))
 
-    def _pop(self, watermark_ms: int | None) -> Iterator[tuple[str, int, _Acc]]:
+    def _pop(self, watermark_ms: int | None) -> Iterator[tuple[str, int, Any]]:
         """Remove and yield ``(node, window start, acc)`` of every window ending at or before
         ``watermark_ms`` (None: every open window)."""
         for node in sorted(self._nodes):
@@ -358,9 +367,11 @@ class WindowAggregator:
                     for acc in ns.buckets.pop(start).values():
                         yield node, start, acc
 
-    def _emit(self, watermark_ms: int | None) -> list[JobWindowBatch]:
+    def group(self, closed: Iterable[tuple[str, int, Any]]) -> list[JobWindowBatch]:
+        """The GpuWindow dicts of closed ``(node, window start, accumulator)`` triples, grouped
+        per (job, window) and sorted by (window start, job id), each group by (node, GPU)."""
         grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
-        for node, start, acc in self._pop(watermark_ms):
+        for node, start, acc in closed:
             grouped.setdefault((start, acc.job), []).append(self._window(acc, node, start))
         wms = self.window_ms
         return [

@@ -37,7 +37,7 @@ from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.allocation import AllocationTable
 from peerwatch.streams.model import IDLE_JOB_PREFIX
 from peerwatch.streams.pipeline import Output, Pipeline, PipelineSettings
-from peerwatch.streams.windows import _ACC_FIELDS, WindowAggregator, _Acc
+from peerwatch.streams.windows import _ACC_FIELDS, WindowAggregator
 
 
 def _load() -> Any:
@@ -191,7 +191,10 @@ class NativeWindowAggregator(WindowAggregator):
         window_s: int,
         lateness_s: float,
         idle_jobs: bool = False,
+        acc_type: type = AccValues,
     ) -> None:
+        """``acc_type``: what closed accumulators are (a tuple subclass with the fields of
+        ``_Acc``, or plain tuples in that order to send them elsewhere)."""
         super().__init__(allocations, window_s, lateness_s, idle_jobs)
         if kernel is None:
             raise NativeUnsupported("the C module is not in use")
@@ -199,9 +202,7 @@ class NativeWindowAggregator(WindowAggregator):
         self._names: list[str] = []
         self._jobs: list[str] = []
         self._job_ids: dict[str, int] = {}
-        self.kernel = kernel.Windows(
-            self.window_ms, idle_jobs, self._segment, self._jobs, AccValues
-        )
+        self.kernel = kernel.Windows(self.window_ms, idle_jobs, self._segment, self._jobs, acc_type)
 
     def _name(self, node_id: int) -> str:
         if node_id >= len(self._names):
@@ -246,7 +247,7 @@ class NativeWindowAggregator(WindowAggregator):
     def _put_xid(self, node: str, start: int, owner: str, idx: int, xid: int) -> None:
         self.kernel.add_xid(self.node_ids[node], start, self._job_id(owner), idx, xid)
 
-    def _pop(self, watermark_ms: int | None) -> Iterator[tuple[str, int, _Acc]]:
+    def _pop(self, watermark_ms: int | None) -> Iterator[tuple[str, int, Any]]:
         for node_id, start, acc in self.kernel.pop(watermark_ms):
             yield self._name(node_id), start, acc
 
@@ -258,7 +259,9 @@ class NativePipeline(Pipeline):
     """:class:`Pipeline` taking samples as :class:`SampleRun` s (:meth:`feed_samples`); every
     other stream through :meth:`Pipeline.feed`."""
 
-    def __init__(self, settings: PipelineSettings, node_ids: dict[str, int]) -> None:
+    def __init__(
+        self, settings: PipelineSettings, node_ids: dict[str, int], acc_type: type = AccValues
+    ) -> None:
         super().__init__(settings)
         self.aggregator: NativeWindowAggregator = NativeWindowAggregator(
             self.allocations,
@@ -266,6 +269,7 @@ class NativePipeline(Pipeline):
             settings.detector.window_s,
             settings.lateness_s,
             idle_jobs=True,
+            acc_type=acc_type,
         )
         self._decode = native_codec.native_decoder(strip_logical_types(raw_schema("NodeGpuSample")))
         self._count = 0

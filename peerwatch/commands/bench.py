@@ -30,6 +30,8 @@ def register(sub: Any) -> None:
                         "finding latency (default 120; 0 skips)")  # fmt: skip
     s.add_argument("--keep-topics", action="store_true",
                    help="keep the benchmark's topics (default: delete them at the end)")  # fmt: skip
+    s.add_argument("--no-replay", action="store_true",
+                   help="skip the replay of the same records from an archive")  # fmt: skip
     s.add_argument("--workdir", help="where worker logs and counters go (default: a temp dir)")
     s.add_argument("--json", action="store_true", help="print one JSON object instead")
     s.set_defaults(func=run)
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_stream_bench(
         settings.kafka, args.nodes, args.gpus_per_node, args.duration, workdir,
         rss_nodes=args.rss_nodes, rss_duration_s=args.rss_duration, paced_s=args.paced,
-        keep_topics=args.keep_topics,
+        keep_topics=args.keep_topics, replay=not args.no_replay,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )  # fmt: skip
     print(json.dumps(report, sort_keys=True) if args.json else format_table(report))

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,12 @@ def register(sub: Any) -> None:
     p.add_argument("--job-grace-s", type=float, default=30.0, help="as the live stream's")
     p.add_argument("--lookback-s", type=float, default=86400.0,
                    help="read job events this far before --from (jobs that started earlier)")  # fmt: skip
-    p.add_argument("--workers", type=int, default=1, help="processes decoding archive files")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes decoding archive files (the Python path: without the C "
+                        "module, or with --kafka)")  # fmt: skip
+    p.add_argument("--one-process", action="store_true",
+                   help="archive replay in one process (default: two where there are two "
+                        "cores: samples and windows in one, detector and policy in the other)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -54,63 +61,26 @@ def run(args: argparse.Namespace) -> int:
     from peerwatch.exporters.replay import (
         Progress,
         TimeRange,
-        archive_job_events,
-        archive_records,
         live_equivalent_settings,
         output_lines,
-        replay,
-        scope_nodes,
     )
+    from peerwatch.streams import windows_native
 
-    settings = settings_of(args)
     span = TimeRange(parse_time_ms(args.from_), parse_time_ms(args.to), int(args.lookback_s * 1000))
     if span.to_ms <= span.from_ms:
         raise ConfigError("--to", "must be after --from")
+    if not args.kafka and not Path(args.archive).is_dir():
+        raise ConfigError("--archive", f"{args.archive} is not a directory")
     pipeline = live_equivalent_settings(args.window_s, args.lateness_s, args.job_grace_s)
     extra: dict[str, Any] = {}
-    read_s = 0.0
-    if args.kafka:
-        import time
-
-        from peerwatch.exporters.replay_kafka import kafka_records
-
-        t0 = time.perf_counter()
-        records: Any
-        keep = None
-        if args.job or args.node:
-            job_events, _ = kafka_records(
-                settings.kafka, span, settings.topic_prefix, streams=("job-events",)
-            )
-            keep = scope_nodes((v for _, _, v in job_events), args.job, args.node)
-            extra["nodes_in_scope"] = len(keep or ())
-        records, extra["undecodable"] = kafka_records(
-            settings.kafka, span, settings.topic_prefix, keep_nodes=keep
-        )
-        # Fetching and decoding are part of the replay's cost: the rate covers them.
-        read_s = time.perf_counter() - t0
-    else:
-        if not Path(args.archive).is_dir():
-            raise ConfigError("--archive", f"{args.archive} is not a directory")
-        keep = None
-        if args.job or args.node:
-            keep = scope_nodes(
-                archive_job_events(Path(args.archive), span, settings.topic_prefix),
-                args.job,
-                args.node,
-            )
-            extra["nodes_in_scope"] = len(keep or ())
-        records = archive_records(
-            Path(args.archive), span, settings.topic_prefix, args.workers, keep_nodes=keep
-        )
+    keep = _scope(args, span, extra)
     progress = None if args.no_progress else Progress(span, sys.stderr)
     result = None
-    if not args.kafka and args.workers <= 1:
-        result = _native_archive_replay(args, span, pipeline, keep, progress)
-        extra["path"] = "native" if result is not None else "python"
+    if windows_native.available() and (args.kafka or args.workers <= 1):
+        result = _native_replay(args, span, pipeline, keep, progress, extra)
+    extra["path"] = "native" if result is not None else "python"
     if result is None:
-        result = replay(records, pipeline, job=args.job, node=args.node,
-                        keep_windows=bool(args.report), progress=progress)  # fmt: skip
-    result.wall_s += read_s
+        result = _python_replay(args, span, pipeline, keep, progress, extra)
     if args.findings:
         with open(args.findings, "w") as fh:
             fh.writelines(output_lines(result))
@@ -124,27 +94,95 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _native_archive_replay(
-    args: argparse.Namespace, span: Any, settings: Any, keep: Any, progress: Any
-) -> Any:
-    """The archive replay through the C sample path (same outputs, several times faster), or
-    None where it is not built or cannot take this archive (the Python path then runs)."""
+def _scope(args: argparse.Namespace, span: Any, extra: dict[str, Any]) -> frozenset[str] | None:
+    """The nodes whose samples a ``--job``/``--node`` replay reads (None: all)."""
+    from peerwatch.exporters.replay import archive_job_events, scope_nodes
+
+    if not (args.job or args.node):
+        return None
+    settings = settings_of(args)
+    if args.kafka:
+        from peerwatch.exporters.replay_kafka import kafka_records
+
+        job_events, _ = kafka_records(
+            settings.kafka, span, settings.topic_prefix, streams=("job-events",)
+        )
+        events = [v for _, _, v in job_events]
+    else:
+        events = archive_job_events(Path(args.archive), span, settings.topic_prefix)
+    keep = scope_nodes(events, args.job, args.node)
+    extra["nodes_in_scope"] = len(keep or ())
+    return keep
+
+
+def _python_replay(
+    args: argparse.Namespace, span: Any, pipeline: Any, keep: Any, progress: Any,
+    extra: dict[str, Any],
+) -> Any:  # fmt: skip
+    """The replay through decoded records (any schema version, ``--workers`` decoders)."""
+    from peerwatch.exporters.replay import archive_records, replay
+
+    settings = settings_of(args)
+    read_s = 0.0
+    records: Any
+    if args.kafka:
+        from peerwatch.exporters.replay_kafka import kafka_records
+
+        t0 = time.perf_counter()
+        records, extra["undecodable"] = kafka_records(
+            settings.kafka, span, settings.topic_prefix, keep_nodes=keep
+        )
+        # Fetching and decoding are part of the replay's cost: the rate covers them.
+        read_s = time.perf_counter() - t0
+    else:
+        records = archive_records(
+            Path(args.archive), span, settings.topic_prefix, args.workers, keep_nodes=keep
+        )
+    result = replay(records, pipeline, job=args.job, node=args.node,
+                    keep_windows=bool(args.report), progress=progress)  # fmt: skip
+    result.wall_s += read_s
+    return result
+
+
+def _native_replay(
+    args: argparse.Namespace, span: Any, settings: Any, keep: Any, progress: Any,
+    extra: dict[str, Any],
+) -> Any:  # fmt: skip
+    """The replay through the C sample path (same outputs, several times faster), on two cores
+    unless ``--one-process``; None where the input needs the Python path (another schema
+    version, values beyond int64), which then runs."""
     import logging
 
     from peerwatch.exporters.replay import replay
-    from peerwatch.exporters.replay_native import native_archive_records
+    from peerwatch.exporters.replay_native import (
+        kafka_native_records,
+        native_archive_records,
+        replay_split,
+    )
     from peerwatch.streams import windows_native
 
-    if not windows_native.available():
-        return None
     node_ids: dict[str, int] = {}
-    records = native_archive_records(
-        Path(args.archive), span, node_ids, settings_of(args).topic_prefix, keep
-    )
+    prefix = settings_of(args).topic_prefix
+    read_s = 0.0
+    kept = {"job": args.job, "node": args.node, "keep_windows": bool(args.report)}
     try:
-        return replay(records, settings, job=args.job, node=args.node,
-                      keep_windows=bool(args.report), progress=progress,
-                      pipeline=windows_native.NativePipeline(settings, node_ids))  # fmt: skip
+        records: Any
+        if args.kafka:
+            t0 = time.perf_counter()
+            records, extra["undecodable"] = kafka_native_records(
+                settings_of(args).kafka, span, node_ids, prefix, keep
+            )
+            read_s = time.perf_counter() - t0  # part of the replay's cost, as on the Python path
+        else:
+            records = native_archive_records(Path(args.archive), span, node_ids, prefix, keep)
+        if args.one_process or (os.cpu_count() or 1) < 2:
+            pipe = windows_native.NativePipeline(settings, node_ids)
+            result = replay(records, settings, progress=progress, pipeline=pipe, **kept)
+        else:
+            result = replay_split(records, settings, node_ids, progress=progress, **kept)
     except windows_native.NativeUnsupported as exc:
         logging.getLogger(__name__).warning("replay: native path not used (%s)", exc)
+        extra.pop("undecodable", None)
         return None
+    result.wall_s += read_s
+    return result

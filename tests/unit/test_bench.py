@@ -71,7 +71,9 @@ def test_worker_metrics_over_the_timed_batches() -> None:
     assert worker_metrics(counters())["node_records"] == 2010
 
 
-def report(gps: float, ratio: float, rss: int | None, gpus: int, lat_ms: float) -> dict[str, Any]:
+def report(
+    gps: float, ratio: float, rss: int | None, gpus: int, lat_ms: float, replay_x: float = 12.0
+) -> dict[str, Any]:
     worker = {
         "gpu_samples_per_s": gps, "node_records_per_s": gps / 8, "node_records": 100,
         "cpu_s_per_1000_gpu_samples": 0.02,
@@ -82,6 +84,8 @@ def report(gps: float, ratio: float, rss: int | None, gpus: int, lat_ms: float) 
         "worker_peak_rss_bytes": 100 << 20, "processor_over_floor": ratio,
         "floor": {"gpu_samples_per_s": gps / ratio, "cpu_s_per_1000_gpu_samples": 0.01},
         "rss_at_scale": {"gpus_tracked": gpus, "peak_rss_bytes": rss} if rss else None,
+        "replay": {"node_records": 1000, "node_records_per_s": gps / 8 * replay_x,
+                   "path": "native", "over_worker": replay_x},
     }  # fmt: skip
     out["verdicts"] = verdicts(out)
     return out
@@ -90,7 +94,7 @@ def report(gps: float, ratio: float, rss: int | None, gpus: int, lat_ms: float) 
 def test_verdicts_against_the_issue_targets() -> None:
     good = report(60_000.0, 0.5, 700 << 20, 100_000, 900.0)["verdicts"]
     assert set(good.values()) == {"PASS"}
-    bad = report(30_000.0, 0.2, 1100 << 20, 100_000, 2500.0)["verdicts"]
+    bad = report(30_000.0, 0.2, 1100 << 20, 100_000, 2500.0, replay_x=3.0)["verdicts"]
     assert set(bad.values()) == {"FAIL"}
     # An RSS measured with fewer GPUs than the target's proves nothing either way.
     assert report(60_000.0, 0.5, 200 << 20, 50_000, 900.0)["verdicts"]["rss_100k_gpus"] == "N/A"
@@ -103,6 +107,8 @@ def test_table_names_every_target_and_verdict() -> None:
     assert lines["worker GPU samples/s"].endswith("FAIL")
     assert lines["processor / floor"].endswith("PASS")
     assert "100,000 GPUs tracked" in table
+    assert lines["replay / worker (node records/s)"].endswith("PASS")
+    assert "12.00" in lines["replay / worker (node records/s)"]
 
 
 def test_worker_metrics_stop_at_the_burst() -> None:
