@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,21 @@ from peerwatch.exporters.replay import (
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.pipeline import PipelineSettings
 from peerwatch.streams.pipeline_split import BackPipeline, FrontPipeline
-from peerwatch.streams.windows_native import NativeUnsupported, SampleRun, new_index, sort_index
+from peerwatch.streams.windows_native import (
+    ArchiveUnordered,
+    NativeUnsupported,
+    SampleRun,
+    kernel,
+    new_index,
+    node_ranks,
+    sort_index,
+)
 
 log = logging.getLogger(__name__)
+
+#: How far (event time) samples of an archive may be out of order for the streaming read.
+DEFAULT_REORDER_MS = 30_000
+_FAR_FUTURE = 1 << 62
 
 
 def _canonical(schema: Any) -> str:
@@ -55,21 +68,11 @@ def index_samples(
     paths: list[Path], span: TimeRange, node_ids: dict[str, int],
     keep_nodes: frozenset[str] | None = None,
 ) -> Any:  # fmt: skip
-    """A sorted SampleIndex of the samples in ``paths`` within ``span`` (of ``keep_nodes``
-    only, when given). Raises NativeUnsupported for a file of another schema version."""
-    wire = strip_logical_types(raw_schema("NodeGpuSample"))
-    current = _canonical(wire)
-    index = new_index(wire)
-    for path in paths:
-        try:
-            writer_schema, blocks = raw_blocks(path)
-        except ValueError as exc:  # a header cut short (nothing durable yet), or another codec
-            if "codec" in str(exc):
-                raise NativeUnsupported(str(exc)) from exc
-            log.warning("%s: unreadable header (%s), skipped", path, exc)
-            continue
-        if _canonical(writer_schema) != current:
-            raise NativeUnsupported(f"{path}: written with another NodeGpuSample version")
+    """A SampleIndex of every sample in ``paths`` within ``span`` (of ``keep_nodes`` only, when
+    given), all released in replay order. Raises NativeUnsupported for a file of another
+    schema version."""
+    index = new_index(strip_logical_types(raw_schema("NodeGpuSample")))
+    for path, blocks in _sample_files(paths):
         for count, data in blocks:
             try:
                 index.add_block(data, count, span.from_ms, span.to_ms, node_ids, keep_nodes)
@@ -86,10 +89,18 @@ def native_archive_records(
     node_ids: dict[str, int],
     topic_prefix: str = "",
     keep_nodes: frozenset[str] | None = None,
+    reorder_ms: int | None = DEFAULT_REORDER_MS,
 ) -> Iterator[Record]:
     """The replay input under ``root`` in ``span``, hour by hour: records of the other streams
     decoded, samples as ``(SAMPLE_RUN, "", SampleRun)``. ``node_ids`` is filled as nodes are
-    met (give the same dict to the NativePipeline)."""
+    met (give the same dict to the NativePipeline).
+
+    ``reorder_ms``: samples are read block by block and released in replay order once the
+    newest sample read is that much later (memory: that span of samples, not the hour), so the
+    pipeline starts while the files are still being read. A sample older than what was released
+    raises :class:`ArchiveUnordered` (the archive is out of order by more than ``reorder_ms``):
+    replay again with ``reorder_ms=None``, which sorts whole hours.
+    """
     hours: dict[str, list[tuple[str, Path]]] = {}
     for stream, spec in INPUT_STREAMS.items():
         lo = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
@@ -100,8 +111,62 @@ def native_archive_records(
         decoded = [r for s, p in files if s != "samples" for r in _decode_task((s, str(p), None))]
         others = _admitted(decoded, span)
         del decoded
-        index = index_samples([p for s, p in files if s == "samples"], span, node_ids, keep_nodes)
-        yield from merge_runs(others, index)
+        paths = [p for s, p in files if s == "samples"]
+        if reorder_ms is None:
+            yield from merge_runs(others, index_samples(paths, span, node_ids, keep_nodes))
+            continue
+        index = new_index(strip_logical_types(raw_schema("NodeGpuSample")))
+        waiting = deque(others)
+        for path, blocks in _sample_files(paths):
+            for count, data in blocks:
+                try:
+                    index.add_block(data, count, span.from_ms, span.to_ms, node_ids, keep_nodes)
+                except kernel.Unordered as exc:
+                    raise ArchiveUnordered(f"{path}: {exc}") from exc
+                except ValueError as exc:  # as read_container: the writer died here
+                    log.warning("%s: truncated tail ignored (%s)", path, exc)
+                    break
+                newest = index.max_ts
+                if newest is not None and newest - reorder_ms > index.released_below:
+                    yield from _release(index, newest - reorder_ms, node_ids, waiting)
+        yield from _release(index, _FAR_FUTURE, node_ids, waiting)
+
+
+def _sample_files(paths: list[Path]) -> Iterator[tuple[Path, Iterator[tuple[int, bytes]]]]:
+    """``(file, its blocks)`` of the sample files (see ``raw_blocks``); a file whose header is
+    cut short is skipped with a warning; one of another schema version or codec raises
+    NativeUnsupported."""
+    current = _canonical(strip_logical_types(raw_schema("NodeGpuSample")))
+    for path in paths:
+        try:
+            writer_schema, blocks = raw_blocks(path)
+        except ValueError as exc:  # a header cut short (nothing durable yet), or another codec
+            if "codec" in str(exc):
+                raise NativeUnsupported(str(exc)) from exc
+            log.warning("%s: unreadable header (%s), skipped", path, exc)
+            continue
+        if _canonical(writer_schema) != current:
+            raise NativeUnsupported(f"{path}: written with another NodeGpuSample version")
+        yield path, blocks
+
+
+def _release(
+    index: Any, threshold_ms: int, node_ids: dict[str, int], waiting: deque[Record]
+) -> Iterator[Record]:
+    """Release the samples under ``threshold_ms``; yield them as SampleRuns with the waiting
+    records of other streams under it in between; then forget the samples yielded."""
+    index.release(threshold_ms, node_ranks(node_ids))
+    pos = 0
+    while waiting and record_time_ms(waiting[0][2]) < threshold_ms:  # type: ignore[operator]
+        record = waiting.popleft()
+        cut = index.bisect(record_time_ms(record[2]))
+        if cut > pos:
+            yield SAMPLE_RUN, "", SampleRun(index, pos, cut)  # type: ignore[misc]
+            pos = cut
+        yield record
+    if pos < len(index):
+        yield SAMPLE_RUN, "", SampleRun(index, pos, len(index))  # type: ignore[misc]
+    index.compact(len(index))
 
 
 def merge_runs(others: Iterable[Record], index: Any) -> Iterator[Record]:

@@ -343,6 +343,19 @@ static Py_ssize_t read_array(Reader *r, const Program *item, Val *vals, Py_ssize
     }
 }
 
+/* Grows *arr (zero-filled) to hold at least need items of size; -1 with MemoryError. */
+static int grow(void **arr, Py_ssize_t *cap, Py_ssize_t need, size_t size) {
+    if (need <= *cap) return 0;
+    Py_ssize_t cap2 = *cap ? *cap : 4;
+    while (cap2 < need) cap2 *= 2;
+    void *p = PyMem_Realloc(*arr, cap2 * size);
+    if (p == NULL) return PyErr_NoMemory(), -1;
+    memset((char *)p + *cap * size, 0, (cap2 - *cap) * size);
+    *arr = p;
+    *cap = cap2;
+    return 0;
+}
+
 /* ---- SampleIndex --------------------------------------------------------------------------- */
 
 typedef struct {
@@ -360,9 +373,16 @@ typedef struct {
     Py_ssize_t xid_item; /* index of the xids field in top, -1 if none */
     Program xid;         /* XidEvent fields (all skipped) */
     int64_t lost_state;  /* enum index of LOST, -1 if none */
-    PyObject *blocks;    /* list of bytes */
-    Entry *e;
+    PyObject *blocks;    /* list of bytes (None once compact() dropped every sample of one) */
+    Py_ssize_t *refs;    /* per block: samples still held */
+    Py_ssize_t cap_refs;
+    Entry *e;            /* [released, sorted | pending, in read order] */
     Py_ssize_t n, cap;
+    Py_ssize_t n_rel;    /* entries released (sorted, consumable) */
+    int64_t next_seq;    /* read order of the next sample */
+    int64_t released_below; /* every sample under this time is released; later ones must not be */
+    int has_max;
+    int64_t max_ts;      /* highest time added */
 } SampleIndex;
 
 static PyTypeObject SampleIndexType;
@@ -444,6 +464,10 @@ static int SampleIndex_init(SampleIndex *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     Py_XSETREF(self->blocks, PyList_New(0));
+    self->n = self->n_rel = 0;
+    self->next_seq = 0;
+    self->released_below = FAR_PAST;
+    self->has_max = 0;
     return self->blocks == NULL ? -1 : 0;
 }
 
@@ -453,11 +477,15 @@ static void SampleIndex_dealloc(SampleIndex *self) {
     program_free(&self->xid);
     Py_XDECREF(self->blocks);
     PyMem_Free(self->e);
+    PyMem_Free(self->refs);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyObject *Unordered; /* exception: a sample older than what was already released */
+
 /* add_block(data, count, from_ms, to_ms, node_ids, keep) -> samples added. All or nothing: a
-   malformed block raises ValueError and adds none of its samples. */
+   malformed block raises ValueError and adds none of its samples; a sample under
+   released_below (see release()) raises Unordered. */
 static PyObject *SampleIndex_add_block(SampleIndex *self, PyObject *args) {
     PyObject *data, *node_ids, *keep;
     Py_ssize_t count;
@@ -472,6 +500,9 @@ static PyObject *SampleIndex_add_block(SampleIndex *self, PyObject *args) {
     Py_ssize_t block = PyList_GET_SIZE(self->blocks);
     if (block > INT32_MAX) return PyErr_Format(PyExc_OverflowError, "too many blocks");
     Py_ssize_t before = self->n;
+    int64_t seq0 = self->next_seq;
+    int64_t max_ts = self->max_ts;
+    int has_max = self->has_max;
     Reader r = {(const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), 0};
     for (Py_ssize_t k = 0; k < count; k++) {
         Py_ssize_t start = r.pos;
@@ -489,6 +520,12 @@ static PyObject *SampleIndex_add_block(SampleIndex *self, PyObject *args) {
         if (!wanted) {
             Py_DECREF(node);
             continue;
+        }
+        if (ts < self->released_below) {
+            Py_DECREF(node);
+            PyErr_Format(Unordered, "a sample at %lld after samples up to %lld were released",
+                         (long long)ts, (long long)self->released_below);
+            goto fail;
         }
         PyObject *id = PyDict_GetItemWithError(node_ids, node);
         long node_id;
@@ -525,20 +562,29 @@ static PyObject *SampleIndex_add_block(SampleIndex *self, PyObject *args) {
         }
         Entry *e = &self->e[self->n];
         e->ts = ts;
-        e->seq = self->n;
+        e->seq = self->next_seq++;
         e->off = start;
         e->node = (int32_t)node_id;
         e->block = (int32_t)block;
         self->n++;
+        if (!has_max || ts > max_ts) {
+            max_ts = ts;
+            has_max = 1;
+        }
     }
     if (r.pos != r.len) {
         PyErr_Format(PyExc_ValueError, "%zd trailing bytes in a block", r.len - r.pos);
         goto fail;
     }
-    if (PyList_Append(self->blocks, data) < 0) goto fail;
+    if (grow((void **)&self->refs, &self->cap_refs, block + 1, sizeof(Py_ssize_t)) < 0) goto fail;
+    if (PyList_Append(self->blocks, self->n > before ? data : Py_None) < 0) goto fail;
+    self->refs[block] = self->n - before;
+    self->max_ts = max_ts;
+    self->has_max = has_max;
     return PyLong_FromSsize_t(self->n - before);
 fail:
     self->n = before;
+    self->next_seq = seq0;
     return NULL;
 }
 
@@ -552,30 +598,88 @@ static int entry_cmp(const void *pa, const void *pb) {
     return a->seq < b->seq ? -1 : a->seq > b->seq;
 }
 
-/* sort(ranks) with ranks a buffer of int32, the rank of each node id's name: replay order. */
-static PyObject *SampleIndex_sort(SampleIndex *self, PyObject *arg) {
+/* release(threshold, ranks): the pending samples under threshold join the released ones, in
+   replay order (time, then ranks[node id], the rank of the node's name, then read order);
+   returns how many are released. Samples under threshold may not be added any more. */
+static PyObject *SampleIndex_release(SampleIndex *self, PyObject *args) {
+    long long threshold;
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (!PyArg_ParseTuple(args, "Ly*", &threshold, &view)) return NULL;
     Py_ssize_t nranks = view.len / (Py_ssize_t)sizeof(int32_t);
-    for (Py_ssize_t i = 0; i < self->n; i++) {
+    for (Py_ssize_t i = self->n_rel; i < self->n; i++) {
         if (self->e[i].node >= nranks) {
             PyBuffer_Release(&view);
             PyErr_SetString(PyExc_ValueError, "ranks: fewer than node ids");
             return NULL;
         }
     }
+    /* Pending entries under the threshold to the front of the pending part, then sorted. */
+    Py_ssize_t k = self->n_rel;
+    for (Py_ssize_t i = self->n_rel; i < self->n; i++) {
+        if (self->e[i].ts < threshold) {
+            Entry tmp = self->e[k];
+            self->e[k++] = self->e[i];
+            self->e[i] = tmp;
+        }
+    }
     sort_ranks = (const int32_t *)view.buf;
-    qsort(self->e, (size_t)self->n, sizeof(Entry), entry_cmp);
+    qsort(self->e + self->n_rel, (size_t)(k - self->n_rel), sizeof(Entry), entry_cmp);
     sort_ranks = NULL;
     PyBuffer_Release(&view);
+    Py_ssize_t got = k - self->n_rel;
+    self->n_rel = k;
+    if (threshold > self->released_below) self->released_below = threshold;
+    return PyLong_FromSsize_t(got);
+}
+
+/* compact(upto): forget the released samples at positions < upto (consumed); blocks left
+   without samples are dropped. Positions after them move down by upto. */
+static PyObject *SampleIndex_compact(SampleIndex *self, PyObject *arg) {
+    Py_ssize_t upto = PyLong_AsSsize_t(arg);
+    if (upto == -1 && PyErr_Occurred()) return NULL;
+    if (upto < 0 || upto > self->n_rel) {
+        PyErr_SetString(PyExc_IndexError, "compact: beyond the released samples");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < upto; i++) {
+        int32_t b = self->e[i].block;
+        if (--self->refs[b] == 0) {
+            Py_INCREF(Py_None);
+            if (PyList_SetItem(self->blocks, b, Py_None) < 0) return NULL;
+        }
+    }
+    memmove(self->e, self->e + upto, (size_t)(self->n - upto) * sizeof(Entry));
+    self->n -= upto;
+    self->n_rel -= upto;
     Py_RETURN_NONE;
 }
+
+static PyObject *SampleIndex_get_pending(SampleIndex *self, void *closure) {
+    return PyLong_FromSsize_t(self->n - self->n_rel);
+}
+
+static PyObject *SampleIndex_get_max_ts(SampleIndex *self, void *closure) {
+    if (!self->has_max) Py_RETURN_NONE;
+    return PyLong_FromLongLong(self->max_ts);
+}
+
+static PyObject *SampleIndex_get_released_below(SampleIndex *self, void *closure) {
+    return PyLong_FromLongLong(self->released_below);
+}
+
+static PyGetSetDef SampleIndex_getset[] = {
+    {"pending", (getter)SampleIndex_get_pending, NULL, "samples added, not yet released", NULL},
+    {"max_ts", (getter)SampleIndex_get_max_ts, NULL, "highest sample time added, or None", NULL},
+    {"released_below", (getter)SampleIndex_get_released_below, NULL,
+     "every sample under this time is released", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 /* bisect(ts) -> the first position whose time is >= ts (after sort). */
 static PyObject *SampleIndex_bisect(SampleIndex *self, PyObject *arg) {
     long long ts = PyLong_AsLongLong(arg);
     if (ts == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t lo = 0, hi = self->n;
+    Py_ssize_t lo = 0, hi = self->n_rel;
     while (lo < hi) {
         Py_ssize_t mid = lo + (hi - lo) / 2;
         if (self->e[mid].ts < ts) lo = mid + 1;
@@ -602,12 +706,16 @@ static PyObject *SampleIndex_location(SampleIndex *self, PyObject *arg) {
                          (long long)e->ts);
 }
 
-static Py_ssize_t SampleIndex_len(SampleIndex *self) { return self->n; }
+/* len(): the released samples (positions a SampleRun may use). */
+static Py_ssize_t SampleIndex_len(SampleIndex *self) { return self->n_rel; }
 
 static PyMethodDef SampleIndex_methods[] = {
     {"add_block", (PyCFunction)SampleIndex_add_block, METH_VARARGS,
      "add_block(data, count, from_ms, to_ms, node_ids, keep) -> samples added"},
-    {"sort", (PyCFunction)SampleIndex_sort, METH_O, "sort(ranks): replay order"},
+    {"release", (PyCFunction)SampleIndex_release, METH_VARARGS,
+     "release(threshold, ranks) -> samples released, in replay order"},
+    {"compact", (PyCFunction)SampleIndex_compact, METH_O,
+     "compact(upto): forget consumed samples, drop emptied blocks"},
     {"bisect", (PyCFunction)SampleIndex_bisect, METH_O, "bisect(ts) -> first position >= ts"},
     {"location", (PyCFunction)SampleIndex_location, METH_O,
      "location(i) -> (block, offset, node id, ts)"},
@@ -625,6 +733,7 @@ static PyTypeObject SampleIndexType = {
     .tp_init = (initproc)SampleIndex_init,
     .tp_dealloc = (destructor)SampleIndex_dealloc,
     .tp_methods = SampleIndex_methods,
+    .tp_getset = SampleIndex_getset,
     .tp_as_sequence = &SampleIndex_seq,
 };
 
@@ -704,17 +813,6 @@ static void node_clear(Node *ns) {
     memset(ns, 0, sizeof(Node));
 }
 
-static int grow(void **arr, Py_ssize_t *cap, Py_ssize_t need, size_t size) {
-    if (need <= *cap) return 0;
-    Py_ssize_t cap2 = *cap ? *cap : 4;
-    while (cap2 < need) cap2 *= 2;
-    void *p = PyMem_Realloc(*arr, cap2 * size);
-    if (p == NULL) return PyErr_NoMemory(), -1;
-    memset((char *)p + *cap * size, 0, (cap2 - *cap) * size);
-    *arr = p;
-    *cap = cap2;
-    return 0;
-}
 
 static Node *node_at(Windows *self, int32_t id) {
     if (id >= self->n_nodes && grow((void **)&self->nodes, &self->n_nodes, id + 1, sizeof(Node)) < 0)
@@ -1075,7 +1173,7 @@ static PyObject *Windows_feed(Windows *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!nnLLnn", &SampleIndexType, &ix, &lo, &hi, &closed,
                           &next_close, &max_batch, &count))
         return NULL;
-    if (lo < 0 || hi > ix->n || lo > hi) {
+    if (lo < 0 || hi > ix->n_rel || lo > hi) {
         PyErr_SetString(PyExc_IndexError, "feed: positions outside the index");
         return NULL;
     }
@@ -1248,6 +1346,12 @@ PyMODINIT_FUNC PyInit__replay_native(void) {
     if (PyType_Ready(&SampleIndexType) < 0 || PyType_Ready(&WindowsType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    Unordered = PyErr_NewException("peerwatch.streams._replay_native.Unordered",
+                                   PyExc_ValueError, NULL);
+    if (Unordered == NULL || PyModule_AddObjectRef(m, "Unordered", Unordered) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&SampleIndexType);
     Py_INCREF(&WindowsType);
     if (PyModule_AddObject(m, "SampleIndex", (PyObject *)&SampleIndexType) < 0

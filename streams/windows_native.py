@@ -54,6 +54,7 @@ def _load() -> Any:
 kernel: Any = _load()
 
 _FAR_PAST = -(1 << 62)
+_FAR_FUTURE = 1 << 62
 P_SKIP, P_LONG, P_FLOAT, P_DOUBLE, P_BOOL, P_STRING, P_ENUM = range(7)
 _TOP_ROLES = {"node": 1, "ts_ms": 2, "gpus": 3, "xids": 4}
 #: GpuReading field -> (role number in the C module, the value kinds it may have).
@@ -85,6 +86,11 @@ AccValues = namedtuple("AccValues", _ACC_FIELDS)  # type: ignore[misc]
 
 class NativeUnsupported(Exception):
     """The native path cannot take this input exactly; replay through the Python path."""
+
+
+class ArchiveUnordered(Exception):
+    """Samples of an archive out of order by more than the streaming read allows; replay
+    again sorting whole hours."""
 
 
 def available() -> bool:
@@ -160,12 +166,17 @@ def new_index(wire_schema: Any) -> Any:
     return kernel.SampleIndex(*sample_programs(wire_schema))
 
 
-def sort_index(index: Any, node_ids: Mapping[str, int]) -> None:
-    """Put ``index`` in replay order: time, node name, read order."""
+def node_ranks(node_ids: Mapping[str, int]) -> array[int]:
+    """The rank of each node id's name in name order (the tie-break of the replay order)."""
     ranks = array("i", bytes(4 * len(node_ids)))
     for rank, name in enumerate(sorted(node_ids)):
         ranks[node_ids[name]] = rank
-    index.sort(ranks)
+    return ranks
+
+
+def sort_index(index: Any, node_ids: Mapping[str, int]) -> None:
+    """Release every sample of ``index``, in replay order: time, node name, read order."""
+    index.release(_FAR_FUTURE, node_ranks(node_ids))
 
 
 @dataclass(frozen=True)

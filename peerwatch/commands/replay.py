@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import os
 import sys
 import time
@@ -77,7 +78,13 @@ def run(args: argparse.Namespace) -> int:
     progress = None if args.no_progress else Progress(span, sys.stderr)
     result = None
     if windows_native.available() and (args.kafka or args.workers <= 1):
-        result = _native_replay(args, span, pipeline, keep, progress, extra)
+        try:
+            result = _native_replay(args, span, pipeline, keep, progress, extra)
+        except windows_native.ArchiveUnordered as exc:
+            logging.getLogger(__name__).warning(
+                "replay: %s; replaying again with whole hours sorted", exc
+            )
+            result = _native_replay(args, span, pipeline, keep, progress, extra, stream=False)
     extra["path"] = "native" if result is not None else "python"
     if result is None:
         result = _python_replay(args, span, pipeline, keep, progress, extra)
@@ -146,15 +153,15 @@ def _python_replay(
 
 def _native_replay(
     args: argparse.Namespace, span: Any, settings: Any, keep: Any, progress: Any,
-    extra: dict[str, Any],
+    extra: dict[str, Any], stream: bool = True,
 ) -> Any:  # fmt: skip
     """The replay through the C sample path (same outputs, several times faster), on two cores
     unless ``--one-process``; None where the input needs the Python path (another schema
-    version, values beyond int64), which then runs."""
-    import logging
-
+    version, values beyond int64), which then runs. Archives are read as a stream (``stream``;
+    raises ArchiveUnordered for one out of order by more than a minute) or by whole hours."""
     from peerwatch.exporters.replay import replay
     from peerwatch.exporters.replay_native import (
+        DEFAULT_REORDER_MS,
         kafka_native_records,
         native_archive_records,
         replay_split,
@@ -174,7 +181,10 @@ def _native_replay(
             )
             read_s = time.perf_counter() - t0  # part of the replay's cost, as on the Python path
         else:
-            records = native_archive_records(Path(args.archive), span, node_ids, prefix, keep)
+            reorder = DEFAULT_REORDER_MS if stream else None
+            records = native_archive_records(
+                Path(args.archive), span, node_ids, prefix, keep, reorder_ms=reorder
+            )
         if args.one_process or (os.cpu_count() or 1) < 2:
             pipe = windows_native.NativePipeline(settings, node_ids)
             result = replay(records, settings, progress=progress, pipeline=pipe, **kept)

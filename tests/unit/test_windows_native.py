@@ -109,15 +109,22 @@ def native_run(
     """Records through a NativePipeline: samples indexed, cut into runs by the other records."""
     node_ids: dict[str, int] = {}
     samples = [v for s, _, v in records if s == "samples"]
-    index = encode_index(samples, node_ids)
     if sort:
+        index = encode_index(samples, node_ids)
         sort_index(index, node_ids)
+        runs = [SampleRun(index, i, i + 1) for i in range(len(samples))]
+    else:  # in the given order: one index per sample (an index releases in time order)
+        runs = []
+        for sample in samples:
+            one = encode_index([sample], node_ids)
+            sort_index(one, node_ids)
+            runs.append(SampleRun(one, 0, 1))
     pipe = NativePipeline(settings, node_ids)
     outs: list[Output] = []
     pos = 0
     for stream, key, value in records:
         if stream == "samples":
-            outs += pipe.feed_samples(SampleRun(index, pos, pos + 1))
+            outs += pipe.feed_samples(runs[pos])
             pos += 1
         else:
             outs += pipe.feed(stream, key, value)
@@ -181,8 +188,8 @@ def test_native_equals_python_on_mangled_input(seed: int) -> None:
 
 
 def test_native_equals_python_out_of_order_with_late_samples() -> None:
-    """Samples fed in a shuffled order (the index left unsorted): late samples come out as
-    late outputs from both paths, and every window is the same."""
+    """Samples fed in a shuffled order: late samples come out as late outputs from both paths,
+    and every window is the same."""
     rng = random.Random(5)
     records = mangle(fleet_records(6, []), 6)
     first_samples = next(i for i, r in enumerate(records) if r[0] == "samples")
