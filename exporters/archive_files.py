@@ -297,9 +297,9 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def block_spans(data: bytes) -> tuple[int, list[tuple[int, int]]]:
-    """Layout of a container file's bytes: (end of the header, [(start, end) of each complete
-    block]). A cut tail is left out. Raises ValueError when ``data`` is not an Avro container."""
+def _header(data: bytes) -> tuple[int, bytes]:
+    """(end of the header, sync marker) of a container file's first bytes. Raises ValueError
+    when ``data`` is not an Avro container or ends inside its header."""
     if data[:4] != b"Obj\x01":
         raise ValueError("not an Avro object container file")
     pos = 4
@@ -314,10 +314,17 @@ def block_spans(data: bytes) -> tuple[int, list[tuple[int, int]]]:
             for _ in range(2 * count):
                 size, pos = _varint(data, pos)
                 pos += size
-        sync = data[pos : pos + 16]
-        header_end = pos + 16
     except IndexError as exc:
         raise ValueError("truncated Avro header") from exc
+    if pos + 16 > len(data):
+        raise ValueError("truncated Avro header")
+    return pos + 16, data[pos : pos + 16]
+
+
+def block_spans(data: bytes) -> tuple[int, list[tuple[int, int]]]:
+    """Layout of a container file's bytes: (end of the header, [(start, end) of each complete
+    block]). A cut tail is left out. Raises ValueError when ``data`` is not an Avro container."""
+    header_end, sync = _header(data)
     spans, pos = [], header_end
     while pos < len(data):
         try:
@@ -331,6 +338,19 @@ def block_spans(data: bytes) -> tuple[int, list[tuple[int, int]]]:
         spans.append((pos, end))
         pos = end
     return header_end, spans
+
+
+def _file_varint(fh: IO[bytes]) -> int | None:
+    """A zigzag varint long read from ``fh``; None when the file ends inside it (or at once)."""
+    shift = result = 0
+    while True:
+        b = fh.read(1)
+        if not b:
+            return None
+        result |= (b[0] & 0x7F) << shift
+        if not b[0] & 0x80:
+            return (result >> 1) ^ -(result & 1)
+        shift += 7
 
 
 def _inflater(codec: str) -> Any:
@@ -349,32 +369,50 @@ def _inflater(codec: str) -> Any:
 
 def raw_blocks(path: Path) -> tuple[Any, Iterator[tuple[int, bytes]]]:
     """The writer schema of a container file and its blocks, ``(record count, decompressed
-    bytes)``, undecoded (the null, deflate and zstandard codecs). The iterator ends at a cut or
-    corrupt tail with a warning, as :func:`read_container` does. Raises ValueError for a file
-    that is not a container or has another codec (read it with :func:`read_file`)."""
-    data = Path(path).read_bytes()
-    header_end, spans = block_spans(data)
+    bytes)``, undecoded (the null, deflate and zstandard codecs), read one block at a time
+    (memory: a block). The iterator ends at a cut or corrupt tail with a warning, as
+    :func:`read_container` does. Raises ValueError for a file that is not a container or has
+    another codec (read it with :func:`read_file`)."""
+    fh = Path(path).open("rb")  # noqa: SIM115 - closed by the blocks iterator (or at GC)
     try:
-        header = fastavro.block_reader(io.BytesIO(data[:header_end]))
+        head = fh.read(1 << 16)
+        while True:
+            try:
+                header_end, sync = _header(head)
+                break
+            except ValueError:
+                more = fh.read(1 << 20)
+                if not more:
+                    raise
+                head += more
+        header = fastavro.block_reader(io.BytesIO(head[:header_end]))
+        inflate = _inflater(str(header.codec))
+        if inflate is None:
+            raise ValueError(f"codec {header.codec!r}")
     except Exception as exc:
-        raise ValueError(f"{path}: unreadable header ({exc})") from exc
-    inflate = _inflater(str(header.codec))
-    if inflate is None:
-        raise ValueError(f"{path}: codec {header.codec!r}")
+        fh.close()
+        raise ValueError(f"{path}: {exc}") from exc
+    fh.seek(header_end)
 
     def blocks() -> Iterator[tuple[int, bytes]]:
-        for start, _end in spans:
-            count, pos = _varint(data, start)
-            size, pos = _varint(data, pos)
-            try:
-                payload = inflate(data[pos : pos + size])
-            except Exception as exc:
-                log.warning("%s: corrupt block, rest ignored (%s: %s)", path,
-                            type(exc).__name__, exc)  # fmt: skip
-                return
-            yield count, payload
-        if (spans[-1][1] if spans else header_end) < len(data):
-            log.warning("%s: truncated tail ignored", path)
+        with fh:
+            while True:
+                at = fh.tell()
+                count = _file_varint(fh)
+                if count is None and fh.tell() == at:
+                    return  # the end of the file, between blocks
+                size = _file_varint(fh) if count is not None else None
+                payload = fh.read(size) if size is not None and size >= 0 else b""
+                if count is None or size is None or len(payload) != size or fh.read(16) != sync:
+                    log.warning("%s: truncated tail ignored", path)
+                    return
+                try:
+                    data = inflate(payload)
+                except Exception as exc:
+                    log.warning("%s: corrupt block, rest ignored (%s: %s)", path,
+                                type(exc).__name__, exc)  # fmt: skip
+                    return
+                yield count, data
 
     return header.writer_schema, blocks()
 

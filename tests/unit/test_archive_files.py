@@ -14,6 +14,7 @@ from peerwatch.exporters.archive_files import (
     block_spans,
     hour_start_ms,
     parse_file_name,
+    raw_blocks,
     read_file,
     record_time_ms,
     split_file,
@@ -104,3 +105,50 @@ def test_not_a_container(tmp_path: Path) -> None:
     assert list(read_file(path)) == []
     with pytest.raises(ValueError):
         split_file(path, 10)
+
+
+@pytest.mark.parametrize("codec", ["zstandard", "deflate", "null"])
+def test_raw_blocks_match_the_decoding_reader_at_every_cut(tmp_path: Path, codec: str) -> None:
+    path = tmp_path / "f.avro"
+    with path.open("wb") as fh:
+        w = fastavro.write.Writer(fh, SCHEMA, codec=codec)
+        for i in range(95):
+            w.write({"ts_ms": i})
+            if (i + 1) % 10 == 0:
+                w.flush()
+        w.flush()
+    data = path.read_bytes()
+    header_end, spans = block_spans(data)
+    cuts = sorted({len(data), header_end, *(e for _, e in spans), *(e - 7 for _, e in spans),
+                   *(s + 1 for s, _ in spans)})  # fmt: skip
+    for cut in cuts:
+        part = tmp_path / f"cut{cut}.avro"
+        part.write_bytes(data[:cut])
+        schema, blocks = raw_blocks(part)
+        got = [fastavro.schemaless_reader(io.BytesIO(b[i:]), SCHEMA, None)
+               for count, b in blocks for i in _offsets(b, count)]  # fmt: skip
+        assert schema["name"] == "R"
+        assert got == list(read_file(part)), cut
+
+
+def _offsets(block: bytes, count: int) -> list[int]:
+    """Start of each 1-field long record in a block (a varint each)."""
+    out, pos = [], 0
+    for _ in range(count):
+        out.append(pos)
+        while block[pos] & 0x80:
+            pos += 1
+        pos += 1
+    return out
+
+
+def test_raw_blocks_refuse_what_they_cannot_read(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.avro"
+    bad.write_bytes(b"not avro at all")
+    with pytest.raises(ValueError, match="not an Avro"):
+        raw_blocks(bad)
+    other = tmp_path / "bz.avro"
+    with other.open("wb") as fh:
+        fastavro.writer(fh, SCHEMA, [{"ts_ms": 1}], codec="bzip2")
+    with pytest.raises(ValueError, match="codec 'bzip2'"):
+        raw_blocks(other)
