@@ -113,7 +113,7 @@ def native_archive_records(
         del decoded
         paths = [p for s, p in files if s == "samples"]
         if reorder_ms is None:
-            yield from merge_runs(others, index_samples(paths, span, node_ids, keep_nodes))
+            yield from merge_runs(deque(others), index_samples(paths, span, node_ids, keep_nodes))
             continue
         index = new_index(strip_logical_types(raw_schema("NodeGpuSample")))
         waiting = deque(others)
@@ -153,27 +153,20 @@ def _sample_files(paths: list[Path]) -> Iterator[tuple[Path, Iterator[tuple[int,
 def _release(
     index: Any, threshold_ms: int, node_ids: dict[str, int], waiting: deque[Record]
 ) -> Iterator[Record]:
-    """Release the samples under ``threshold_ms``; yield them as SampleRuns with the waiting
-    records of other streams under it in between; then forget the samples yielded."""
+    """Release the samples under ``threshold_ms`` and yield them with the waiting records of
+    other streams under it (:func:`merge_runs`); then forget the samples yielded."""
     index.release(threshold_ms, node_ranks(node_ids))
-    pos = 0
-    while waiting and record_time_ms(waiting[0][2]) < threshold_ms:  # type: ignore[operator]
-        record = waiting.popleft()
-        cut = index.bisect(record_time_ms(record[2]))
-        if cut > pos:
-            yield SAMPLE_RUN, "", SampleRun(index, pos, cut)  # type: ignore[misc]
-            pos = cut
-        yield record
-    if pos < len(index):
-        yield SAMPLE_RUN, "", SampleRun(index, pos, len(index))  # type: ignore[misc]
+    yield from merge_runs(waiting, index, threshold_ms)
     index.compact(len(index))
 
 
-def merge_runs(others: Iterable[Record], index: Any) -> Iterator[Record]:
-    """The records of the other streams (in replay order) with the samples of a sorted index
-    between them as SampleRuns: a record at time T before the samples of T."""
+def merge_runs(waiting: deque[Record], index: Any, below_ms: int = _FAR_FUTURE) -> Iterator[Record]:
+    """The released samples of ``index`` as SampleRuns, with the records of other streams (in
+    replay order) taken from ``waiting`` while under ``below_ms`` in between: a record at
+    time T comes before the samples of T."""
     pos = 0
-    for record in others:
+    while waiting and record_time_ms(waiting[0][2]) < below_ms:  # type: ignore[operator]
+        record = waiting.popleft()
         cut = index.bisect(record_time_ms(record[2]))
         if cut > pos:
             yield SAMPLE_RUN, "", SampleRun(index, pos, cut)  # type: ignore[misc]
@@ -248,7 +241,7 @@ def kafka_native_records(
         bad += add(block)
     sort_index(index, node_ids)
     others = sort_records((s, v) for s, v in pairs if span.admits(s, record_time_ms(v)))
-    return list(merge_runs(others, index)), bad
+    return list(merge_runs(deque(others), index)), bad
 
 
 def replay_split(

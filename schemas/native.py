@@ -14,6 +14,7 @@ uses the generated Python reader: same results, slower.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from typing import Any
 
@@ -28,18 +29,19 @@ _PRIMITIVE_KINDS = {
 }  # fmt: skip
 
 
-def _load() -> Any:
+def load_native(module: str) -> Any:
+    """The C extension ``module``, or None when it is not built or ``PEERWATCH_NATIVE=0`` (or
+    false, no, off) turns the C modules off."""
     if os.environ.get("PEERWATCH_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     try:
-        from peerwatch.schemas import _avro_native  # type: ignore[attr-defined]
+        return importlib.import_module(module)
     except ImportError:
         return None
-    return _avro_native
 
 
 #: The C module, or None (not built, or turned off with ``PEERWATCH_NATIVE=0``).
-native: Any = _load()
+native: Any = load_native("peerwatch.schemas._avro_native")
 
 
 def available() -> bool:

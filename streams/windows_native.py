@@ -24,7 +24,6 @@ Python path instead.
 
 from __future__ import annotations
 
-import os
 from array import array
 from collections import namedtuple
 from collections.abc import Iterator, Mapping
@@ -39,19 +38,8 @@ from peerwatch.streams.model import IDLE_JOB_PREFIX
 from peerwatch.streams.pipeline import Output, Pipeline, PipelineSettings
 from peerwatch.streams.windows import _ACC_FIELDS, WindowAggregator
 
-
-def _load() -> Any:
-    if os.environ.get("PEERWATCH_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
-    try:
-        from peerwatch.streams import _replay_native  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _replay_native
-
-
 #: The C module, or None (not built, or ``PEERWATCH_NATIVE=0``).
-kernel: Any = _load()
+kernel: Any = native_codec.load_native("peerwatch.streams._replay_native")
 
 _FAR_PAST = -(1 << 62)
 _FAR_FUTURE = 1 << 62
