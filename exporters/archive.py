@@ -40,13 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from fastavro.write import Writer
-
 from peerwatch.errors import PeerwatchError
 from peerwatch.exporters.archive_files import (
-    BLOCK_BYTES,
     DEFAULT_CODEC,
     HOUR_MS,
+    ContainerWriter,
+    body_encoder,
     hour_of,
     hour_start_ms,
     parse_file_name,
@@ -56,7 +55,6 @@ from peerwatch.schemas.registry import raw_schema, strip_logical_types
 log = logging.getLogger(__name__)
 
 STATE_FILE = "_archive_state.json"
-#: zstandard would need the optional ``zstandard`` package, which is not a dependency.
 CODECS = ("zstandard", "deflate", "null")
 Offsets = dict[tuple[str, int], int]
 
@@ -113,7 +111,7 @@ def write_atomic(path: Path, data: bytes) -> None:
 @dataclass
 class _Open:
     fh: IO[bytes]
-    writer: Writer
+    writer: ContainerWriter
     path: Path
     topic: str
     hour: str
@@ -180,6 +178,7 @@ class ArchiveWriter:
         self.root = Path(root)
         self.settings = (settings or ArchiveSettings()).validate()
         self._schemas = {t: strip_logical_types(raw_schema(s)) for t, s in topic_schemas.items()}
+        self._encoders = {t: body_encoder(s) for t, s in topic_schemas.items()}
         self._open: dict[tuple[str, str], _Open] = {}
         self._dirty_dirs: set[Path] = set()
         self._newest_ms: dict[str, int] = {}
@@ -232,15 +231,20 @@ class ArchiveWriter:
 
     # -- writing ----------------------------------------------------------------------------------
     def write(self, topic: str, partition: int, offset: int, record: Mapping[str, Any] | None,
-              ts_ms: int) -> None:  # fmt: skip
+              ts_ms: int, body: bytes | bytearray | memoryview | None = None) -> None:  # fmt: skip
         """Append ``record`` (event time ``ts_ms``) and note Kafka position ``offset`` as done.
 
-        ``record`` None only advances the offset (a record the caller dead-lettered). Raises
-        KeyError for a topic without a schema; fastavro's errors for a record that does not fit.
+        ``body``: the record's Avro body when the message was written with the current schema
+        (copied as it is; else ``record`` is encoded). ``record`` None only advances the offset
+        (a record the caller dead-lettered). Raises KeyError for a topic without a schema; the
+        codec's EncodeError for a record that does not fit.
         """
         if record is not None:
             entry = self._writer(topic, hour_of(ts_ms))
-            entry.writer.write(dict(record))
+            if body is not None:
+                entry.writer.write_body(body)
+            else:
+                entry.writer.write(record)
             entry.pending += 1
             self.records += 1
             self._newest_ms[topic] = max(self._newest_ms.get(topic, ts_ms), ts_ms)
@@ -256,19 +260,14 @@ class ArchiveWriter:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{hour}.avro.part"
         fh: IO[bytes]
-        if path.exists():  # recovered: continue the same container (fastavro reads its header)
+        schema, encode = self._schemas[topic], self._encoders[topic]
+        if path.exists():  # recovered: continue the same container (its header is read back)
             fh = path.open("a+b")
-            writer = Writer(fh, self._schemas[topic], codec=self.settings.codec)
+            writer = ContainerWriter(fh, schema, encode)
         else:
             fh = path.open("wb")
             marker = hashlib.sha256(f"{topic}|{hour}".encode()).digest()[:16]
-            writer = Writer(
-                fh,
-                self._schemas[topic],
-                codec=self.settings.codec,
-                sync_marker=marker,
-                sync_interval=BLOCK_BYTES,
-            )
+            writer = ContainerWriter(fh, schema, encode, self.settings.codec, marker)
             self._dirty_dirs.add(folder)
         entry = self._open[key] = _Open(fh, writer, path, topic, hour)
         return entry

@@ -115,7 +115,10 @@ class ArchiveLoop:
         ts_ms = record_time_ms(record) if record is not None else None
         if ts_ms is None:
             ts_ms = int(msg.timestamp()[1])
-        self._writer.write(topic, partition, offset, record, ts_ms)
+        # Decoded above to check it and to find its hour; written as its own bytes when it
+        # was written with the current schema (the file's).
+        body = self._codecs[topic].current_body(msg.value() or b"") if record is not None else None
+        self._writer.write(topic, partition, offset, record, ts_ms, body)
         if record is not None:
             self.stats.records += 1
 

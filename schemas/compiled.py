@@ -43,6 +43,9 @@ def _varint(n: int) -> bytes:
 
 _SMALL = {i: _varint(i) for i in range(-64, 4096)}
 
+#: Avro's zig-zag varint encoding of a long (for writers of other Avro structures).
+encode_long = _varint
+
 
 def _vint(n: int, _small: dict[int, bytes] = _SMALL) -> bytes:
     """Zig-zag varint of ``n``; raises TypeError for anything but an int."""

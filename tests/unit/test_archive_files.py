@@ -10,6 +10,7 @@ import pytest
 
 from peerwatch.exporters.archive_files import (
     HOUR_MS,
+    ContainerWriter,
     archive_files,
     block_spans,
     hour_start_ms,
@@ -152,3 +153,47 @@ def test_raw_blocks_refuse_what_they_cannot_read(tmp_path: Path) -> None:
         fastavro.writer(fh, SCHEMA, [{"ts_ms": 1}], codec="bzip2")
     with pytest.raises(ValueError, match="codec 'bzip2'"):
         raw_blocks(other)
+
+
+def _long_body(record: dict[str, int]) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, SCHEMA, record)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("codec", ["zstandard", "deflate", "null"])
+def test_container_writer_files_are_read_by_fastavro_and_continued(
+    tmp_path: Path, codec: str
+) -> None:
+    path = tmp_path / "w.avro"
+    with path.open("wb") as fh:
+        w = ContainerWriter(fh, SCHEMA, _long_body, codec, b"S" * 16, block_bytes=20)
+        for i in range(25):
+            w.write({"ts_ms": i})
+        w.write_body(_long_body({"ts_ms": 1000}))  # an already-encoded record, copied
+        w.flush()
+    with path.open("a+b") as fh:  # a recovered file: its own header's codec and marker
+        w = ContainerWriter(fh, SCHEMA, _long_body, "null")
+        assert w.sync == b"S" * 16
+        w.write({"ts_ms": 2000})
+        w.flush()
+    with path.open("rb") as fh:
+        reader = fastavro.reader(fh)
+        assert reader.metadata["avro.codec"] == codec
+        assert [r["ts_ms"] for r in reader] == [*range(25), 1000, 2000]  # type: ignore[index]
+    _, spans = block_spans(path.read_bytes())
+    assert len(spans) == 3  # a block per 20 bytes of bodies, one at each flush
+
+
+def test_container_writer_is_deterministic_and_refuses_unknown_codecs(tmp_path: Path) -> None:
+    outs = []
+    for name in ("a", "b"):
+        with (tmp_path / name).open("wb") as fh:
+            w = ContainerWriter(fh, SCHEMA, _long_body, "zstandard", b"M" * 16)
+            for i in range(10):
+                w.write({"ts_ms": i})
+            w.flush()
+        outs.append((tmp_path / name).read_bytes())
+    assert outs[0] == outs[1]
+    with (tmp_path / "c").open("wb") as fh, pytest.raises(ValueError, match="codec"):
+        ContainerWriter(fh, SCHEMA, _long_body, "bzip2")
