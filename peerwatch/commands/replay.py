@@ -54,6 +54,9 @@ def register(sub: Any) -> None:
     p.add_argument("--one-process", action="store_true",
                    help="archive replay in one process (default: two where there are two "
                         "cores: samples and windows in one, detector and policy in the other)")  # fmt: skip
+    p.add_argument("--reorder-s", type=float, default=30.0,
+                   help="how far samples of an archive may be out of event-time order for it "
+                        "to be read as a stream (default 30; beyond it, whole hours are sorted)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -70,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     span = TimeRange(parse_time_ms(args.from_), parse_time_ms(args.to), int(args.lookback_s * 1000))
     if span.to_ms <= span.from_ms:
         raise ConfigError("--to", "must be after --from")
+    if args.reorder_s < 0:
+        raise ConfigError("--reorder-s", "must be >= 0")
     if not args.kafka and not Path(args.archive).is_dir():
         raise ConfigError("--archive", f"{args.archive} is not a directory")
     pipeline = live_equivalent_settings(args.window_s, args.lateness_s, args.job_grace_s)
@@ -158,10 +163,10 @@ def _native_replay(
     """The replay through the C sample path (same outputs, several times faster), on two cores
     unless ``--one-process``; None where the input needs the Python path (another schema
     version, values beyond int64), which then runs. Archives are read as a stream (``stream``;
-    raises ArchiveUnordered for one out of order by more than a minute) or by whole hours."""
+    raises ArchiveUnordered for one out of order by more than ``--reorder-s``) or by whole
+    hours."""
     from peerwatch.exporters.replay import replay
     from peerwatch.exporters.replay_native import (
-        DEFAULT_REORDER_MS,
         kafka_native_records,
         native_archive_records,
         replay_split,
@@ -181,7 +186,7 @@ def _native_replay(
             )
             read_s = time.perf_counter() - t0  # part of the replay's cost, as on the Python path
         else:
-            reorder = DEFAULT_REORDER_MS if stream else None
+            reorder = int(args.reorder_s * 1000) if stream else None
             records = native_archive_records(
                 Path(args.archive), span, node_ids, prefix, keep, reorder_ms=reorder
             )

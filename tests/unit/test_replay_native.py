@@ -146,3 +146,27 @@ def test_scoped_stream_equals_scoped_python(archive: Path) -> None:
     got = native(archive, 30_000, keep)
     same(got, want)
     assert {w["node"] for w in got.windows} == set(keep)
+
+
+def test_cli_falls_back_to_whole_hours_for_an_unordered_archive(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+
+    from peerwatch.cli import main
+
+    root = write(tmp_path / "a", shuffle_s=20.0, seed=3)
+    span = ["--from", str(SPAN.from_ms), "--to", str(SPAN.to_ms)]
+    out = tmp_path / "f.jsonl"
+    args = ["replay", "--archive", str(root), *span, "--no-progress", "--one-process"]
+    assert main([*args, "--reorder-s", "2", "--findings", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["path"] == "native"
+    assert "whole hours sorted" in caplog.text
+    want = replay(archive_records(root, SPAN), live_equivalent_settings())
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [g["finding_id"] for g in got if g["kind"] == "finding"] == [
+        f["finding_id"] for f in want.findings
+    ]
+    assert summary["node_records"] == want.node_records
+    assert main([*args, "--reorder-s", "-1"]) == 2
