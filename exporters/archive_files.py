@@ -332,6 +332,16 @@ class AvroFileSink:
         self.records = 0
 
     def write(self, topic: str, record: Mapping[str, Any], ts_ms: int) -> None:
+        """Append ``record`` (event time ``ts_ms``) to its topic's file of that hour."""
+        self._file(topic, ts_ms).write(record)
+        self.records += 1
+
+    def write_body(self, topic: str, body: bytes | bytearray | memoryview, ts_ms: int) -> None:
+        """Append a record already in Avro binary with the topic's current schema."""
+        self._file(topic, ts_ms).write_body(body)
+        self.records += 1
+
+    def _file(self, topic: str, ts_ms: int) -> ContainerWriter:
         hour = hour_of(ts_ms)
         key = (topic, hour)
         entry = self._open.get(key)
@@ -346,8 +356,7 @@ class AvroFileSink:
             marker = hashlib.sha256(f"{topic}|{hour}".encode()).digest()[:16]
             writer = ContainerWriter(fh, schema, body_encoder(name), self._codec, marker)
             entry = self._open[key] = (fh, writer)
-        entry[1].write(record)
-        self.records += 1
+        return entry[1]
 
     def close(self) -> None:
         for fh, writer in self._open.values():

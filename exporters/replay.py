@@ -195,6 +195,19 @@ def _decode_task(
     return [(stream, r) for r in read_file(Path(src), schema, keep)]
 
 
+def archive_hours(
+    root: Path, span: TimeRange, topic_prefix: str = ""
+) -> dict[str, list[tuple[str, Path]]]:
+    """The input files under ``root`` for ``span`` (job events with the lookback), by hour
+    (``YYYY-MM-DDTHH``): ``(stream, file)`` pairs, streams in :data:`INPUT_STREAMS` order."""
+    hours: dict[str, list[tuple[str, Path]]] = {}
+    for stream, spec in INPUT_STREAMS.items():
+        lo = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
+        for path in archive_files(Path(root), topic_prefix + spec.name, lo, span.to_ms):
+            hours.setdefault(path.name[:13], []).append((stream, path))
+    return hours
+
+
 def archive_records(
     root: Path,
     span: TimeRange,
@@ -207,11 +220,7 @@ def archive_records(
     hour of records). ``workers`` > 1 decodes parts of ``part_bytes`` of each file in that many
     processes (Avro decoding is the replay's bottleneck); the order is the same.
     ``keep_nodes``: samples of other nodes are skipped undecoded (see :func:`scope_nodes`)."""
-    hours: dict[str, list[tuple[str, Path]]] = {}
-    for stream, spec in INPUT_STREAMS.items():
-        lo = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
-        for path in archive_files(Path(root), topic_prefix + spec.name, lo, span.to_ms):
-            hours.setdefault(path.name[:13], []).append((stream, path))
+    hours = archive_hours(root, span, topic_prefix)
     if workers <= 1:
         for hour in sorted(hours):
             with bulk_load():

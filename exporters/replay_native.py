@@ -26,7 +26,7 @@ from typing import Any
 
 from fastavro.schema import to_parsing_canonical_form
 
-from peerwatch.exporters.archive_files import archive_files, raw_blocks, record_time_ms
+from peerwatch.exporters.archive_files import raw_blocks, record_time_ms
 from peerwatch.exporters.replay import (
     INPUT_STREAMS,
     SAMPLE_RUN,
@@ -36,6 +36,7 @@ from peerwatch.exporters.replay import (
     TimeRange,
     _admitted,
     _decode_task,
+    archive_hours,
     collect,
     replay,
     sort_records,
@@ -72,13 +73,8 @@ def index_samples(
     given), all released in replay order. Raises NativeUnsupported for a file of another
     schema version."""
     index = new_index(strip_logical_types(raw_schema("NodeGpuSample")))
-    for path, blocks in _sample_files(paths):
-        for count, data in blocks:
-            try:
-                index.add_block(data, count, span.from_ms, span.to_ms, node_ids, keep_nodes)
-            except ValueError as exc:  # as read_container: the writer died here
-                log.warning("%s: truncated tail ignored (%s)", path, exc)
-                break
+    for _ in _add_blocks(index, paths, span, node_ids, keep_nodes):
+        pass
     sort_index(index, node_ids)
     return index
 
@@ -99,37 +95,39 @@ def native_archive_records(
     newest sample read is that much later (memory: that span of samples, not the hour), so the
     pipeline starts while the files are still being read. A sample older than what was released
     raises :class:`ArchiveUnordered` (the archive is out of order by more than ``reorder_ms``):
-    replay again with ``reorder_ms=None``, which sorts whole hours.
+    replay again with ``reorder_ms=None``, which releases each hour once it is all read.
     """
-    hours: dict[str, list[tuple[str, Path]]] = {}
-    for stream, spec in INPUT_STREAMS.items():
-        lo = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
-        for path in archive_files(Path(root), topic_prefix + spec.name, lo, span.to_ms):
-            hours.setdefault(path.name[:13], []).append((stream, path))
-    for hour in sorted(hours):
-        files = hours[hour]
+    for files in (v for _, v in sorted(archive_hours(root, span, topic_prefix).items())):
         decoded = [r for s, p in files if s != "samples" for r in _decode_task((s, str(p), None))]
-        others = _admitted(decoded, span)
+        waiting = deque(_admitted(decoded, span))
         del decoded
-        paths = [p for s, p in files if s == "samples"]
-        if reorder_ms is None:
-            yield from merge_runs(deque(others), index_samples(paths, span, node_ids, keep_nodes))
-            continue
         index = new_index(strip_logical_types(raw_schema("NodeGpuSample")))
-        waiting = deque(others)
-        for path, blocks in _sample_files(paths):
-            for count, data in blocks:
-                try:
-                    index.add_block(data, count, span.from_ms, span.to_ms, node_ids, keep_nodes)
-                except kernel.Unordered as exc:
-                    raise ArchiveUnordered(f"{path}: {exc}") from exc
-                except ValueError as exc:  # as read_container: the writer died here
-                    log.warning("%s: truncated tail ignored (%s)", path, exc)
-                    break
-                newest = index.max_ts
-                if newest is not None and newest - reorder_ms > index.released_below:
-                    yield from _release(index, newest - reorder_ms, node_ids, waiting)
+        paths = [p for s, p in files if s == "samples"]
+        for _ in _add_blocks(index, paths, span, node_ids, keep_nodes):
+            newest = index.max_ts
+            below = None if reorder_ms is None or newest is None else newest - reorder_ms
+            if below is not None and below > index.released_below:
+                yield from _release(index, below, node_ids, waiting)
         yield from _release(index, _FAR_FUTURE, node_ids, waiting)
+
+
+def _add_blocks(
+    index: Any, paths: list[Path], span: TimeRange, node_ids: dict[str, int],
+    keep_nodes: frozenset[str] | None,
+) -> Iterator[None]:  # fmt: skip
+    """Add the blocks of the sample files to ``index``, yielding after each one. A bad block
+    ends its file (a warning, as ``read_container``); a sample older than what the index
+    already released raises ArchiveUnordered."""
+    for path, blocks in _sample_files(paths):
+        for count, data in blocks:
+            try:
+                index.add_block(data, count, span.from_ms, span.to_ms, node_ids, keep_nodes)
+            except kernel.Unordered as exc:
+                raise ArchiveUnordered(f"{path}: {exc}") from exc
+            except ValueError as exc:  # as read_container: the writer died here
+                log.warning("%s: truncated tail ignored (%s)", path, exc)
+                break
+            yield
 
 
 def _sample_files(paths: list[Path]) -> Iterator[tuple[Path, Iterator[tuple[int, bytes]]]]:

@@ -30,38 +30,29 @@ static int bad(const char *what) {
     return -1;
 }
 
+/* A zig-zag varint of at most 64 bits at buf[*pos]; NULL (and *pos moved past it), or what is
+   wrong: the input ends inside it, or it does not fit 64 bits (a 10th byte above 1). */
+static inline const char *varint_at(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t len,
+                                    int64_t *out) {
+    Py_ssize_t p = *pos, lim = len - p < 10 ? len - p : 10;
+    uint64_t acc = 0;
+    for (int k = 0;; k++) {
+        if (k >= lim) return lim < 10 ? "truncated varint" : "varint does not fit 64 bits";
+        unsigned char b = buf[p + k];
+        if (k == 9 && b > 1) return "varint does not fit 64 bits";
+        acc |= (uint64_t)(b & 0x7F) << (7 * k);
+        if (b < 0x80) {
+            *pos = p + k + 1;
+            *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
+            return NULL;
+        }
+    }
+}
+
 /* Zig-zag varint of at most 64 bits; -1 with ValueError on truncation or overflow. */
 static inline int read_long(Reader *r, int64_t *out) {
-    uint64_t acc = 0;
-    if (r->len - r->pos >= 10) { /* fast path: no bounds check per byte */
-        const unsigned char *p = r->buf + r->pos;
-        for (int i = 0; i < 9; i++) {
-            unsigned char b = p[i];
-            acc |= (uint64_t)(b & 0x7F) << (7 * i);
-            if (b < 0x80) {
-                r->pos += i + 1;
-                *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
-                return 0;
-            }
-        }
-        if (p[9] > 1) return bad("varint does not fit 64 bits");
-        acc |= (uint64_t)p[9] << 63;
-        r->pos += 10;
-        *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
-        return 0;
-    }
-    int shift = 0;
-    while (1) {
-        if (r->pos >= r->len) return bad("truncated varint");
-        unsigned char b = r->buf[r->pos++];
-        if (shift == 63 && b > 1) return bad("varint does not fit 64 bits");
-        acc |= (uint64_t)(b & 0x7F) << shift;
-        if (b < 0x80) break;
-        shift += 7;
-        if (shift > 63) return bad("varint longer than 10 bytes");
-    }
-    *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
-    return 0;
+    const char *err = varint_at(r->buf, &r->pos, r->len, out);
+    return err != NULL ? bad(err) : 0;
 }
 
 static int read_length(Reader *r, Py_ssize_t *out) {

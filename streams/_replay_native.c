@@ -99,223 +99,108 @@ fail:
     return -1;
 }
 
-static inline int read_field(Reader *r, const Field *fd, Val *v) {
-    if (fd->kind == P_SKIP) {
-        v->present = 0;
-        return skip_value(r, fd->plan, 1);
-    }
+/* One field's value at buf[*pos] (any kind but P_SKIP) into v, or stepped over when v is NULL:
+   bounds, union branches, enum ranges and booleans checked. NULL, or what is wrong. The
+   position is a local of the caller's loop: this is most of a replay's reading. */
+static inline const char *field_at(const Field *fd, const unsigned char *buf, Py_ssize_t *at,
+                                   Py_ssize_t len, Val *v) {
+    Py_ssize_t pos = *at;
+    const char *err = NULL;
     if (fd->null_branch >= 0) {
-        if (r->pos >= r->len) return bad("truncated union branch");
-        unsigned char c = r->buf[r->pos++];
-        if (c >= 0x80) return bad("bad union branch");
-        int64_t br = (int64_t)(c >> 1) ^ -(int64_t)(c & 1);
-        if (br != 0 && br != 1) return bad("bad union branch");
-        if (br == fd->null_branch) {
-            v->present = 0;
-            return 0;
-        }
-    }
-    v->present = 1;
-    v->is_float = 0;
-    switch (fd->kind) {
-    case P_LONG:
-        return read_long(r, &v->i);
-    case P_ENUM:
-        if (read_long(r, &v->i) < 0) return -1;
-        if (v->i < 0 || v->i >= fd->nsym) return bad("enum index out of range");
-        return 0;
-    case P_BOOL:
-        if (r->pos >= r->len) return bad("truncated boolean");
-        if (r->buf[r->pos] > 1) return bad("bad boolean");
-        v->i = r->buf[r->pos++];
-        return 0;
-    case P_FLOAT:
-    case P_DOUBLE: {
-        Py_ssize_t size = fd->kind == P_FLOAT ? 4 : 8;
-        if (r->len - r->pos < size) return bad("truncated float");
-        const char *p = (const char *)r->buf + r->pos;
-        v->f = size == 4 ? PyFloat_Unpack4(p, 1) : PyFloat_Unpack8(p, 1);
-        if (v->f == -1.0 && PyErr_Occurred()) return -1;
-        v->is_float = 1;
-        r->pos += size;
-        return 0;
-    }
-    case P_STRING:
-        if (read_length(r, &v->len) < 0) return -1;
-        v->off = r->pos;
-        r->pos += v->len;
-        return 0;
-    }
-    return bad("bad field kind");
-}
-
-/* Step over a varint with read_long's checks, without computing it. */
-static inline int skip_long(Reader *r) {
-    Py_ssize_t left = r->len - r->pos;
-    Py_ssize_t n = left < 10 ? left : 10;
-    const unsigned char *p = r->buf + r->pos;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (p[i] < 0x80) {
-            if (i == 9 && p[i] > 1) break;
-            r->pos += i + 1;
-            return 0;
-        }
-    }
-    return bad(n < 10 ? "truncated varint" : "varint does not fit 64 bits");
-}
-
-/* Step over a field's value with read_field's checks (enum range, booleans, bounds). */
-static inline int skip_field(Reader *r, const Field *fd) {
-    if (fd->kind == P_SKIP) return skip_value(r, fd->plan, 1);
-    if (fd->null_branch >= 0) {
-        if (r->pos >= r->len) return bad("truncated union branch");
-        unsigned char c = r->buf[r->pos++];
-        if (c > 2 || c == 1) return bad("bad union branch"); /* zig-zag 0 or 1 */
-        if ((c >> 1) == fd->null_branch) return 0;
-    }
-    switch (fd->kind) {
-    case P_LONG:
-        return skip_long(r);
-    case P_ENUM: {
-        int64_t i;
-        if (read_long(r, &i) < 0) return -1;
-        if (i < 0 || i >= fd->nsym) return bad("enum index out of range");
-        return 0;
-    }
-    case P_BOOL:
-        if (r->pos >= r->len) return bad("truncated boolean");
-        if (r->buf[r->pos] > 1) return bad("bad boolean");
-        r->pos++;
-        return 0;
-    case P_FLOAT:
-    case P_DOUBLE: {
-        Py_ssize_t size = fd->kind == P_FLOAT ? 4 : 8;
-        if (r->len - r->pos < size) return bad("truncated float");
-        r->pos += size;
-        return 0;
-    }
-    case P_STRING: {
-        Py_ssize_t len;
-        if (read_length(r, &len) < 0) return -1;
-        r->pos += len;
-        return 0;
-    }
-    }
-    return bad("bad field kind");
-}
-
-/* A zig-zag varint at buf[*pos] with read_long's checks; NULL, or what is wrong. */
-static inline const char *varint_at(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t len,
-                                    int64_t *out) {
-    Py_ssize_t p = *pos, lim = len - p < 10 ? len - p : 10;
-    uint64_t acc = 0;
-    for (int k = 0;; k++) {
-        if (k >= lim) return lim < 10 ? "truncated varint" : "varint does not fit 64 bits";
-        unsigned char b = buf[p + k];
-        if (k == 9 && b > 1) return "varint does not fit 64 bits";
-        acc |= (uint64_t)(b & 0x7F) << (7 * k);
-        if (b < 0x80) {
-            *pos = p + k + 1;
-            *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
+        if (pos >= len) return "truncated union branch";
+        unsigned char c = buf[pos++];
+        if (c > 2 || c == 1) return "bad union branch"; /* zig-zag branch 0 or 1 */
+        if ((c >> 1) == fd->null_branch) {
+            if (v != NULL) v->present = 0;
+            *at = pos;
             return NULL;
         }
     }
+    int64_t n = 0;
+    switch (fd->kind) {
+    case P_LONG:
+    case P_ENUM:
+        if ((err = varint_at(buf, &pos, len, &n)) != NULL) return err;
+        if (fd->kind == P_ENUM && (n < 0 || n >= fd->nsym)) return "enum index out of range";
+        if (v != NULL) {
+            v->present = 1;
+            v->is_float = 0;
+            v->i = n;
+        }
+        break;
+    case P_BOOL:
+        if (pos >= len) return "truncated boolean";
+        if (buf[pos] > 1) return "bad boolean";
+        if (v != NULL) {
+            v->present = 1;
+            v->is_float = 0;
+            v->i = buf[pos];
+        }
+        pos++;
+        break;
+    case P_FLOAT:
+    case P_DOUBLE: {
+        Py_ssize_t size = fd->kind == P_FLOAT ? 4 : 8;
+        if (len - pos < size) return "truncated float";
+        if (v != NULL) {
+            const char *p = (const char *)buf + pos;
+            v->f = size == 4 ? PyFloat_Unpack4(p, 1) : PyFloat_Unpack8(p, 1);
+            if (v->f == -1.0 && PyErr_Occurred()) return "bad float";
+            v->present = 1;
+            v->is_float = 1;
+        }
+        pos += size;
+        break;
+    }
+    case P_STRING:
+        if ((err = varint_at(buf, &pos, len, &n)) != NULL) return err;
+        if (n < 0 || n > len - pos) return "bad length";
+        if (v != NULL) {
+            v->present = 1;
+            v->off = pos;
+            v->len = (Py_ssize_t)n;
+        }
+        pos += (Py_ssize_t)n;
+        break;
+    default:
+        return "bad field kind";
+    }
+    *at = pos;
+    return NULL;
+}
+
+/* One field at r into v (NULL: stepped over); P_SKIP fields walk their plan. 0 or -1. */
+static int read_field(Reader *r, const Field *fd, Val *v) {
+    if (fd->kind == P_SKIP) {
+        if (v != NULL) v->present = 0;
+        return skip_value(r, fd->plan, 1);
+    }
+    const char *err = field_at(fd, r->buf, &r->pos, r->len, v);
+    return err != NULL ? bad(err) : 0;
 }
 
 /* One record of `item` at r: the values of role fields into vals (vals NULL: all stepped
-   over). The checks of read_field/skip_field, with the position kept in a local (r is written
-   back once): this loop is most of a replay's reading. */
+   over), with the position kept in a local (r is written back once). */
 static int record_fields(Reader *r, const Program *item, Val *vals) {
     const unsigned char *buf = r->buf;
     Py_ssize_t pos = r->pos, len = r->len;
-    const char *err = NULL;
     for (Py_ssize_t i = 0; i < item->n; i++) {
         const Field *fd = &item->f[i];
         Val *v = vals != NULL && fd->role ? &vals[fd->role] : NULL;
         if (fd->kind == P_SKIP) {
             r->pos = pos;
-            if (skip_value(r, fd->plan, 1) < 0) return -1;
+            if (read_field(r, fd, v) < 0) return -1;
             pos = r->pos;
-            if (v != NULL) v->present = 0;
             continue;
         }
-        if (fd->null_branch >= 0) {
-            if (pos >= len) {
-                err = "truncated union branch";
-                break;
-            }
-            unsigned char c = buf[pos++];
-            if (c > 2 || c == 1) { /* zig-zag branch 0 or 1 */
-                err = "bad union branch";
-                break;
-            }
-            if ((c >> 1) == fd->null_branch) {
-                if (v != NULL) v->present = 0;
-                continue;
-            }
+        const char *err = field_at(fd, buf, &pos, len, v);
+        if (err != NULL) {
+            r->pos = pos;
+            return bad(err);
         }
-        int64_t n = 0;
-        switch (fd->kind) {
-        case P_LONG:
-        case P_ENUM:
-            if ((err = varint_at(buf, &pos, len, &n)) != NULL) break;
-            if (fd->kind == P_ENUM && (n < 0 || n >= fd->nsym)) {
-                err = "enum index out of range";
-                break;
-            }
-            if (v != NULL) {
-                v->present = 1;
-                v->is_float = 0;
-                v->i = n;
-            }
-            break;
-        case P_BOOL:
-            if (pos >= len) err = "truncated boolean";
-            else if (buf[pos] > 1) err = "bad boolean";
-            else if (v != NULL) {
-                v->present = 1;
-                v->is_float = 0;
-                v->i = buf[pos];
-            }
-            pos++;
-            break;
-        case P_FLOAT:
-        case P_DOUBLE: {
-            Py_ssize_t size = fd->kind == P_FLOAT ? 4 : 8;
-            if (len - pos < size) {
-                err = "truncated float";
-                break;
-            }
-            if (v != NULL) {
-                const char *at = (const char *)buf + pos;
-                v->f = size == 4 ? PyFloat_Unpack4(at, 1) : PyFloat_Unpack8(at, 1);
-                if (v->f == -1.0 && PyErr_Occurred()) return -1;
-                v->present = 1;
-                v->is_float = 1;
-            }
-            pos += size;
-            break;
-        }
-        case P_STRING:
-            if ((err = varint_at(buf, &pos, len, &n)) != NULL) break;
-            if (n < 0 || n > len - pos) {
-                err = "bad length";
-                break;
-            }
-            if (v != NULL) {
-                v->present = 1;
-                v->off = pos;
-                v->len = (Py_ssize_t)n;
-            }
-            pos += (Py_ssize_t)n;
-            break;
-        default:
-            err = "bad field kind";
-        }
-        if (err != NULL) break;
     }
     r->pos = pos;
-    return err != NULL ? bad(err) : 0;
+    return 0;
 }
 
 /* Items of an array of records read with `item` (each item's values go to vals, then to visit
@@ -400,7 +285,7 @@ static int scan_sample(SampleIndex *ix, Reader *r, PyObject **node, int64_t *ts)
             Val xv[1];
             if (read_array(r, &ix->xid, xv, 0, NULL, NULL) < 0) goto fail;
         } else if (fd->role == S_NONE) {
-            if (skip_field(r, fd) < 0) goto fail;
+            if (read_field(r, fd, NULL) < 0) goto fail;
         } else {
             if (read_field(r, fd, &v) < 0) goto fail;
             if (fd->role == S_NODE && v.present) {
@@ -1118,7 +1003,7 @@ static int add_sample(Windows *self, SampleIndex *ix, Entry *e, Py_ssize_t *xids
             *xids = read_array(&r, &ix->xid, xv, 0, NULL, NULL);
             if (*xids < 0) return -1;
             return 0; /* nothing after the xids is used */
-        } else if (skip_field(&r, fd) < 0) {
+        } else if (read_field(&r, fd, NULL) < 0) {
             return -1; /* node and ts_ms are known from the index */
         }
     }

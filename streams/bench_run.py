@@ -395,8 +395,9 @@ class WorkerRun:
 
 
 def archive_raw(records: Sequence[Raw], root: Path, topic_prefix: str) -> int:
-    """Write encoded records (topics under ``topic_prefix``) as the archiver would, under
-    their topic names without the prefix; returns how many were written."""
+    """Write encoded records (topics under ``topic_prefix``; ``encode_fleet`` stamps each with
+    its event time) as the archiver would: their Avro bodies, under their topic names without
+    the prefix; returns how many were written."""
     from peerwatch.exporters.archive_files import AvroFileSink
 
     topics = {topic_prefix + t.name: t for t in STREAM_TOPICS.values()}
@@ -404,8 +405,10 @@ def archive_raw(records: Sequence[Raw], root: Path, topic_prefix: str) -> int:
     sink = AvroFileSink(root, {t.name: t.value_schema or "" for t in topics.values()})
     try:
         for topic, _key, value, ts_ms in records:
-            record = codecs[topic].decode(value)
-            sink.write(topics[topic].name, record, int(record.get("ts_ms", ts_ms or 0)))
+            body = codecs[topic].current_body(value)
+            if body is None:
+                raise ValueError(f"{topic}: a record not encoded with the current schema")
+            sink.write_body(topics[topic].name, body, int(ts_ms or 0))
     finally:
         sink.close()
     return sink.records

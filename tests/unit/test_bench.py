@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -134,3 +135,23 @@ def test_latency_is_judged_on_the_paced_phase_when_it_has_findings() -> None:
     burst_slow["paced"]["finding_latency_ms"] = latency_summary([])
     assert verdicts(burst_slow)["finding_latency"] == "FAIL"
     assert latency_summary([]) == {"count": 0, "p50": None, "p95": None, "max": None}
+
+
+def test_the_replay_phase_archive_holds_what_the_simulator_archives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from peerwatch.exporters.archive_files import read_archive
+    from peerwatch.producers.sim.publish import write_archive
+    from peerwatch.streams.bench_run import archive_raw, bench_fleet, encode_fleet
+    from peerwatch.topics import SAMPLES
+
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)  # both fleets start alike
+    fleet = bench_fleet(4, 8, 40.0)
+    first, rest, total = encode_fleet(fleet, "pfx.")
+    assert archive_raw([*first, *rest], tmp_path / "raw", "pfx.") == len(first) + len(rest)
+    write_archive(bench_fleet(4, 8, 40.0), tmp_path / "sim")
+    got = list(read_archive(tmp_path / "raw", SAMPLES.name, "NodeGpuSample"))
+    want = list(read_archive(tmp_path / "sim", SAMPLES.name, "NodeGpuSample"))
+    assert len(got) == total == len(want) and got == want
