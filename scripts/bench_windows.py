@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from peerwatch.producers.sim import Fleet, parse_scenario
-from peerwatch.streams.allocation import AllocationTable
-from peerwatch.streams.windows import WindowAggregator
+from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.windows import WindowAggregator
 
 
 def main() -> None:

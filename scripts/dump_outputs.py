@@ -13,8 +13,8 @@ from pathlib import Path
 
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
-from peerwatch.streams.eval_suites import suite
-from peerwatch.streams.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
+from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
+from peerwatch.streams.tools.eval_suites import suite
 
 
 def main() -> None:

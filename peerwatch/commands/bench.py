@@ -1,5 +1,5 @@
 """``peerwatch bench stream`` — measure the live stream processor against a plain consume +
-decode floor on the same pre-produced records (definitions in ``peerwatch.streams.bench``)."""
+decode floor on the same pre-produced records (definitions in ``peerwatch.streams.tools.bench``)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peerwatch.streams.bench import format_table
-    from peerwatch.streams.bench_run import run_stream_bench
+    from peerwatch.streams.tools.bench import format_table
+    from peerwatch.streams.tools.bench_run import run_stream_bench
 
     settings = settings_of(args)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="peerwatch-bench-"))

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from peerwatch.producers.sim.publish import publish_to_kafka
     from peerwatch.producers.sim.scenario import load_scenario, with_fleet
     from peerwatch.settings import expand
-    from peerwatch.streams.app import StreamSettings, internal_topics
+    from peerwatch.streams.live.app import StreamSettings, internal_topics
     from peerwatch.topic_admin import ensure_topics
     from peerwatch.topics import catalogue
 

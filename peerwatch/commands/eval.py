@@ -11,8 +11,8 @@ import json
 import sys
 from typing import Any
 
-from peerwatch.streams.eval_suites import suite
-from peerwatch.streams.evaluation import evaluate, format_report, parse_overrides
+from peerwatch.streams.tools.eval_suites import suite
+from peerwatch.streams.tools.evaluation import evaluate, format_report, parse_overrides
 
 
 def register(sub: Any) -> None:

@@ -1,6 +1,6 @@
 """``peerwatch replay --from T --to T (--kafka | --archive DIR)`` — run a time range through the
 same stages as the live stream, offline and deterministically, with the live stream's settings
-(see :mod:`peerwatch.exporters.replay`). ``--findings`` writes findings and recommendations as
+(see :mod:`peerwatch.streams.offline.replay`). ``--findings`` writes findings and recommendations as
 JSON lines; ``--report`` an incident report (HTML). Prints a JSON summary on stdout."""
 
 from __future__ import annotations
@@ -62,13 +62,13 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peerwatch.exporters.replay import (
+    from peerwatch.streams.offline import windows_native
+    from peerwatch.streams.offline.replay import (
         Progress,
         TimeRange,
         live_equivalent_settings,
         output_lines,
     )
-    from peerwatch.streams import windows_native
 
     span = TimeRange(parse_time_ms(args.from_), parse_time_ms(args.to), int(args.lookback_s * 1000))
     if span.to_ms <= span.from_ms:
@@ -108,13 +108,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _scope(args: argparse.Namespace, span: Any, extra: dict[str, Any]) -> frozenset[str] | None:
     """The nodes whose samples a ``--job``/``--node`` replay reads (None: all)."""
-    from peerwatch.exporters.replay import archive_job_events, scope_nodes
+    from peerwatch.streams.offline.replay import archive_job_events, scope_nodes
 
     if not (args.job or args.node):
         return None
     settings = settings_of(args)
     if args.kafka:
-        from peerwatch.exporters.replay_kafka import kafka_records
+        from peerwatch.streams.offline.replay_kafka import kafka_records
 
         job_events, _ = kafka_records(
             settings.kafka, span, settings.topic_prefix, streams=("job-events",)
@@ -132,13 +132,13 @@ def _python_replay(
     extra: dict[str, Any],
 ) -> Any:  # fmt: skip
     """The replay through decoded records (any schema version, ``--workers`` decoders)."""
-    from peerwatch.exporters.replay import archive_records, replay
+    from peerwatch.streams.offline.replay import archive_records, replay
 
     settings = settings_of(args)
     read_s = 0.0
     records: Any
     if args.kafka:
-        from peerwatch.exporters.replay_kafka import kafka_records
+        from peerwatch.streams.offline.replay_kafka import kafka_records
 
         t0 = time.perf_counter()
         records, extra["undecodable"] = kafka_records(
@@ -165,13 +165,13 @@ def _native_replay(
     version, values beyond int64), which then runs. Archives are read as a stream (``stream``;
     raises ArchiveUnordered for one out of order by more than ``--reorder-s``) or by whole
     hours."""
-    from peerwatch.exporters.replay import replay
-    from peerwatch.exporters.replay_native import (
+    from peerwatch.streams.offline import windows_native
+    from peerwatch.streams.offline.replay import replay
+    from peerwatch.streams.offline.replay_native import (
         kafka_native_records,
         native_archive_records,
         replay_split,
     )
-    from peerwatch.streams import windows_native
 
     node_ids: dict[str, int] = {}
     prefix = settings_of(args).topic_prefix

@@ -27,8 +27,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import faust
 
-    from peerwatch.streams.app import StreamSettings, build_app, internal_topics
-    from peerwatch.streams.settings import DetectorSettings
+    from peerwatch.streams.core.settings import DetectorSettings
+    from peerwatch.streams.live.app import StreamSettings, build_app, internal_topics
     from peerwatch.topic_admin import ensure_topics
     from peerwatch.topics import catalogue
 

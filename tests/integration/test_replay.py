@@ -21,7 +21,7 @@ from peerwatch.exporters.archive_files import read_archive
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.settings import KafkaSettings
-from peerwatch.streams import windows_native
+from peerwatch.streams.offline import windows_native
 from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import RECOMMENDATIONS, STRAGGLERS, catalogue
 from tests.integration.archive_helpers import (

@@ -32,9 +32,9 @@ from peerwatch.producers.sim.publish import STREAM_TOPICS
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas.codec import AvroCodec, decode_any
 from peerwatch.settings import KafkaSettings
-from peerwatch.streams.bench_run import WorkerProcess, produce_raw, read_topic, wait_stable
-from peerwatch.streams.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
-from peerwatch.streams.settings import DetectorSettings
+from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
+from peerwatch.streams.core.settings import DetectorSettings
+from peerwatch.streams.tools.bench_run import WorkerProcess, produce_raw, read_topic, wait_stable
 from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import (
     DEADLETTER,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from peerwatch.streams.allocation import AllocationTable, split_by_node
-from peerwatch.streams.model import InvalidRecordError
+from peerwatch.streams.core.allocation import AllocationTable, split_by_node
+from peerwatch.streams.core.model import InvalidRecordError
 
 T0 = 1_767_225_600_000
 

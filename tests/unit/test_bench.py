@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from peerwatch.streams.bench import (
+from peerwatch.streams.tools.bench import (
     format_table,
     latency_summary,
     parse_stat_cpu_s,
@@ -144,7 +144,7 @@ def test_the_replay_phase_archive_holds_what_the_simulator_archives(
 
     from peerwatch.exporters.archive_files import read_archive
     from peerwatch.producers.sim.publish import write_archive
-    from peerwatch.streams.bench_run import archive_raw, bench_fleet, encode_fleet
+    from peerwatch.streams.tools.bench_run import archive_raw, bench_fleet, encode_fleet
     from peerwatch.topics import SAMPLES
 
     monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)  # both fleets start alike

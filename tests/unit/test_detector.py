@@ -22,10 +22,10 @@ from windowgen import (
     with_overrides,
 )
 
-from peerwatch.streams.detector import detect_job_window
-from peerwatch.streams.detector_state import JobDetectorState
-from peerwatch.streams.model import InvalidRecordError, JobContext, gpu_key
-from peerwatch.streams.settings import DetectorSettings
+from peerwatch.streams.core.detector import detect_job_window
+from peerwatch.streams.core.detector_state import JobDetectorState
+from peerwatch.streams.core.model import InvalidRecordError, JobContext, gpu_key
+from peerwatch.streams.core.settings import DetectorSettings
 
 FIRST_EVALUATED = 2  # windows 0 and 1 are the warm-up after a job start at 0 ms
 

@@ -5,8 +5,8 @@ GPUs) through the same pipeline as the live stream; about 20-30 s on two cores."
 
 from __future__ import annotations
 
-from peerwatch.streams.eval_suites import suite
-from peerwatch.streams.evaluation import evaluate, parse_overrides
+from peerwatch.streams.tools.eval_suites import suite
+from peerwatch.streams.tools.evaluation import evaluate, parse_overrides
 
 
 def test_quick_suite_meets_every_target() -> None:

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from peerwatch.errors import ConfigError
-from peerwatch.streams.eval_suites import suite
-from peerwatch.streams.evaluation import (
+from peerwatch.streams.tools.eval_suites import suite
+from peerwatch.streams.tools.evaluation import (
     Score,
     kind_of,
     latency_summary,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from peerwatch.streams.hot_progress import PartitionProgress
+from peerwatch.streams.live.hot_progress import PartitionProgress
 
 W = 30_000
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from peerwatch.producers.sim import Fleet, parse_scenario
-from peerwatch.streams.pipeline import (
+from peerwatch.streams.core.pipeline import (
     FINDING,
     RECOMMENDATION,
     WINDOW,
@@ -14,8 +14,8 @@ from peerwatch.streams.pipeline import (
     Pipeline,
     PipelineSettings,
 )
-from peerwatch.streams.settings import DetectorSettings
-from peerwatch.streams.windows import JobWindowBatch
+from peerwatch.streams.core.settings import DetectorSettings
+from peerwatch.streams.core.windows import JobWindowBatch
 
 
 def scenario(**extra: Any) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def test_job_stage_waits_for_all_gpus_or_the_watermark_and_keeps_window_order() 
                "window_end_ms": start + 30_000, "samples": 1} for i in range(2)]  # fmt: skip
         return JobWindowBatch("J", start, start + 30_000, ws)
 
-    from peerwatch.streams.model import JobContext
+    from peerwatch.streams.core.model import JobContext
 
     ctx = JobContext(job_id="J", expected_gpus=4)
     stage.add(batch(0, "a"))

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from test_windows_native import SCENARIOS, encode_index, fleet_records, mangle, ordered, python_run
 
-from peerwatch.streams import windows_native
-from peerwatch.streams.pipeline import Output, PipelineSettings
-from peerwatch.streams.pipeline_split import BackPipeline, FrontPipeline
-from peerwatch.streams.windows_native import SampleRun, sort_index
+from peerwatch.streams.core.pipeline import Output, PipelineSettings
+from peerwatch.streams.offline import windows_native
+from peerwatch.streams.offline.pipeline_split import BackPipeline, FrontPipeline
+from peerwatch.streams.offline.windows_native import SampleRun, sort_index
 
 pytestmark = pytest.mark.skipif(not windows_native.available(), reason="C module not built")
 
@@ -44,7 +44,7 @@ def split_run(records: list[Any], settings: PipelineSettings) -> tuple[list[Outp
 
 @pytest.mark.parametrize(("seed", "faults"), SCENARIOS)
 def test_split_equals_one_process(seed: int, faults: list[Any]) -> None:
-    from peerwatch.exporters.replay import live_equivalent_settings
+    from peerwatch.streams.offline.replay import live_equivalent_settings
 
     records = ordered(fleet_records(seed, faults))
     settings = live_equivalent_settings()
@@ -56,7 +56,7 @@ def test_split_equals_one_process(seed: int, faults: list[Any]) -> None:
 
 
 def test_split_equals_one_process_on_mangled_input_with_step_times() -> None:
-    from peerwatch.exporters.replay import live_equivalent_settings
+    from peerwatch.streams.offline.replay import live_equivalent_settings
 
     records = mangle(fleet_records(12, SCENARIOS[1][1]), 12)
     steps = []

@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from windowgen import WINDOW_MS, run, window, with_overrides
 
-from peerwatch.streams.model import InvalidRecordError, JobContext, stable_id
-from peerwatch.streams.policy import apply, record_kind, sanitize_reason
-from peerwatch.streams.policy_state import DrainPolicyState
-from peerwatch.streams.settings import PolicySettings
+from peerwatch.streams.core.model import InvalidRecordError, JobContext, stable_id
+from peerwatch.streams.core.policy import apply, record_kind, sanitize_reason
+from peerwatch.streams.core.policy_state import DrainPolicyState
+from peerwatch.streams.core.settings import PolicySettings
 
 SCHEMAS = pathlib.Path(__file__).resolve().parents[2] / "schemas"
 MINUTE_MS = 60_000

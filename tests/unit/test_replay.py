@@ -10,7 +10,11 @@ from typing import Any
 
 import pytest
 
-from peerwatch.exporters.replay import (
+from peerwatch.producers.sim.fleet import Fleet
+from peerwatch.producers.sim.publish import write_archive
+from peerwatch.producers.sim.scenario import parse_scenario
+from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, WINDOW, Output
+from peerwatch.streams.offline.replay import (
     Progress,
     TimeRange,
     archive_job_events,
@@ -22,10 +26,6 @@ from peerwatch.exporters.replay import (
     scope_nodes,
     sort_records,
 )
-from peerwatch.producers.sim.fleet import Fleet
-from peerwatch.producers.sim.publish import write_archive
-from peerwatch.producers.sim.scenario import parse_scenario
-from peerwatch.streams.pipeline import FINDING, RECOMMENDATION, WINDOW, Output
 
 T0 = 1_767_225_600_000
 HOUR = 3_600_000
@@ -49,7 +49,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_settings_equal_the_live_stream_defaults() -> None:
-    from peerwatch.streams.app import StreamSettings
+    from peerwatch.streams.live.app import StreamSettings
 
     live = StreamSettings()
     ours = live_equivalent_settings()

@@ -13,19 +13,19 @@ from typing import Any
 import pytest
 
 from peerwatch.exporters.archive_files import AvroFileSink
-from peerwatch.exporters.replay import (
+from peerwatch.producers.sim.fleet import Fleet
+from peerwatch.producers.sim.publish import STREAM_TOPICS
+from peerwatch.producers.sim.scenario import parse_scenario
+from peerwatch.streams.offline import windows_native
+from peerwatch.streams.offline.replay import (
     SAMPLE_RUN,
     TimeRange,
     archive_records,
     live_equivalent_settings,
     replay,
 )
-from peerwatch.exporters.replay_native import index_samples, native_archive_records
-from peerwatch.producers.sim.fleet import Fleet
-from peerwatch.producers.sim.publish import STREAM_TOPICS
-from peerwatch.producers.sim.scenario import parse_scenario
-from peerwatch.streams import windows_native
-from peerwatch.streams.windows_native import ArchiveUnordered, NativePipeline
+from peerwatch.streams.offline.replay_native import index_samples, native_archive_records
+from peerwatch.streams.offline.windows_native import ArchiveUnordered, NativePipeline
 
 if os.environ.get("PEERWATCH_REQUIRE_NATIVE") == "1":
     assert windows_native.available(), "the C replay module was not built"

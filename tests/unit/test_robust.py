@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from peerwatch.streams.robust import mad, median, robust_stats, robust_z
+from peerwatch.streams.core.robust import mad, median, robust_stats, robust_z
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
 

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from peerwatch.errors import ConfigError
-from peerwatch.streams.settings import DetectorSettings, PolicySettings
+from peerwatch.streams.core.settings import DetectorSettings, PolicySettings
 
 
 def test_defaults_are_the_documented_numbers() -> None:
     d = DetectorSettings()
     assert (d.window_s, d.min_job_sm, d.min_reported_frac, d.warmup_windows) == (30, 0.2, 0.9, 2)
-    # The clk floor deviates from DETECTION.md's 1% on purpose (see streams/settings.py): at 1% a
+    # The clk floor deviates from DETECTION.md's 1% on purpose (see streams/core/settings.py): at 1% a
     # 5% clock drop can never reach z = 3.5, and the recall target covers 5% drops.
     assert (d.min_peers, d.mad_floor_clk_rel, d.mad_floor_sm, d.mad_floor_thr) == (
         8,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from peerwatch.streams.allocation import AllocationTable
-from peerwatch.streams.windows import JobWindowBatch, WindowAggregator
+from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.windows import JobWindowBatch, WindowAggregator
 
 T0 = 1_767_225_600_000  # a multiple of 30 s
 S = 1000

@@ -15,12 +15,17 @@ from typing import Any
 import fastavro
 import pytest
 
-from peerwatch.exporters.replay import SAMPLE_RUN, live_equivalent_settings, replay, sort_records
 from peerwatch.producers.sim import Fleet, parse_scenario
 from peerwatch.schemas import registry
-from peerwatch.streams import windows_native
-from peerwatch.streams.pipeline import Output, Pipeline, PipelineSettings
-from peerwatch.streams.windows_native import (
+from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
+from peerwatch.streams.offline import windows_native
+from peerwatch.streams.offline.replay import (
+    SAMPLE_RUN,
+    live_equivalent_settings,
+    replay,
+    sort_records,
+)
+from peerwatch.streams.offline.windows_native import (
     NativePipeline,
     NativeUnsupported,
     SampleRun,

@@ -6,10 +6,10 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from peerwatch.streams.detector import DetectionResult, detect_job_window
-from peerwatch.streams.detector_state import JobDetectorState
-from peerwatch.streams.model import JobContext
-from peerwatch.streams.settings import DetectorSettings
+from peerwatch.streams.core.detector import DetectionResult, detect_job_window
+from peerwatch.streams.core.detector_state import JobDetectorState
+from peerwatch.streams.core.model import JobContext
+from peerwatch.streams.core.settings import DetectorSettings
 
 WINDOW_MS = 30_000
 GPUS_PER_NODE = 8

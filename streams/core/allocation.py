@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from peerwatch.streams.model import InvalidRecordError, JobContext, require
+from peerwatch.streams.core.model import InvalidRecordError, JobContext, require
 
 #: Default retention of ended intervals (ms): longer than any allowed lateness.
 DEFAULT_RETENTION_MS = 3600 * 1000

@@ -10,9 +10,9 @@ changelog-backed tables, so a restarted or moved worker recovers it):
    was fetched, orders a job's start and end exactly before its own samples: a re-keyed,
    co-partitioned table fed by another stage cannot promise that.
 2. the hot stage (samples, key node) runs on its own confluent-kafka consumer thread
-   (:mod:`~peerwatch.streams.hot_stage`): batches of up to ``batch_max`` samples are decoded,
+   (:mod:`~peerwatch.streams.live.hot_stage`): batches of up to ``batch_max`` samples are decoded,
    attributed and aggregated by the pure
-   :class:`~peerwatch.streams.windows.WindowAggregator`; closed windows leave as one compact
+   :class:`~peerwatch.streams.core.windows.WindowAggregator`; closed windows leave as one compact
    record per (job, window) on ``<id>-window-batches`` keyed by job. Faust's per-event overhead
    is the known bottleneck (profiled: more than decoding and aggregating), so samples never
    pass through it. Its offsets trail the oldest open window, so a crash loses no open window.
@@ -42,15 +42,15 @@ import mode
 from peerwatch.errors import CodecError
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import Settings, expand
-from peerwatch.streams.allocation import AllocationTable
-from peerwatch.streams.counters import StreamCounters
-from peerwatch.streams.detector_state import JobDetectorState
-from peerwatch.streams.hot_stage import HotStage, HotTopics
-from peerwatch.streams.model import JOB_WIDE, InvalidRecordError, JobContext
-from peerwatch.streams.pipeline import JobStage, PolicyStage
-from peerwatch.streams.policy_state import NodePolicyState
-from peerwatch.streams.settings import DetectorSettings, PolicySettings
-from peerwatch.streams.windows import JobWindowBatch
+from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.detector_state import JobDetectorState
+from peerwatch.streams.core.model import JOB_WIDE, InvalidRecordError, JobContext
+from peerwatch.streams.core.pipeline import JobStage, PolicyStage
+from peerwatch.streams.core.policy_state import NodePolicyState
+from peerwatch.streams.core.settings import DetectorSettings, PolicySettings
+from peerwatch.streams.core.windows import JobWindowBatch
+from peerwatch.streams.live.counters import StreamCounters
+from peerwatch.streams.live.hot_stage import HotStage, HotTopics
 from peerwatch.topics import TopicSpec, catalogue
 
 log = logging.getLogger(__name__)

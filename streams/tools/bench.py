@@ -1,7 +1,7 @@
 """The arithmetic of ``peerwatch bench stream``: /proc parsing, rates, targets, the report.
 
 Pure except :func:`read_proc` (two small file reads). The measurements come from
-:mod:`peerwatch.streams.bench_run`; definitions (also printed with the report):
+:mod:`peerwatch.streams.tools.bench_run`; definitions (also printed with the report):
 
 - *worker rate*: GPU samples (readings inside node records) and node records the worker's hot
   stage processed, divided by the wall time from the start of its first timed batch to the end

@@ -1,7 +1,7 @@
 """Offline replay: a time range of the input topics (from the archive or from Kafka) through the
-same four stages as the live stream (:class:`~peerwatch.streams.pipeline.Pipeline`).
+same four stages as the live stream (:class:`~peerwatch.streams.core.pipeline.Pipeline`).
 
-Live == replay. The live app (:mod:`peerwatch.streams.app`) and the offline pipeline share every
+Live == replay. The live app (:mod:`peerwatch.streams.live.app`) and the offline pipeline share every
 stage's code; what can make them differ is settings and input order:
 
 * settings: :func:`live_equivalent_settings` copies the live defaults (window 30 s, lateness 5 s,
@@ -45,7 +45,7 @@ from peerwatch.exporters.archive_files import (
     split_file,
 )
 from peerwatch.schemas.registry import current_schema
-from peerwatch.streams.pipeline import (
+from peerwatch.streams.core.pipeline import (
     FINDING,
     INVALID,
     LATE_SAMPLE,
@@ -55,7 +55,7 @@ from peerwatch.streams.pipeline import (
     Pipeline,
     PipelineSettings,
 )
-from peerwatch.streams.settings import DetectorSettings, PolicySettings
+from peerwatch.streams.core.settings import DetectorSettings, PolicySettings
 from peerwatch.topics import HEALTH, JOB_EVENTS, NODE_EVENTS, SAMPLES, STEP_TIMES, TopicSpec
 
 #: Pipeline stream -> topic. Order = tie-break rank at equal event time.
@@ -362,7 +362,7 @@ def replay(
     ``job``/``node``. Deterministic. Raises nothing for bad records (they count as invalid).
 
     ``pipeline``: a fresh pipeline of ``settings`` to use; a NativePipeline takes the
-    ``(SAMPLE_RUN, "", SampleRun)`` records of :mod:`peerwatch.exporters.replay_native`
+    ``(SAMPLE_RUN, "", SampleRun)`` records of :mod:`peerwatch.streams.offline.replay_native`
     (raises NativeUnsupported where that path cannot take the input)."""
     result = ReplayResult()
     pipeline = pipeline if pipeline is not None else Pipeline(settings)

@@ -1,4 +1,4 @@
-"""Read a time range of the input topics from Kafka for :mod:`peerwatch.exporters.replay`.
+"""Read a time range of the input topics from Kafka for :mod:`peerwatch.streams.offline.replay`.
 
 Each partition starts at ``offsets_for_times(from)`` (job events at ``from - lookback``) and is read
 up to its end offset as of the start of the replay, stopping early once message timestamps are
@@ -15,8 +15,14 @@ from typing import Any
 
 from peerwatch.errors import CodecError
 from peerwatch.exporters.archive_files import record_time_ms
-from peerwatch.exporters.replay import INPUT_STREAMS, Record, TimeRange, bulk_load, sort_records
 from peerwatch.schemas.codec import AvroCodec
+from peerwatch.streams.offline.replay import (
+    INPUT_STREAMS,
+    Record,
+    TimeRange,
+    bulk_load,
+    sort_records,
+)
 
 
 def range_messages(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from peerwatch.streams.settings import DetectorSettings
+from peerwatch.streams.core.settings import DetectorSettings
 
 XID_HARD = "hard"
 XID_APP = "app"

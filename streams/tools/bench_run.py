@@ -1,7 +1,7 @@
 """The edges of ``peerwatch bench stream`` (also used by the stream integration tests): pre-produce
 a simulated fleet into a real broker, run ``peerwatch stream`` workers as subprocesses, read
 output topics back, and the floor (a plain consume + decode loop). The arithmetic is in
-:mod:`peerwatch.streams.bench`.
+:mod:`peerwatch.streams.tools.bench`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import STREAM_TOPICS, PublishStats, publish_to_kafka
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import KafkaSettings
-from peerwatch.streams.bench import ProcSnapshot, read_proc
+from peerwatch.streams.tools.bench import ProcSnapshot, read_proc
 from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import SAMPLES, catalogue
 
@@ -544,9 +544,9 @@ def run_stream_bench(
     log: Callable[[str], None] = lambda _m: None,
     replay: bool = True,
 ) -> dict[str, Any]:
-    """The whole benchmark (see :mod:`peerwatch.streams.bench`); returns the report dict.
+    """The whole benchmark (see :mod:`peerwatch.streams.tools.bench`); returns the report dict.
     ``rss_nodes`` = 0 skips the RSS-at-scale run; ``replay`` False skips the replay phase."""
-    from peerwatch.streams.bench import latency_summary, verdicts, worker_metrics
+    from peerwatch.streams.tools.bench import latency_summary, verdicts, worker_metrics
 
     fleet = bench_fleet(nodes, gpus_per_node, duration_s, paced_s=paced_s)
     log(

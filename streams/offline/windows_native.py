@@ -1,19 +1,19 @@
 """The replay's native sample path: stage 2 in C over raw Avro, the rest as in :mod:`pipeline`.
 
 A replay spends most of its time turning each NodeGpuSample into dicts and walking them in
-:meth:`WindowAggregator.add_batch <peerwatch.streams.windows.WindowAggregator.add_batch>`.
+:meth:`WindowAggregator.add_batch <peerwatch.streams.core.windows.WindowAggregator.add_batch>`.
 Here the C module ``_replay_native`` reads the samples' bytes straight into the aggregator's
 accumulators instead:
 
 * :class:`SampleIndex` (C) holds one hour's decompressed blocks and, per sample, its event time,
   node and position, in replay order (time, node name, read order: the order of
-  :func:`~peerwatch.exporters.replay.sort_records`);
+  :func:`~peerwatch.streams.offline.replay.sort_records`);
 * :class:`NativeWindowAggregator` keeps the open windows, counter memory and cached owners in C
   and does, per GPU reading, the operations of ``add_batch`` in the same order, so its windows
   are the same to the last bit (tested against the Python aggregator on random input). Job
   ownership, XIDs, late samples, closing and the GpuWindow dicts stay in Python, shared with
   :class:`WindowAggregator`;
-* :class:`NativePipeline` is :class:`~peerwatch.streams.pipeline.Pipeline` fed with runs of
+* :class:`NativePipeline` is :class:`~peerwatch.streams.core.pipeline.Pipeline` fed with runs of
   indexed samples: it drains (closes windows, runs stages 3 and 4) at exactly the samples where
   the Python pipeline would.
 
@@ -33,10 +33,10 @@ from typing import Any
 from peerwatch.schemas import native as native_codec
 from peerwatch.schemas.compiled import Unsupported
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
-from peerwatch.streams.allocation import AllocationTable
-from peerwatch.streams.model import IDLE_JOB_PREFIX
-from peerwatch.streams.pipeline import Output, Pipeline, PipelineSettings
-from peerwatch.streams.windows import _ACC_FIELDS, WindowAggregator
+from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.model import IDLE_JOB_PREFIX
+from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
+from peerwatch.streams.core.windows import _ACC_FIELDS, WindowAggregator
 
 #: The C module, or None (not built, or ``PEERWATCH_NATIVE=0``).
 kernel: Any = native_codec.load_native("peerwatch.streams._replay_native")

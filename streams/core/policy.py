@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from peerwatch.streams.model import (
+from peerwatch.streams.core.model import (
     CLEARED,
     CONFIRMED,
     HARD_ERROR,
@@ -32,20 +32,20 @@ from peerwatch.streams.model import (
     InvalidRecordError,
     require,
 )
-from peerwatch.streams.policy_state import (
+from peerwatch.streams.core.policy_state import (
     DrainPolicyState,
     Episode,
     NodePolicyState,
     RepeatEntry,
     StragglerTrack,
 )
-from peerwatch.streams.recommendations import (
+from peerwatch.streams.core.recommendations import (
     emit,
     feature_summary,
     hw_evidence,
     sanitize_reason,
 )
-from peerwatch.streams.settings import PolicySettings
+from peerwatch.streams.core.settings import PolicySettings
 
 __all__ = [
     "DEFAULT_POLICY",

@@ -62,7 +62,7 @@ class GpuDetectorState:
 class JobDetectorState:
     """Detector memory for one job: window counter, job-wide episode, per-GPU states.
 
-    ``gpus`` is keyed by ``node/index`` (see :func:`peerwatch.streams.model.gpu_key`).
+    ``gpus`` is keyed by ``node/index`` (see :func:`peerwatch.streams.core.model.gpu_key`).
     ``last_window_start_ms`` lets the detector skip a window it has already processed (a
     redelivery after a restart) instead of emitting its findings twice.
     """

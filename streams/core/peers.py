@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from peerwatch.streams.detector_state import GpuDetectorState
-from peerwatch.streams.model import gpu_key
-from peerwatch.streams.robust import RobustStats, median, robust_stats, robust_z
-from peerwatch.streams.settings import DetectorSettings
+from peerwatch.streams.core.detector_state import GpuDetectorState
+from peerwatch.streams.core.model import gpu_key
+from peerwatch.streams.core.robust import RobustStats, median, robust_stats, robust_z
+from peerwatch.streams.core.settings import DetectorSettings
 
 
 @dataclass(frozen=True)

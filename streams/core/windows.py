@@ -3,7 +3,7 @@
 :class:`WindowAggregator` is fed BATCHES of decoded NodeGpuSample dicts (one node partition's
 records; faust's per-event overhead is what the batching amortises, see STACK.md). Each GPU
 reading is attributed to the job that owned the GPU at the sample's ``ts_ms`` (the
-:class:`~peerwatch.streams.allocation.AllocationTable`), and accumulated per
+:class:`~peerwatch.streams.core.allocation.AllocationTable`), and accumulated per
 (job, node, GPU, window) for windows of ``window_s`` aligned to the epoch. Readings of GPUs no
 job owns are counted and dropped (no job, no peers).
 
@@ -27,8 +27,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from peerwatch.streams.allocation import AllocationTable
-from peerwatch.streams.model import IDLE_JOB_PREFIX
+from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.model import IDLE_JOB_PREFIX
 
 #: Clocks-event reasons that count as throttling: HW slowdown, SW thermal, HW thermal, brake.
 THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80

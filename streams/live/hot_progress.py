@@ -7,7 +7,7 @@ offset goes metadata: ``closed_until_ms`` (every window ending at or before it w
 ``seen_until`` (the next offset the committer would have read). A re-read sample below
 ``seen_until`` whose window ended by ``closed_until_ms`` was handled before the crash (emitted
 in a closed window, or dead-lettered as late) and is skipped, neither re-aggregated nor
-dead-lettered twice. Pure bookkeeping: no Kafka here (:mod:`peerwatch.streams.hot_stage` does
+dead-lettered twice. Pure bookkeeping: no Kafka here (:mod:`peerwatch.streams.live.hot_stage` does
 the I/O).
 """
 

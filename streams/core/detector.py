@@ -24,10 +24,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from peerwatch.streams.detector_state import GpuDetectorState, JobDetectorState
-from peerwatch.streams.findings import job_wide_finding, make_finding, straggler_reason
-from peerwatch.streams.hard_rules import hard_rules, recorded_xids
-from peerwatch.streams.model import (
+from peerwatch.streams.core.detector_state import GpuDetectorState, JobDetectorState
+from peerwatch.streams.core.findings import job_wide_finding, make_finding, straggler_reason
+from peerwatch.streams.core.hard_rules import hard_rules, recorded_xids
+from peerwatch.streams.core.model import (
     CLEARED,
     CONFIRMED,
     HARD_ERROR,
@@ -38,9 +38,9 @@ from peerwatch.streams.model import (
     is_idle_job,
     require,
 )
-from peerwatch.streams.peers import GpuVerdict, baseline_verdict, peer_verdicts
-from peerwatch.streams.robust import median
-from peerwatch.streams.settings import DetectorSettings
+from peerwatch.streams.core.peers import GpuVerdict, baseline_verdict, peer_verdicts
+from peerwatch.streams.core.robust import median
+from peerwatch.streams.core.settings import DetectorSettings
 
 DEFAULT_SETTINGS = DetectorSettings()
 

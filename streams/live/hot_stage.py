@@ -4,7 +4,7 @@ Faust hands every Kafka record through its per-event machinery (aiokafka's Pytho
 parser, events, channels, acks): profiled, that cost more than decoding and aggregating the
 record. The hot stage therefore reads the samples itself, with librdkafka (fetching and lz4
 run in C, off the GIL), in batches of up to ``batch_max`` records, and feeds them to the pure
-:class:`~peerwatch.streams.windows.WindowAggregator` (one per samples partition). Closed
+:class:`~peerwatch.streams.core.windows.WindowAggregator` (one per samples partition). Closed
 windows leave as one JSON record per (job, window) on ``<id>-window-batches`` keyed by job, with
 watermark heartbeats to every stage-3 partition.
 
@@ -15,7 +15,7 @@ job-events' end offsets as asked *after* the samples were fetched: every JobEven
 the log before those samples is applied first. So a job's start and end are never raced by its
 own samples, however fast the input comes (the offline pipeline sees them in the same order).
 
-Offsets: see :mod:`peerwatch.streams.hot_progress` (commit at the oldest open window, so a
+Offsets: see :mod:`peerwatch.streams.live.hot_progress` (commit at the oldest open window, so a
 crash loses no open window and duplicates no emitted one). Commits follow a producer flush,
 so every output of the committed input is acknowledged first.
 
@@ -40,10 +40,10 @@ from peerwatch.errors import CodecError
 from peerwatch.kafka_config import admin_config, consumer_config, producer_config
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import Settings
-from peerwatch.streams.allocation import AllocationTable
-from peerwatch.streams.hot_progress import PartitionProgress
-from peerwatch.streams.model import InvalidRecordError
-from peerwatch.streams.windows import WindowAggregator
+from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.windows import WindowAggregator
+from peerwatch.streams.live.hot_progress import PartitionProgress
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ The same four stages run in the live stream (keyed by node, job, node) and in re
 are composed in one process for replay of a Kafka range or an archive, for the simulator and for
 the evaluation harness. Each stage is a separable object with serialisable state:
 
-1. :class:`~peerwatch.streams.allocation.AllocationTable` (JobEvents; keyed by node live);
-2. :class:`~peerwatch.streams.windows.WindowAggregator` (sample batches; keyed by node);
+1. :class:`~peerwatch.streams.core.allocation.AllocationTable` (JobEvents; keyed by node live);
+2. :class:`~peerwatch.streams.core.windows.WindowAggregator` (sample batches; keyed by node);
 3. :class:`JobStage` (a job's windows from all its nodes -> ``detect_job_window``; keyed by job);
 4. :class:`PolicyStage` (findings, health results, node events -> ``policy.apply``; by node).
 
@@ -22,14 +22,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from peerwatch.streams.allocation import AllocationTable
-from peerwatch.streams.detector import DetectionResult, detect_job_window
-from peerwatch.streams.detector_state import JobDetectorState
-from peerwatch.streams.model import JOB_WIDE, InvalidRecordError, JobContext
-from peerwatch.streams.policy import apply as policy_apply
-from peerwatch.streams.policy_state import DrainPolicyState
-from peerwatch.streams.settings import DetectorSettings, PolicySettings
-from peerwatch.streams.windows import DEFAULT_LATENESS_S, JobWindowBatch, WindowAggregator
+from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.detector import DetectionResult, detect_job_window
+from peerwatch.streams.core.detector_state import JobDetectorState
+from peerwatch.streams.core.model import JOB_WIDE, InvalidRecordError, JobContext
+from peerwatch.streams.core.policy import apply as policy_apply
+from peerwatch.streams.core.policy_state import DrainPolicyState
+from peerwatch.streams.core.settings import DetectorSettings, PolicySettings
+from peerwatch.streams.core.windows import DEFAULT_LATENESS_S, JobWindowBatch, WindowAggregator
 
 WINDOW = "window"
 FINDING = "finding"
@@ -46,7 +46,7 @@ PRUNE_EVERY_MS = 60_000
 class PipelineSettings:
     """Settings of the composed pipeline; the window length is ``detector.window_s``.
 
-    ``lateness_s``: allowed lateness of samples (see :mod:`peerwatch.streams.windows`).
+    ``lateness_s``: allowed lateness of samples (see :mod:`peerwatch.streams.core.windows`).
     ``job_grace_s``: how long past a window's end stage 3 waits for GPUs still missing (0
     offline, where one aggregator sees every node; live, other partitions lag a little).
     ``fan_out_job_wide``: copy a JOB_WIDE finding to every node of the job before the policy

@@ -1,6 +1,6 @@
-"""Archive input for the native replay path (:mod:`peerwatch.streams.windows_native`).
+"""Archive input for the native replay path (:mod:`peerwatch.streams.offline.windows_native`).
 
-Same records, same order as :func:`~peerwatch.exporters.replay.archive_records`, but the samples
+Same records, same order as :func:`~peerwatch.streams.offline.replay.archive_records`, but the samples
 of each hour are not decoded: their blocks go into a C ``SampleIndex`` (time, node, position per
 sample, sorted in replay order) and reach the pipeline as :class:`SampleRun` s, cut wherever a
 record of another stream (job events, node events, health, step times: few) falls between them.
@@ -27,7 +27,10 @@ from typing import Any
 from fastavro.schema import to_parsing_canonical_form
 
 from peerwatch.exporters.archive_files import raw_blocks, record_time_ms
-from peerwatch.exporters.replay import (
+from peerwatch.schemas.registry import raw_schema, strip_logical_types
+from peerwatch.streams.core.pipeline import PipelineSettings
+from peerwatch.streams.offline.pipeline_split import BackPipeline, FrontPipeline
+from peerwatch.streams.offline.replay import (
     INPUT_STREAMS,
     SAMPLE_RUN,
     Progress,
@@ -41,10 +44,7 @@ from peerwatch.exporters.replay import (
     replay,
     sort_records,
 )
-from peerwatch.schemas.registry import raw_schema, strip_logical_types
-from peerwatch.streams.pipeline import PipelineSettings
-from peerwatch.streams.pipeline_split import BackPipeline, FrontPipeline
-from peerwatch.streams.windows_native import (
+from peerwatch.streams.offline.windows_native import (
     ArchiveUnordered,
     NativeUnsupported,
     SampleRun,
@@ -182,14 +182,14 @@ def kafka_native_records(
     keep_nodes: frozenset[str] | None = None,
     block_bytes: int = 1 << 20,
 ) -> tuple[list[Record], int]:
-    """:func:`~peerwatch.exporters.replay_kafka.kafka_records` for the native path: the other
+    """:func:`~peerwatch.streams.offline.replay_kafka.kafka_records` for the native path: the other
     streams decoded, the samples' bodies indexed undecoded (gathered into blocks of about
     ``block_bytes``), merged into SampleRuns; and how many messages were undecodable (skipped,
     one by one, as the Python path skips them). Raises NativeUnsupported for a sample written
     with another schema version."""
     from peerwatch.errors import CodecError
-    from peerwatch.exporters.replay_kafka import range_messages
     from peerwatch.schemas.codec import AvroCodec, split_header
+    from peerwatch.streams.offline.replay_kafka import range_messages
 
     codecs = {stream: AvroCodec(str(spec.value_schema)) for stream, spec in INPUT_STREAMS.items()}
     samples = codecs["samples"]
@@ -252,8 +252,8 @@ def replay_split(
     keep_windows: bool = False,
     progress: Progress | None = None,
 ) -> ReplayResult:
-    """:func:`~peerwatch.exporters.replay.replay` on two cores: stage 2 here, stages 3 and 4
-    in a forked process (:mod:`peerwatch.streams.pipeline_split`); the same result. Raises
+    """:func:`~peerwatch.streams.offline.replay.replay` on two cores: stage 2 here, stages 3 and 4
+    in a forked process (:mod:`peerwatch.streams.offline.pipeline_split`); the same result. Raises
     NativeUnsupported as the native path does (the second process is stopped first)."""
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("fork")

@@ -6,9 +6,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from peerwatch.streams.model import is_idle_job, stable_id
-from peerwatch.streams.policy_state import NodePolicyState
-from peerwatch.streams.settings import PolicySettings
+from peerwatch.streams.core.model import is_idle_job, stable_id
+from peerwatch.streams.core.policy_state import NodePolicyState
+from peerwatch.streams.core.settings import PolicySettings
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9 _.,:;/+%=()\[\]<>@#-]")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from peerwatch.streams.detector_state import GpuDetectorState
-from peerwatch.streams.model import CLEARED, JOB_WIDE, SUSPECT, stable_id
-from peerwatch.streams.peers import GpuVerdict
-from peerwatch.streams.settings import DetectorSettings
+from peerwatch.streams.core.detector_state import GpuDetectorState
+from peerwatch.streams.core.model import CLEARED, JOB_WIDE, SUSPECT, stable_id
+from peerwatch.streams.core.peers import GpuVerdict
+from peerwatch.streams.core.settings import DetectorSettings
 
 
 def straggler_reason(status: str, verdict: GpuVerdict, gpu_state: GpuDetectorState) -> str:

@@ -2,12 +2,12 @@
 stages 3 and 4 in another, so that a replay uses two cores.
 
 :class:`FrontPipeline` (the replay's own process) reads and aggregates the samples
-(:class:`~peerwatch.streams.windows_native.NativePipeline`'s C path) and, wherever the
+(:class:`~peerwatch.streams.offline.windows_native.NativePipeline`'s C path) and, wherever the
 one-process pipeline would close windows, sends the closed accumulators instead of running the
 detector. :class:`BackPipeline` (a second process) receives them with every other record, in the
 same order, and runs the GpuWindow building, stage 3 (detector) and stage 4 (policy) exactly where
 the one-process pipeline runs them: same outputs, same order (tested against
-:class:`~peerwatch.streams.pipeline.Pipeline`).
+:class:`~peerwatch.streams.core.pipeline.Pipeline`).
 
 Messages, in order (each a tuple; the first item names it):
 
@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from peerwatch.streams.model import InvalidRecordError
-from peerwatch.streams.pipeline import Output, Pipeline, PipelineSettings
-from peerwatch.streams.windows import WindowAggregator
-from peerwatch.streams.windows_native import AccValues, NativePipeline
+from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
+from peerwatch.streams.core.windows import WindowAggregator
+from peerwatch.streams.offline.windows_native import AccValues, NativePipeline
 
 Message = tuple[Any, ...]
 

@@ -1,8 +1,8 @@
 """The evaluation harness: labelled simulated scenarios through the pipeline, scored.
 
 Scoring is pure (:func:`score`: labels, findings and recommendations in, :class:`Score` out);
-:func:`run_scenario` runs one scenario through :class:`~peerwatch.streams.pipeline.Pipeline`;
-:func:`evaluate` runs a suite (see :mod:`peerwatch.streams.eval_suites`) and checks the targets.
+:func:`run_scenario` runs one scenario through :class:`~peerwatch.streams.core.pipeline.Pipeline`;
+:func:`evaluate` runs a suite (see :mod:`peerwatch.streams.tools.eval_suites`) and checks the targets.
 
 Definitions (times int ms; latencies from the label's onset ``start_ms``):
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from peerwatch.producers.sim import Fleet, parse_scenario
-from peerwatch.streams.eval_suites import EvalScenario
-from peerwatch.streams.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
+from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
+from peerwatch.streams.tools.eval_suites import EvalScenario
 
 CLOCK_FAULTS = frozenset({"sm_clock_drop", "thermal_throttle", "power_brake"})
 RECALL_STATUSES = frozenset({"SUSPECT", "CONFIRMED"})
@@ -332,7 +332,7 @@ def parse_overrides(items: Sequence[str]) -> PipelineSettings:
     import json
 
     from peerwatch.errors import ConfigError
-    from peerwatch.streams.settings import DetectorSettings, PolicySettings
+    from peerwatch.streams.core.settings import DetectorSettings, PolicySettings
 
     groups: dict[str, dict[str, Any]] = {"detector": {}, "policy": {}, "pipeline": {}}
     for item in items:

@@ -1,0 +1,1 @@
+"""The offline path: replay of archives and Kafka ranges through the same core."""

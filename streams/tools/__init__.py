@@ -1,0 +1,1 @@
+"""Tools on top of the core: the benchmark and the evaluation harness."""
