@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peerwatch.clock import SYSTEM_CLOCK, Clock
-from peerwatch.errors import CodecError, ServiceError
+from peerwatch.errors import CodecError, ServiceError, SlurmCommandError
 from peerwatch.exporters.drain.audit import action_record, invalid_record, resume_record
 from peerwatch.exporters.drain.config import DrainSettings
 from peerwatch.exporters.drain.decide import (
@@ -32,7 +32,7 @@ from peerwatch.exporters.drain.decide import (
     forget_resumed,
     observe_node,
 )
-from peerwatch.exporters.drain.slurm_ops import SlurmCommandError, SlurmOps
+from peerwatch.exporters.drain.slurm_ops import SlurmOps
 from peerwatch.exporters.drain.state import ControllerState, StateStore
 from peerwatch.schemas.codec import AvroCodec
 

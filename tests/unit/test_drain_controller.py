@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from fakes import FakeClock
 
+from peerwatch.errors import SlurmCommandError
 from peerwatch.exporters.drain.config import DrainSettings
 from peerwatch.exporters.drain.controller import AuditPublisher, DrainController, Topics
 from peerwatch.exporters.drain.decide import NodeFacts
 from peerwatch.exporters.drain.operations import describe, reset_breaker, resume_node
-from peerwatch.exporters.drain.slurm_ops import SlurmCommandError, drain_argv, resume_argv
+from peerwatch.exporters.drain.slurm_ops import drain_argv, resume_argv
 from peerwatch.exporters.drain.state import StateStore
 from peerwatch.schemas.codec import AvroCodec
 
