@@ -13,10 +13,11 @@ from typing import Protocol
 
 from peerwatch.errors import SlurmCommandError
 from peerwatch.exporters.drain.decide import NodeFacts
-from peerwatch.exporters.drain.sanitize import FORBIDDEN, valid_node_name
+from peerwatch.exporters.drain.sanitize import valid_node_name
 from peerwatch.producers.slurm.command import Runner, SlurmCommands, run_command
 from peerwatch.producers.slurm.errors import SlurmParseError
 from peerwatch.producers.slurm.parse import SlurmNode, parse_sinfo
+from peerwatch.reasons import reason_is_clean
 
 
 class SlurmOps(Protocol):
@@ -59,7 +60,7 @@ def resume_argv(scontrol: str, node: str) -> list[str]:
 def _check(node: str, reason: str) -> None:
     if not valid_node_name(node):
         raise ValueError(f"refusing unsafe node name {node!r}")
-    if any(c in FORBIDDEN or not " " <= c <= "~" for c in reason):
+    if not reason_is_clean(reason):
         raise ValueError(f"refusing unsafe reason {reason!r}")
 
 
