@@ -8,7 +8,6 @@ Sinks never touch Kafka, so they are tested with plain dicts.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -39,17 +38,6 @@ class Sink(Protocol):
     def close(self) -> None:
         """Flush what can be flushed and release resources. Idempotent."""
         ...
-
-
-class Clock(Protocol):
-    """Processing-time clock (seconds, monotonic). Injected so eviction is testable."""
-
-    def __call__(self) -> float: ...
-
-
-def monotonic_s() -> float:
-    """The default :class:`Clock`: ``time.monotonic()`` in seconds."""
-    return time.monotonic()
 
 
 class ExportError(PeerwatchError):

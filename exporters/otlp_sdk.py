@@ -44,8 +44,9 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 
 from peerwatch import __version__
+from peerwatch.clock import SYSTEM_CLOCK, Clock
 from peerwatch.errors import ConfigError
-from peerwatch.exporters.base import Clock, ExportError, monotonic_s
+from peerwatch.exporters.base import ExportError
 from peerwatch.exporters.otlp import METRICS, event_for, series_key, window_points
 from peerwatch.exporters.otlp_counting import CountingLogExporter, CountingMetricExporter
 from peerwatch.exporters.series import SeriesStore
@@ -137,7 +138,7 @@ class OtlpSink:
         metric_exporter: MetricExporter | None,
         log_exporter: LogRecordExporter,
         metric_readers: Iterable[MetricReader] = (),
-        clock: Clock = monotonic_s,
+        clock: Clock = SYSTEM_CLOCK,
         resource_attributes: Mapping[str, str] | None = None,
     ) -> None:
         config.validate()
@@ -316,7 +317,7 @@ class OtlpSink:
 def otlp_sink(
     config: OtlpConfig,
     *,
-    clock: Clock = monotonic_s,
+    clock: Clock = SYSTEM_CLOCK,
     resource_attributes: Mapping[str, str] | None = None,
 ) -> OtlpSink:
     """An :class:`OtlpSink` exporting to the collector at ``config.endpoint``.

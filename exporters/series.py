@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from peerwatch.exporters.base import Clock, monotonic_s
+from peerwatch.clock import SYSTEM_CLOCK, Clock
 from peerwatch.exporters.otlp import IDENTITY_ATTRIBUTES, Attributes, MetricPoint, SeriesKey
 
 _PointKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -61,7 +61,7 @@ class SeriesStore:
         max_series: int = 100_000,
         stale_after_s: float = 900.0,
         max_ended_jobs: int = 10_000,
-        clock: Clock = monotonic_s,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``stale_after_s``: seconds without a window before a series is dropped.
 
@@ -92,7 +92,7 @@ class SeriesStore:
         Gauges take the new value; counters add the window's increment. A window not newer than
         the series' last one (a redelivery) is ignored so counters never count twice.
         """
-        now_s = self._clock()
+        now_s = self._clock.monotonic_s()
         with self._lock:
             if key[0] in self._ended:
                 self.stats.windows_of_ended_jobs += 1
@@ -139,7 +139,7 @@ class SeriesStore:
 
     def evict_stale(self) -> int:
         """Remove series without a window for ``stale_after_s``; returns how many went."""
-        cutoff_s = self._clock() - self.stale_after_s
+        cutoff_s = self._clock.monotonic_s() - self.stale_after_s
         removed = 0
         with self._lock:
             # Ordered by last update: stop at the first fresh one.

@@ -8,6 +8,8 @@ PeerwatchError
 │   └── EncodeError            a value does not fit the schema
 ├── TopicError             a topic does not exist or does not match the catalogue
 └── ServiceError           a local service (Kafka, Slurm, collector) could not be started or reached
+    └── SlurmCommandError      a Slurm command could not run, timed out, exited non-zero, or its
+                               answer could not be read
 """
 
 from __future__ import annotations
@@ -47,3 +49,8 @@ class TopicError(PeerwatchError):
 
 class ServiceError(PeerwatchError):
     """A local service (Kafka, Slurm, the collector) could not be started, stopped or reached."""
+
+
+class SlurmCommandError(ServiceError):
+    """A Slurm command could not be run, timed out, exited non-zero (stderr in the message), or
+    printed something the caller cannot read."""

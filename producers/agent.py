@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
+from peerwatch.clock import Clock
 from peerwatch.errors import CodecError
-from peerwatch.producers.nvml.clock import Clock
 from peerwatch.producers.nvml.xid import XidBuffer, XidCallback
 
 log = logging.getLogger(__name__)

@@ -564,7 +564,11 @@ class FakeNvml:
 
 
 class FakeClock:
-    """A settable wall clock (ms since the epoch); ``step_ms`` is added after every read."""
+    """A settable :class:`peerwatch.clock.Clock`: ``ms`` is the time, in ms since the epoch.
+
+    ``step_ms`` is added after every ``now_ms()`` read. ``monotonic_s()`` reads the same time in
+    seconds without stepping (the fake wall clock never jumps, so it serves as both).
+    """
 
     def __init__(self, start_ms: int = 1_700_000_000_000, step_ms: int = 0) -> None:
         self.ms = start_ms
@@ -576,3 +580,7 @@ class FakeClock:
             now = self.ms
             self.ms += self.step_ms
             return now
+
+    def monotonic_s(self) -> float:
+        with self._lock:
+            return self.ms / 1000

@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from peerwatch.errors import ConfigError
+from peerwatch.reasons import REASON_PREFIX, SLURM_REASON_MAX_CHARS
 
 HOUR_S = 3600
 DAY_S = 24 * HOUR_S
 
-#: Every reason peerwatch sets starts with this; only nodes carrying it are ever resumed.
-REASON_PREFIX = "peerwatch:"
 CONFIG_FILE_ENV = "PEERWATCH_DRAIN_CONFIG"
 
 
@@ -41,8 +40,9 @@ class DrainSettings:
     breaker_pct: float = 5.0
     #: No soft drain of a node within this long after an operator resumed it (hard ones ignore it).
     operator_cooldown_s: int = DAY_S
-    #: Whole Slurm reason, prefix included, is cut to this many characters.
-    max_reason_chars: int = 128
+    #: Whole Slurm reason, prefix included, is cut to this many characters (default 111: the
+    #: prefix and the 100 characters of text :func:`peerwatch.reasons.sanitize_reason` allows).
+    max_reason_chars: int = SLURM_REASON_MAX_CHARS
     #: Resume nodes we drained once the recommendation's ``expires_ms`` has passed.
     auto_resume_on_expiry: bool = False
     #: Partition name -> node count, overriding the count seen in Slurm (tests, staged clusters).

@@ -14,9 +14,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from peerwatch.errors import CodecError, ServiceError
+from peerwatch.clock import SYSTEM_CLOCK, Clock
+from peerwatch.errors import CodecError, ServiceError, SlurmCommandError
 from peerwatch.exporters.drain.audit import action_record, invalid_record, resume_record
 from peerwatch.exporters.drain.config import DrainSettings
 from peerwatch.exporters.drain.decide import (
@@ -31,7 +32,7 @@ from peerwatch.exporters.drain.decide import (
     forget_resumed,
     observe_node,
 )
-from peerwatch.exporters.drain.slurm_ops import SlurmCommandError, SlurmOps
+from peerwatch.exporters.drain.slurm_ops import SlurmOps
 from peerwatch.exporters.drain.state import ControllerState, StateStore
 from peerwatch.schemas.codec import AvroCodec
 
@@ -41,16 +42,6 @@ log = logging.getLogger(__name__)
 RETRY_S = 2.0
 #: Seconds between checks for expired recommendations (auto-resume).
 EXPIRY_CHECK_S = 30.0
-
-
-class Clock(Protocol):
-    def __call__(self) -> int:
-        """Now, int ms since the epoch (UTC)."""
-        ...
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True)
@@ -124,7 +115,7 @@ class DrainController:
         store: StateStore,
         settings: DrainSettings,
         topics: Topics,
-        clock: Clock = wall_clock_ms,
+        clock: Clock = SYSTEM_CLOCK,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._consumer = consumer
@@ -175,7 +166,7 @@ class DrainController:
         return self.flush_outbox(stop)
 
     def _on_recommendation(self, msg: Any) -> None:
-        now_ms = self._clock()
+        now_ms = self._clock.now_ms()
         source = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
         with self._store.transaction() as state:
             try:
@@ -252,7 +243,7 @@ class DrainController:
 
     def tick(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Housekeeping between messages: auto-resume expired drains, deliver a pending outbox."""
-        now_s = time.monotonic()
+        now_s = self._clock.monotonic_s()
         s = self._settings
         if s.enforce and s.auto_resume_on_expiry and now_s >= self._next_expiry_check_s:
             self._next_expiry_check_s = now_s + EXPIRY_CHECK_S
@@ -265,7 +256,7 @@ class DrainController:
     def resume_expired(self) -> int:
         """Resume nodes whose recommendation expired and that still carry our reason; returns how
         many. Raises SlurmCommandError when the node list cannot be read."""
-        now_ms = self._clock()
+        now_ms = self._clock.now_ms()
         count = 0
         with self._store.transaction() as state:
             due = expired_drains(state, now_ms)

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from peerwatch.exporters.drain.config import REASON_PREFIX, DrainSettings
-from peerwatch.exporters.drain.sanitize import safe_label, sanitise_reason, valid_node_name
+from peerwatch import reasons
+from peerwatch.exporters.drain.config import DrainSettings
+from peerwatch.exporters.drain.sanitize import safe_label, valid_node_name
 from peerwatch.exporters.drain.state import ControllerState, Decided, DrainedNode
 
 JOB_ID = re.compile(r"[A-Za-z0-9_+.\[\]-]{1,64}")
@@ -69,14 +70,14 @@ class NodeFacts:
     @property
     def ours(self) -> bool:
         """Held with a reason carrying the peerwatch prefix."""
-        return self.drained and (self.reason or "").startswith(REASON_PREFIX)
+        return self.drained and (self.reason or "").startswith(reasons.REASON_PREFIX)
 
     @property
     def foreign(self) -> bool:
         """Held or annotated by someone else: a reason not ours, or held without any reason."""
         reason = (self.reason or "").strip()
         if reason:
-            return not reason.startswith(REASON_PREFIX)
+            return not reason.startswith(reasons.REASON_PREFIX)
         return self.drained
 
 
@@ -193,7 +194,7 @@ def decide(
         )
     job_ids = tuple(dict.fromkeys(jobs_raw))
     raw_reason = rec.get("reason")
-    slurm_reason = sanitise_reason(
+    slurm_reason = reasons.slurm_reason(
         raw_reason if isinstance(raw_reason, str) else "", settings.max_reason_chars
     )
     facts = cluster.nodes.get(node)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from peerwatch.errors import SlurmCommandError
 from peerwatch.exporters.drain.audit import resume_record
 from peerwatch.exporters.drain.decide import ClusterView, Refusal, forget_resumed
 from peerwatch.exporters.drain.sanitize import safe_label, valid_node_name
-from peerwatch.exporters.drain.slurm_ops import SlurmCommandError, SlurmOps
+from peerwatch.exporters.drain.slurm_ops import SlurmOps
 from peerwatch.exporters.drain.state import StateStore
 
 

@@ -1,28 +1,23 @@
 """The drain controller's narrow view of Slurm: list nodes, drain one, resume one.
 
 ``ScontrolSlurm`` runs ``sinfo --json`` (or ``scontrol show nodes --json`` where sinfo prints
-aggregates, Slurm >= 23.02) and ``scontrol update`` as argument vectors, never through a shell.
-Failures become :class:`SlurmCommandError`.
+aggregates, Slurm >= 23.02) and ``scontrol update`` through the shared runner
+(:class:`~peerwatch.producers.slurm.command.SlurmCommands`: argument vectors, never a shell).
+Failures become :class:`~peerwatch.errors.SlurmCommandError`.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from peerwatch.errors import ServiceError
+from peerwatch.errors import SlurmCommandError
 from peerwatch.exporters.drain.decide import NodeFacts
-from peerwatch.exporters.drain.sanitize import FORBIDDEN, valid_node_name
+from peerwatch.exporters.drain.sanitize import valid_node_name
+from peerwatch.producers.slurm.command import Runner, SlurmCommands, run_command
 from peerwatch.producers.slurm.errors import SlurmParseError
 from peerwatch.producers.slurm.parse import SlurmNode, parse_sinfo
-
-
-class SlurmCommandError(ServiceError):
-    """A Slurm command could not be run, failed, or printed something we cannot read."""
+from peerwatch.reasons import reason_is_clean
 
 
 class SlurmOps(Protocol):
@@ -65,56 +60,39 @@ def resume_argv(scontrol: str, node: str) -> list[str]:
 def _check(node: str, reason: str) -> None:
     if not valid_node_name(node):
         raise ValueError(f"refusing unsafe node name {node!r}")
-    if any(c in FORBIDDEN or not " " <= c <= "~" for c in reason):
+    if not reason_is_clean(reason):
         raise ValueError(f"refusing unsafe reason {reason!r}")
 
 
 class ScontrolSlurm:
     """The real Slurm, through its command-line tools in ``bin_dir`` (PATH when None)."""
 
-    def __init__(self, bin_dir: str | Path | None = None, timeout_s: float = 30.0) -> None:
-        self._bin_dir = Path(bin_dir) if bin_dir else None
-        self._timeout_s = timeout_s
-
-    def _tool(self, name: str) -> str:
-        if self._bin_dir is not None:
-            return str(self._bin_dir / name)
-        return shutil.which(name) or name
-
-    def _run(self, argv: Sequence[str]) -> str:
-        try:
-            proc = subprocess.run(
-                list(argv), capture_output=True, text=True, timeout=self._timeout_s, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SlurmCommandError(f"{argv[0]} could not run: {exc}") from exc
-        if proc.returncode != 0:
-            raise SlurmCommandError(
-                f"{' '.join(argv[:3])} exited {proc.returncode}: {proc.stderr.strip()[:500]}"
-            )
-        return proc.stdout
+    def __init__(
+        self, bin_dir: str | Path | None = None, timeout_s: float = 30.0,
+        runner: Runner = run_command,
+    ) -> None:  # fmt: skip
+        self._commands = SlurmCommands(bin_dir, timeout_s, runner)
 
     def nodes(self) -> list[NodeFacts]:
-        out = self._run([self._tool("sinfo"), "--json"])
         try:
-            doc = json.loads(out)
-            if isinstance(doc, dict) and "nodes" not in doc and "sinfo" in doc:
+            doc = self._commands.run_json("sinfo", "--json")
+            if "nodes" not in doc and "sinfo" in doc:
                 # Newer sinfo --json prints aggregates; scontrol has the per-node records.
-                doc = json.loads(self._run([self._tool("scontrol"), "show", "nodes", "--json"]))
+                doc = self._commands.run_json("scontrol", "show", "nodes", "--json")
             return [facts_of(n) for n in parse_sinfo(doc)]
-        except (json.JSONDecodeError, SlurmParseError) as exc:
+        except SlurmParseError as exc:
             raise SlurmCommandError(f"cannot read Slurm's node list: {exc}") from exc
 
     def drain(self, node: str, reason: str) -> None:
         try:
-            argv = drain_argv(self._tool("scontrol"), node, reason)
+            argv = drain_argv("scontrol", node, reason)
         except ValueError as exc:
             raise SlurmCommandError(str(exc)) from exc
-        self._run(argv)
+        self._commands.run(*argv)
 
     def resume(self, node: str) -> None:
         try:
-            argv = resume_argv(self._tool("scontrol"), node)
+            argv = resume_argv("scontrol", node)
         except ValueError as exc:
             raise SlurmCommandError(str(exc)) from exc
-        self._run(argv)
+        self._commands.run(*argv)

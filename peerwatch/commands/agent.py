@@ -20,13 +20,13 @@ from typing import Any
 
 import pynvml
 
+from peerwatch.clock import SystemClock
 from peerwatch.commands import settings_of
 from peerwatch.errors import ConfigError
 from peerwatch.producers.agent import JsonLinesSink, NodeAgent, NoGpuSampler, new_run_id
 from peerwatch.producers.delivery import Delivery, DeliverySettings
 from peerwatch.producers.health.run import append_xid_event
 from peerwatch.producers.health_hook import short_hostname
-from peerwatch.producers.nvml.clock import SystemClock
 from peerwatch.producers.nvml.device import NvmlApi, NvmlUnavailableError, init_nvml, load_nvml
 from peerwatch.producers.nvml.sampler import GpuSampler
 from peerwatch.producers.nvml.xid import XidCallback, XidWatcher

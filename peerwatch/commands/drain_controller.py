@@ -10,15 +10,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
+from peerwatch.clock import SYSTEM_CLOCK
 from peerwatch.commands import settings_of
 from peerwatch.errors import ServiceError
 from peerwatch.exporters.drain.config import DrainSettings, load_drain_settings
-from peerwatch.exporters.drain.controller import (
-    AuditPublisher,
-    DrainController,
-    Topics,
-    wall_clock_ms,
-)
+from peerwatch.exporters.drain.controller import AuditPublisher, DrainController, Topics
 from peerwatch.exporters.drain.operations import describe, reset_breaker, resume_node
 from peerwatch.exporters.drain.slurm_ops import ScontrolSlurm
 from peerwatch.exporters.drain.state import StateStore
@@ -79,16 +75,16 @@ def run(args: argparse.Namespace) -> int:
     store = StateStore(expand(drain.state_file))
     slurm = ScontrolSlurm(drain.slurm_bin or None, drain.slurm_timeout_s)
     if args.action == "status":
-        print(json.dumps(describe(store, wall_clock_ms()), indent=2))
+        print(json.dumps(describe(store, SYSTEM_CLOCK.now_ms()), indent=2))
         return 0
     if args.action == "reset-breaker":
-        print(reset_breaker(store, wall_clock_ms()))
+        print(reset_breaker(store, SYSTEM_CLOCK.now_ms()))
         return 0
     if args.action == "resume":
         if not args.node:
             print("peerwatch drain-controller resume: a NODE is required", file=sys.stderr)
             return 2
-        action = resume_node(store, slurm, args.node, wall_clock_ms())
+        action = resume_node(store, slurm, args.node, SYSTEM_CLOCK.now_ms())
         _deliver_now(settings, drain, store)
         print(f"{action['decision']} {action['node']}: {action['detail']}")
         return 0 if action["decision"] == "RESUMED" else 1

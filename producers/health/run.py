@@ -27,6 +27,7 @@ from typing import Any
 
 import pynvml
 
+from peerwatch.clock import Clock, SystemClock
 from peerwatch.producers.health.checks import (
     check_ecc,
     check_gpu_count,
@@ -37,7 +38,6 @@ from peerwatch.producers.health.checks import (
 from peerwatch.producers.health.dcgm import Runner, Which, check_dcgm_diag, subprocess_runner
 from peerwatch.producers.health.infiniband import DEFAULT_SYSFS_ROOT, check_ib_ports
 from peerwatch.producers.health.outcome import CRITICAL, EXIT_CODES, OK, UNKNOWN, outcome, worst
-from peerwatch.producers.nvml.clock import Clock, SystemClock
 from peerwatch.producers.nvml.device import NvmlApi, NvmlUnavailableError, init_nvml, load_nvml
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pynvml
 
-from peerwatch.producers.nvml.clock import Clock
+from peerwatch.clock import Clock
 from peerwatch.producers.nvml.device import NvmlApi, is_unsupported
 from peerwatch.producers.nvml.probe import GpuProbe, free_gpm, probe_gpus
 from peerwatch.producers.nvml.reads import field_value

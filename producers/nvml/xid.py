@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-from peerwatch.producers.nvml.clock import Clock
+from peerwatch.clock import Clock
 from peerwatch.producers.nvml.device import NvmlApi, is_unsupported
 
 log = logging.getLogger(__name__)

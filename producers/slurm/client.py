@@ -1,9 +1,10 @@
 """Reading Slurm through its commands: the narrow :class:`SlurmClient` Protocol and the real one.
 
 :class:`CommandSlurmClient` runs ``squeue``, ``sacct``, ``sinfo``/``scontrol`` from ``bin_dir``
-(or ``$PATH``) with argument vectors (never a shell), a timeout per command, and translates
-every failure into :class:`SlurmCommandError` (a :class:`~peerwatch.errors.ServiceError`).
-It returns parsed JSON documents; turning them into records is ``parse.py``'s job.
+(or ``$PATH``) through :class:`~peerwatch.producers.slurm.command.SlurmCommands` (argument
+vectors, never a shell, a timeout per command, every failure a
+:class:`~peerwatch.errors.SlurmCommandError`). It returns parsed JSON documents; turning them
+into records is ``parse.py``'s job.
 
 Version differences handled here:
 
@@ -17,33 +18,18 @@ Version differences handled here:
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from peerwatch.errors import ServiceError
+from peerwatch.producers.slurm.command import Runner, SlurmCommands, run_command
 from peerwatch.producers.slurm.errors import SlurmParseError
 
-__all__ = [
-    "CommandResult",
-    "CommandSlurmClient",
-    "SlurmClient",
-    "SlurmCommandError",
-    "parse_version",
-    "run_command",
-]
+__all__ = ["CommandSlurmClient", "SlurmClient", "parse_version"]
 
 #: First release whose scontrol prints ``--json`` (per-node records moved there from sinfo).
 SCONTROL_JSON_SINCE = (23, 2)
-
-
-class SlurmCommandError(ServiceError):
-    """A Slurm command could not be run, timed out, or exited non-zero (stderr in the message)."""
 
 
 class SlurmClient(Protocol):
@@ -62,26 +48,6 @@ class SlurmClient(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class CommandResult:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-#: Runs an argument vector with a timeout (seconds). Raises OSError or subprocess.TimeoutExpired.
-Runner = Callable[[Sequence[str], float], CommandResult]
-
-
-def run_command(argv: Sequence[str], timeout_s: float) -> CommandResult:
-    """The real :data:`Runner`: ``subprocess.run`` without a shell, stdin closed."""
-    proc = subprocess.run(
-        list(argv), capture_output=True, text=True, timeout=timeout_s,
-        stdin=subprocess.DEVNULL, check=False,
-    )  # fmt: skip
-    return CommandResult(proc.returncode, proc.stdout, proc.stderr)
-
-
 def parse_version(text: str) -> tuple[int, int]:
     """``slurm 23.11.4`` / ``slurm-wlm 22.05.8`` -> ``(23, 11)``. Raises SlurmParseError."""
     match = re.search(r"(\d+)\.(\d+)(?:\.\d+)?", text)
@@ -95,7 +61,7 @@ def _local_time(ts_ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts_ms / 1000))
 
 
-class CommandSlurmClient:
+class CommandSlurmClient(SlurmCommands):
     """:class:`SlurmClient` over the Slurm commands in ``bin_dir`` (``None``: from ``$PATH``).
 
     No process is started before the first call. ``timeout_s`` bounds each command."""
@@ -106,42 +72,9 @@ class CommandSlurmClient:
         timeout_s: float = 30.0,
         runner: Runner = run_command,
     ) -> None:
-        self.bin_dir = bin_dir
-        self.timeout_s = timeout_s
-        self._runner = runner
+        super().__init__(bin_dir, timeout_s, runner)
         self._version: tuple[int, int] | None = None
         self._nodes_via_scontrol: bool | None = None
-
-    def _argv(self, command: str, *args: str) -> list[str]:
-        return [str(self.bin_dir / command) if self.bin_dir else command, *args]
-
-    def run(self, command: str, *args: str) -> str:
-        """stdout of ``command args``. Raises SlurmCommandError."""
-        argv = self._argv(command, *args)
-        shown = " ".join(argv)
-        try:
-            result = self._runner(argv, self.timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise SlurmCommandError(
-                f"`{shown}` did not finish within {self.timeout_s:g} s"
-            ) from exc
-        except OSError as exc:
-            raise SlurmCommandError(f"cannot run `{shown}`: {exc.strerror or exc}") from exc
-        if result.returncode != 0:
-            why = result.stderr.strip().splitlines()[-1:] or ["no message"]
-            raise SlurmCommandError(f"`{shown}` exited {result.returncode}: {why[0][:300]}")
-        return result.stdout
-
-    def run_json(self, command: str, *args: str) -> dict[str, Any]:
-        """``command args`` parsed as a JSON object. Raises SlurmCommandError, SlurmParseError."""
-        text = self.run(command, *args)
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise SlurmParseError(f"`{command} {' '.join(args)}` printed no JSON: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise SlurmParseError(f"`{command} {' '.join(args)}` printed {type(doc).__name__}")
-        return doc
 
     def version(self) -> tuple[int, int]:
         """(major, minor) from ``sinfo --version``, cached. Raises SlurmCommandError/ParseError."""

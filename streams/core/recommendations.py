@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from peerwatch.reasons import sanitize_reason
 from peerwatch.streams.core.model import is_idle_job, stable_id
 from peerwatch.streams.core.policy_state import NodePolicyState
 from peerwatch.streams.core.settings import PolicySettings
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9 _.,:;/+%=()\[\]<>@#-]")
-
-
-def sanitize_reason(text: str, max_chars: int = 100) -> str:
-    """ASCII, no quotes/backslashes/newlines, single spaces, no ``peerwatch:`` prefix, bounded."""
-    text = _UNSAFE.sub(" ", text.replace("\n", " ").replace("\r", " ").replace("\t", " "))
-    text = " ".join(text.split())
-    while text.lower().startswith("peerwatch:"):
-        text = text[len("peerwatch:") :].lstrip()
-    return text[:max_chars].rstrip()
 
 
 def hw_evidence(finding: Mapping[str, Any], settings: PolicySettings) -> bool:

@@ -20,11 +20,11 @@ from confluent_kafka import Consumer, TopicPartition
 from fakes import FakeGpu, FakeNvml
 
 from peerwatch.cli import main
+from peerwatch.clock import SystemClock
 from peerwatch.commands import health as health_command
 from peerwatch.kafka_config import consumer_config
 from peerwatch.producers.agent import NodeAgent
 from peerwatch.producers.delivery import Delivery, DeliverySettings
-from peerwatch.producers.nvml.clock import SystemClock
 from peerwatch.producers.nvml.sampler import GpuSampler
 from peerwatch.producers.nvml.xid import XidWatcher
 from peerwatch.producers.spool import Spool

@@ -11,7 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from peerwatch.exporters.drain.slurm_ops import ScontrolSlurm
+from peerwatch.producers.slurm.client import CommandSlurmClient
 from peerwatch.producers.slurm.parse import SlurmJob, parse_sacct, parse_sinfo, parse_squeue
+from peerwatch.reasons import slurm_reason
 from tests.integration.slurm_fixture import SlurmCluster
 
 pytestmark = pytest.mark.integration
@@ -119,3 +122,31 @@ def test_drain_and_resume(slurm_cluster: SlurmCluster) -> None:
     assert "DRAIN" not in resumed.state_flags
     assert resumed.reason is None
     assert slurm_cluster.cmd("sinfo", "-R", "-h") == ""
+
+
+def test_drain_and_resume_through_peerwatch_runner_with_non_utf8_reasons(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    """ScontrolSlurm and CommandSlurmClient share one runner: a hostile reason is sanitised on the
+    way in, and a reason an operator set with bytes that are not UTF-8 is read without raising."""
+    node = slurm_cluster.node
+    slurm = ScontrolSlurm(slurm_cluster.bin_dir, timeout_s=30)
+    reason = slurm_reason(b'pwtest \xff "runner"; $(id) check')
+    assert reason == "peerwatch: pwtest runner (id) check"
+    slurm.drain(node, reason)
+    try:
+        slurm_cluster.wait_for_node_state(("drained", "draining"))
+        [facts] = [n for n in slurm.nodes() if n.name == node]
+        assert facts.reason == reason and facts.ours
+        # An operator's reason with a raw 0xff byte (surrogateescape puts it into the argv).
+        slurm_cluster.cmd("scontrol", "update", f"nodename={node}", "reason=pwtest-op \udcff x")
+        [facts] = [n for n in slurm.nodes() if n.name == node]
+        # Slurm prints the byte as it is (text=True would raise UnicodeDecodeError here).
+        assert facts.reason == "pwtest-op \ufffd x" and not facts.ours
+        nodes = CommandSlurmClient(slurm_cluster.bin_dir).nodes_json()["nodes"]
+        assert [n["reason"] for n in nodes if n["name"] == node] == [facts.reason]
+    finally:
+        slurm.resume(node)
+    slurm_cluster.wait_for_node_state(("idle", "mixed", "allocated"))
+    [facts] = [n for n in slurm.nodes() if n.name == node]
+    assert not facts.drained and facts.reason is None

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from fakes import FakeClock, FakeGpu, FakeNvml
 
+from peerwatch.clock import SystemClock
 from peerwatch.commands import agent as agent_command
 from peerwatch.errors import EncodeError
 from peerwatch.producers.agent import (
@@ -323,11 +324,7 @@ def test_real_watcher_thread_delivers_xid_within_the_interval() -> None:
     nvml = FakeNvml([FakeGpu.h100(i) for i in range(2)])
     nvml.nvmlInit()
 
-    class WallClock:
-        def now_ms(self) -> int:
-            return time.time_ns() // 1_000_000
-
-    clock = WallClock()
+    clock = SystemClock()
     sink = ListSink()
     got_xid = threading.Event()
 

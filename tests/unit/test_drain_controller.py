@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import FakeClock
 
+from peerwatch.errors import SlurmCommandError
 from peerwatch.exporters.drain.config import DrainSettings
 from peerwatch.exporters.drain.controller import AuditPublisher, DrainController, Topics
 from peerwatch.exporters.drain.decide import NodeFacts
 from peerwatch.exporters.drain.operations import describe, reset_breaker, resume_node
-from peerwatch.exporters.drain.slurm_ops import SlurmCommandError, drain_argv, resume_argv
+from peerwatch.exporters.drain.slurm_ops import drain_argv, resume_argv
 from peerwatch.exporters.drain.state import StateStore
 from peerwatch.schemas.codec import AvroCodec
 
@@ -134,13 +136,13 @@ class Rig:
         nodes = {f"n{i}": NodeFacts(f"n{i}", "IDLE", (), None, None, ("gpu",)) for i in range(1, 4)}
         self.slurm = FakeSlurm(nodes, self.log, **slurm_kw)
         self.producer = FakeProducer(self.log)
-        self.now_ms = NOW_MS
+        self.clock = FakeClock(NOW_MS)
 
     def controller(self, messages: list[Msg]) -> tuple[DrainController, FakeConsumer]:
         consumer = FakeConsumer(messages, self.log)
         publisher = AuditPublisher(self.producer, TOPICS, 1.0)
         ctl = DrainController(consumer, publisher, self.slurm, self.store, self.settings, TOPICS,
-                              clock=lambda: self.now_ms, sleep=lambda s: None)  # fmt: skip
+                              clock=self.clock, sleep=lambda s: None)  # fmt: skip
         return ctl, consumer
 
     def run(self, messages: list[Msg]) -> FakeConsumer:
@@ -245,7 +247,7 @@ def event(node: str, ts_ms: int, flags: list[str], reason: str | None) -> Msg:
 def test_operator_resume_seen_in_node_events_starts_the_cooldown(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     rig.run([rec_msg("r1")])
-    rig.now_ms += 10_000
+    rig.clock.ms += 10_000
     rig.run([event("n1", NOW_MS + 5_000, [], None)])
     assert rig.store.load().operator_resumes == {"n1": NOW_MS + 5_000}
     rig.slurm.resume("n1")
@@ -259,7 +261,7 @@ def test_operator_resume_seen_in_slurm_starts_the_cooldown(tmp_path: Path) -> No
     rig = Rig(tmp_path)
     rig.run([rec_msg("r1")])
     rig.slurm.resume("n1")  # by hand, not through peerwatch
-    rig.now_ms += 60_000
+    rig.clock.ms += 60_000
     rig.run([rec_msg("r2", 1, job_ids=["43"])])
     assert rig.producer.actions()[-1]["refusal"] == "operator_cooldown"
 
@@ -270,7 +272,7 @@ def test_auto_resume_on_expiry(tmp_path: Path) -> None:
     rig.run([rec_msg("r1", expires_ms=NOW_MS + 1000)])
     ctl, _ = rig.controller([])
     assert ctl.resume_expired() == 0  # not expired yet
-    rig.now_ms += 1000
+    rig.clock.ms += 1000
     assert ctl.resume_expired() == 1
     ctl.flush_outbox()
     assert rig.log[-2:] == ["resume n1", "delivered 1"]

@@ -21,8 +21,9 @@ from peerwatch.exporters.drain.decide import (
     expired_drains,
     observe_node,
 )
-from peerwatch.exporters.drain.sanitize import FORBIDDEN, sanitise_reason, valid_node_name
+from peerwatch.exporters.drain.sanitize import FORBIDDEN, valid_node_name
 from peerwatch.exporters.drain.state import ControllerState
+from peerwatch.reasons import reason_is_clean, slurm_reason
 
 NOW_MS = 1_795_000_000_000
 MIN_MS = 60_000
@@ -310,12 +311,13 @@ def test_long_reasons_are_cut() -> None:
 
 @given(st.text(), st.integers(min_value=19, max_value=300))
 def test_sanitiser_output_is_always_safe(reason: str, max_chars: int) -> None:
-    out = sanitise_reason(reason, max_chars)
+    out = slurm_reason(reason, max_chars)
     assert out.startswith("peerwatch: ")
     assert len(out) <= max_chars and len(out) > len("peerwatch: ")
     assert all(" " <= c <= "~" for c in out)
     assert not FORBIDDEN & set(out)
     assert "\n" not in out and "\r" not in out
+    assert reason_is_clean(out)
 
 
 @given(st.text(max_size=80))

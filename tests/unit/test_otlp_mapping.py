@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fakes import FakeClock
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter
 from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Sum
@@ -44,17 +45,9 @@ def window(
     }  # fmt: skip
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1_000_000)  # monotonic_s() == 1000.0
 
 
 @pytest.fixture
@@ -244,9 +237,9 @@ def test_series_without_windows_expire(
 ) -> None:
     base = records["GpuWindow"]
     sink.write("GpuWindow", window(base, "1001", "n1", 0))
-    clock.now_s += 500
+    clock.ms += 500_000
     sink.write("GpuWindow", window(base, "1003", "n3", 0))
-    clock.now_s += 200  # 700 s after the first, 200 s after the second; stale_after_s = 600
+    clock.ms += 200_000  # 700 s after the first, 200 s after the second; stale_after_s = 600
     assert set(points(collected(reader)["hw.power"])) == {("1003", "n3", 0)}
     assert sink.stats()["series_stale"] == 1
 
@@ -256,7 +249,7 @@ def test_series_cap_drops_the_oldest_and_counts(
 ) -> None:
     base = records["GpuWindow"]
     for gpu in range(7):  # cap is 5
-        clock.now_s += 1
+        clock.ms += 1_000
         sink.write("GpuWindow", window(base, "1001", "n1", gpu))
     metrics = collected(reader)
     assert set(points(metrics["hw.power"])) == {("1001", "n1", g) for g in range(2, 7)}

@@ -228,6 +228,8 @@ def test_job_wide_only_alerts() -> None:
     assert feed([finding("JOB_WIDE", MINUTE_MS, node=None, gpu=None, features=[])]) == []
     recs = feed([finding("JOB_WIDE", MINUTE_MS, node="n7", gpu=None, features=[])])
     assert actions(recs) == [("ALERT", "INFO")]
+    # The policy writes "...; no GPU blamed": the one sanitiser bans ";" (peerwatch/reasons.py).
+    assert recs[0]["reason"].endswith(" no GPU blamed") and ";" not in recs[0]["reason"]
 
 
 # --- ids, restarts, reasons, schema ---------------------------------------------------------------
@@ -282,7 +284,7 @@ def test_recommendations_fit_the_schema() -> None:
 def test_reason_is_fit_for_scontrol(text: str) -> None:
     reason = sanitize_reason("peerwatch: " + text)
     assert reason.isascii() and len(reason) <= 100
-    assert not any(c in reason for c in "'\"`\\\n\r\t")
+    assert not any(c in reason for c in "'\"`\\\n\r\t;$")
     assert not reason.lower().startswith("peerwatch:")
     assert reason == reason.strip()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from fakes import FakeClock
 
 from peerwatch.exporters.otlp import MetricPoint
 from peerwatch.exporters.series import SeriesStore
@@ -14,7 +15,7 @@ def point(name: str, value: float, **attrs: object) -> MetricPoint:
 
 
 def test_identity_attributes_replace_values_extra_attributes_separate_them() -> None:
-    store = SeriesStore(clock=lambda: 0.0)
+    store = SeriesStore(clock=FakeClock(0))
     key = ("1", "n", 0)
     store.apply_window(key, 0, [point("g", 1.0), point("c", 2.0, **{"error.type": "a"})])
     # the user became known later: same series, value replaced, not duplicated
@@ -25,7 +26,7 @@ def test_identity_attributes_replace_values_extra_attributes_separate_them() -> 
 
 
 def test_ended_job_memory_is_bounded() -> None:
-    store = SeriesStore(max_ended_jobs=2, clock=lambda: 0.0)
+    store = SeriesStore(max_ended_jobs=2, clock=FakeClock(0))
     for job in ("a", "b", "c"):
         store.job_ended(job)
     assert store.apply_window(("a", "n", 0), 0, [point("g", 1.0)])  # forgotten: accepted again

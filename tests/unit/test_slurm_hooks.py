@@ -9,13 +9,9 @@ from typing import Any
 
 import pytest
 
-from peerwatch.errors import EncodeError
-from peerwatch.producers.slurm.client import (
-    CommandResult,
-    CommandSlurmClient,
-    SlurmCommandError,
-    parse_version,
-)
+from peerwatch.errors import EncodeError, SlurmCommandError
+from peerwatch.producers.slurm.client import CommandSlurmClient, parse_version
+from peerwatch.producers.slurm.command import CommandResult
 from peerwatch.producers.slurm.errors import SlurmParseError
 from peerwatch.producers.slurm.hook_sender import send_outbox
 from peerwatch.producers.slurm.hooks import (

@@ -254,7 +254,7 @@ class FakeClient:
     def sacct_json(self, since_ms: int) -> dict[str, Any]:
         self.sacct_since.append(since_ms)
         if self.sacct is None:
-            from peerwatch.producers.slurm.client import SlurmCommandError
+            from peerwatch.errors import SlurmCommandError
 
             raise SlurmCommandError("sacct: accounting storage is disabled")
         return doc(self.sacct)
