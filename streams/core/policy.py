@@ -124,7 +124,7 @@ def apply_finding(
             ts_ms=ts_ms,
             action="ALERT",
             severity="INFO",
-            reason=f"job-wide slowdown job {finding['job_id']}; no GPU blamed",
+            reason=f"job-wide slowdown job {finding['job_id']}, no GPU blamed",
             finding=finding,
             evidence_kind="job_wide",
             expiry_s=settings.alert_expiry_s,

@@ -16,7 +16,7 @@ from peerwatch.reasons import (
     sanitize_reason,
     slurm_reason,
 )
-from peerwatch.streams.settings import PolicySettings
+from peerwatch.streams.core.settings import PolicySettings
 
 
 @pytest.mark.parametrize(

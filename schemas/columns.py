@@ -1,0 +1,166 @@
+"""Records as columns: the fields a consumer selects, flattened into numpy arrays.
+
+A :class:`TableSpec` is built from a wire schema and a *selection* (which fields, nested arrays of
+records included); decoding a batch of records with it gives one :class:`Table` per record
+level: the top level (one row per record) and one per selected array of records (one row per
+item, with ``parent``, the row of the record it belongs to). A selected field becomes one array:
+
+* ``int``: long, int, boolean (0/1) and enum (the symbol's index), as int64;
+* ``float``: float and double, as float64;
+* ``str``: strings as int64 codes into a caller-owned ``dict[str, int]`` (a code is the
+  string's insertion position, so a dict kept across batches gives stable codes).
+
+A field whose type is a union with null also has a ``valid`` array (False: null, the value is 0).
+Fields not selected are stepped over. Two back ends fill the same tables from the same spec:
+:func:`tables_from_records` here from decoded dicts (the generated Python reader's output, or the
+simulator's records), and the C module's ``decode_columns`` (:mod:`peerwatch.schemas.native`)
+straight from Avro bytes; they are tested equal, value for value and refusal for refusal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from peerwatch.schemas.compiled import Unsupported
+
+INT, FLOAT, STR = "int", "float", "str"
+_KINDS = {
+    "long": INT, "int": INT, "boolean": INT, "float": FLOAT, "double": FLOAT, "string": STR,
+}  # fmt: skip
+
+Int64s = npt.NDArray[np.int64]
+Float64s = npt.NDArray[np.float64]
+Bools = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One selected field: its name, kind (int, float, str), whether null is allowed, and the
+    enum symbols when it is an enum (an int column of symbol indices)."""
+
+    name: str
+    kind: str
+    nullable: bool
+    symbols: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """The selected fields of one record level and its selected arrays of records."""
+
+    path: str
+    columns: tuple[ColumnSpec, ...]
+    children: tuple[tuple[str, TableSpec], ...] = ()
+
+    def tables(self) -> list[TableSpec]:
+        """This spec and its descendants, depth first (the order of :class:`Table` outputs)."""
+        out = [self]
+        for _, child in self.children:
+            out += child.tables()
+        return out
+
+
+@dataclass
+class Table:
+    """The rows of one record level: ``values[name]`` arrays of ``n`` rows, ``valid[name]`` for
+    nullable fields, ``parent`` (row of the enclosing level) for nested levels."""
+
+    n: int
+    values: dict[str, Any]
+    valid: dict[str, Bools] = field(default_factory=dict)
+    parent: Int64s | None = None
+
+
+def _branch(t: Any) -> tuple[Any, bool]:
+    """``(type, nullable)``: a two-branch union with null unwrapped."""
+    if isinstance(t, list):
+        rest = [b for b in t if b != "null"]
+        if len(rest) == 1 and len(t) == 2:
+            return rest[0], True
+        raise Unsupported(f"union {t!r} is not [null, X]")
+    return t, False
+
+
+def _type_name(t: Any) -> str:
+    return t.get("type") if isinstance(t, dict) else t  # type: ignore[no-any-return]
+
+
+def table_spec(schema: Mapping[str, Any], selection: Mapping[str, Any], path: str = "") -> TableSpec:
+    """The spec of ``selection`` over a record ``schema`` (a wire schema: no named-type
+    references inside the selected fields). ``selection`` maps field names to True (the field as
+    its own kind) or, for an array of records, to a nested selection. Fields missing from the
+    schema are left out (their consumer sees no column); a field of another shape raises
+    :class:`Unsupported`."""
+    fields = {f["name"]: f["type"] for f in schema["fields"]}
+    columns: list[ColumnSpec] = []
+    children: list[tuple[str, TableSpec]] = []
+    for name, sub in selection.items():
+        if name not in fields:
+            continue
+        t, nullable = _branch(fields[name])
+        kind = _type_name(t)
+        if isinstance(sub, Mapping):
+            items = t.get("items") if isinstance(t, dict) and kind == "array" else None
+            if nullable or not isinstance(items, dict) or items.get("type") != "record":
+                raise Unsupported(f"{path}{name} is not an array of records")
+            children.append((name, table_spec(items, sub, f"{path}{name}.")))
+        elif kind == "enum":
+            columns.append(ColumnSpec(name, INT, nullable, tuple(t["symbols"])))
+        elif kind in _KINDS:
+            columns.append(ColumnSpec(name, _KINDS[kind], nullable))
+        else:
+            raise Unsupported(f"{path}{name}: {kind} cannot be a column")
+    return TableSpec(path, tuple(columns), tuple(children))
+
+
+def _fill(spec: TableSpec, rows: Sequence[Mapping[str, Any]], strings: dict[str, int],
+          out: dict[str, Table], parent: Int64s | None) -> None:  # fmt: skip
+    n = len(rows)
+    table = Table(n, {}, {}, parent)
+    out[spec.path] = table
+    for col in spec.columns:
+        raw = [r.get(col.name) for r in rows]
+        if col.nullable:
+            valid = np.fromiter((v is not None for v in raw), np.bool_, n)
+            table.valid[col.name] = valid
+        elif any(v is None for v in raw):
+            raise ValueError(f"{spec.path}{col.name}: null in a field that allows none")
+        if col.symbols is not None:
+            index = {s: i for i, s in enumerate(col.symbols)}
+            table.values[col.name] = np.fromiter(
+                (0 if v is None else index[v] for v in raw), np.int64, n
+            )
+        elif col.kind == STR:
+            table.values[col.name] = np.fromiter(
+                (0 if v is None else strings.setdefault(v, len(strings)) for v in raw),
+                np.int64,
+                n,
+            )
+        elif col.kind == FLOAT:
+            table.values[col.name] = np.fromiter(
+                (0.0 if v is None else v for v in raw), np.float64, n
+            )
+        else:
+            table.values[col.name] = np.fromiter((0 if v is None else v for v in raw), np.int64, n)
+    for name, child in spec.children:
+        lists = [r.get(name) or () for r in rows]
+        lengths = np.fromiter((len(x) for x in lists), np.int64, n)
+        child_parent = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        _fill(child, [item for x in lists for item in x], strings, out, child_parent)
+
+
+def tables_from_records(
+    spec: TableSpec, records: Sequence[Mapping[str, Any]], strings: dict[str, int]
+) -> dict[str, Table]:
+    """The tables of decoded ``records`` (dicts as the codec or the simulator gives them), keyed
+    by path (``""`` for the top level, ``"gpus."`` for the items of ``gpus``...). Raises
+    ValueError for a null in a non-nullable field, KeyError for an unknown enum symbol,
+    OverflowError for an int beyond int64."""
+    out: dict[str, Table] = {}
+    _fill(spec, records, strings, out, None)
+    return out
