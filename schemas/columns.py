@@ -90,7 +90,9 @@ def _type_name(t: Any) -> str:
     return t.get("type") if isinstance(t, dict) else t  # type: ignore[no-any-return]
 
 
-def table_spec(schema: Mapping[str, Any], selection: Mapping[str, Any], path: str = "") -> TableSpec:
+def table_spec(
+    schema: Mapping[str, Any], selection: Mapping[str, Any], path: str = ""
+) -> TableSpec:
     """The spec of ``selection`` over a record ``schema`` (a wire schema: no named-type
     references inside the selected fields). ``selection`` maps field names to True (the field as
     its own kind) or, for an array of records, to a nested selection. Fields missing from the

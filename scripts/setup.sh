@@ -39,7 +39,7 @@ if ((${#native_deps[@]})) && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/nu
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${native_deps[@]}" >/dev/null
 fi
 stamp=.venv/.peerwatch-installed
-if [[ ! -f $stamp || pyproject.toml -nt $stamp || schemas/_avro_native.c -nt $stamp || schemas/avro_reader.h -nt $stamp || streams/_replay_native.c -nt $stamp ]]; then
+if [[ ! -f $stamp || pyproject.toml -nt $stamp || schemas/_avro_native.c -nt $stamp || schemas/avro_reader.h -nt $stamp ]]; then
     log "installing peerwatch and its dependencies into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -e '.[dev]'

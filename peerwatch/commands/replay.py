@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -49,20 +47,12 @@ def register(sub: Any) -> None:
     p.add_argument("--lookback-s", type=float, default=86400.0,
                    help="read job events this far before --from (jobs that started earlier)")  # fmt: skip
     p.add_argument("--workers", type=int, default=1,
-                   help="processes decoding archive files (the Python path: without the C "
-                        "module, or with --kafka)")  # fmt: skip
-    p.add_argument("--one-process", action="store_true",
-                   help="archive replay in one process (default: two where there are two "
-                        "cores: samples and windows in one, detector and policy in the other)")  # fmt: skip
-    p.add_argument("--reorder-s", type=float, default=30.0,
-                   help="how far samples of an archive may be out of event-time order for it "
-                        "to be read as a stream (default 30; beyond it, whole hours are sorted)")  # fmt: skip
+                   help="processes decoding archive files")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from peerwatch.streams.offline import windows_native
     from peerwatch.streams.offline.replay import (
         Progress,
         TimeRange,
@@ -73,26 +63,14 @@ def run(args: argparse.Namespace) -> int:
     span = TimeRange(parse_time_ms(args.from_), parse_time_ms(args.to), int(args.lookback_s * 1000))
     if span.to_ms <= span.from_ms:
         raise ConfigError("--to", "must be after --from")
-    if args.reorder_s < 0:
-        raise ConfigError("--reorder-s", "must be >= 0")
     if not args.kafka and not Path(args.archive).is_dir():
         raise ConfigError("--archive", f"{args.archive} is not a directory")
     pipeline = live_equivalent_settings(args.window_s, args.lateness_s, args.job_grace_s)
     extra: dict[str, Any] = {}
     keep = _scope(args, span, extra)
     progress = None if args.no_progress else Progress(span, sys.stderr)
-    result = None
-    if windows_native.available() and (args.kafka or args.workers <= 1):
-        try:
-            result = _native_replay(args, span, pipeline, keep, progress, extra)
-        except windows_native.ArchiveUnordered as exc:
-            logging.getLogger(__name__).warning(
-                "replay: %s; replaying again with whole hours sorted", exc
-            )
-            result = _native_replay(args, span, pipeline, keep, progress, extra, stream=False)
-    extra["path"] = "native" if result is not None else "python"
-    if result is None:
-        result = _python_replay(args, span, pipeline, keep, progress, extra)
+    extra["path"] = "columns"
+    result = _replay(args, span, pipeline, keep, progress, extra)
     if args.findings:
         with open(args.findings, "w") as fh:
             fh.writelines(output_lines(result))
@@ -127,7 +105,7 @@ def _scope(args: argparse.Namespace, span: Any, extra: dict[str, Any]) -> frozen
     return keep
 
 
-def _python_replay(
+def _replay(
     args: argparse.Namespace, span: Any, pipeline: Any, keep: Any, progress: Any,
     extra: dict[str, Any],
 ) -> Any:  # fmt: skip
@@ -152,52 +130,5 @@ def _python_replay(
         )
     result = replay(records, pipeline, job=args.job, node=args.node,
                     keep_windows=bool(args.report), progress=progress)  # fmt: skip
-    result.wall_s += read_s
-    return result
-
-
-def _native_replay(
-    args: argparse.Namespace, span: Any, settings: Any, keep: Any, progress: Any,
-    extra: dict[str, Any], stream: bool = True,
-) -> Any:  # fmt: skip
-    """The replay through the C sample path (same outputs, several times faster), on two cores
-    unless ``--one-process``; None where the input needs the Python path (another schema
-    version, values beyond int64), which then runs. Archives are read as a stream (``stream``;
-    raises ArchiveUnordered for one out of order by more than ``--reorder-s``) or by whole
-    hours."""
-    from peerwatch.streams.offline import windows_native
-    from peerwatch.streams.offline.replay import replay
-    from peerwatch.streams.offline.replay_native import (
-        kafka_native_records,
-        native_archive_records,
-        replay_split,
-    )
-
-    node_ids: dict[str, int] = {}
-    prefix = settings_of(args).topic_prefix
-    read_s = 0.0
-    kept = {"job": args.job, "node": args.node, "keep_windows": bool(args.report)}
-    try:
-        records: Any
-        if args.kafka:
-            t0 = time.perf_counter()
-            records, extra["undecodable"] = kafka_native_records(
-                settings_of(args).kafka, span, node_ids, prefix, keep
-            )
-            read_s = time.perf_counter() - t0  # part of the replay's cost, as on the Python path
-        else:
-            reorder = int(args.reorder_s * 1000) if stream else None
-            records = native_archive_records(
-                Path(args.archive), span, node_ids, prefix, keep, reorder_ms=reorder
-            )
-        if args.one_process or (os.cpu_count() or 1) < 2:
-            pipe = windows_native.NativePipeline(settings, node_ids)
-            result = replay(records, settings, progress=progress, pipeline=pipe, **kept)
-        else:
-            result = replay_split(records, settings, node_ids, progress=progress, **kept)
-    except windows_native.NativeUnsupported as exc:
-        logging.getLogger(__name__).warning("replay: native path not used (%s)", exc)
-        extra.pop("undecodable", None)
-        return None
     result.wall_s += read_s
     return result

@@ -94,13 +94,19 @@ class AllocationTable:
     lookup (see :meth:`segment`) and revalidate it cheaply.
     """
 
-    __slots__ = ("_gpus", "_jobs", "_versions", "retention_ms")
+    __slots__ = ("_gpus", "_jobs", "_versions", "generation", "retention_ms")
 
     def __init__(self, retention_ms: int = DEFAULT_RETENTION_MS) -> None:
         self.retention_ms = retention_ms
         self._gpus: dict[str, dict[int, list[Interval]]] = {}
         self._jobs: dict[str, JobMeta] = {}
         self._versions: dict[str, int] = {}
+        #: Grows with every change of any node's intervals (a cheap "anything changed?").
+        self.generation = 0
+
+    def _bump(self, node: str) -> None:
+        self._versions[node] = self._versions.get(node, 0) + 1
+        self.generation += 1
 
     # -- updates --------------------------------------------------------------------------------
     def apply_event(self, event: Mapping[str, Any]) -> list[str]:
@@ -167,7 +173,7 @@ class AllocationTable:
             intervals.sort(key=lambda iv: (iv[1], iv[0]))
             changed = True
         if changed:
-            self._versions[node] = self._versions.get(node, 0) + 1
+            self._bump(node)
         return changed
 
     def _close(self, node: str, gpus: list[int] | None, job_id: str, end_ms: int) -> bool:
@@ -181,7 +187,7 @@ class AllocationTable:
                     iv[2] = end_ms
                     changed = True
         if changed:
-            self._versions[node] = self._versions.get(node, 0) + 1
+            self._bump(node)
         return changed
 
     def prune(self, now_ms: int) -> int:
@@ -202,7 +208,7 @@ class AllocationTable:
             after = sum(len(v) for v in per_gpu.values())
             if after != before:
                 dropped += before - after
-                self._versions[node] = self._versions.get(node, 0) + 1
+                self._bump(node)
             if not per_gpu:
                 del self._gpus[node]
         for job_id, meta in list(self._jobs.items()):
@@ -297,7 +303,11 @@ class AllocationTable:
             for node, per_gpu in (data.get("gpus") or {}).items()
         }
         self._jobs = {str(j): JobMeta.from_dict(m) for j, m in (data.get("jobs") or {}).items()}
-        self._versions = {node: 1 for node in self._gpus}
+        # Every node's version moves on, so no cached lookup survives a reload.
+        self._versions = {
+            node: self._versions.get(node, 0) + 1 for node in set(self._gpus) | set(self._versions)
+        }
+        self.generation += 1
 
 
 def _allocations(event: Mapping[str, Any]) -> dict[str, list[int]]:

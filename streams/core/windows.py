@@ -1,32 +1,43 @@
 """Stage 2, the hot path: attribute GPU readings to jobs and pre-aggregate event-time windows.
 
-:class:`WindowAggregator` is fed BATCHES of decoded NodeGpuSample dicts (one node partition's
-records; faust's per-event overhead is what the batching amortises, see STACK.md). Each GPU
-reading is attributed to the job that owned the GPU at the sample's ``ts_ms`` (the
-:class:`~peerwatch.streams.core.allocation.AllocationTable`), and accumulated per
-(job, node, GPU, window) for windows of ``window_s`` aligned to the epoch. Readings of GPUs no
-job owns are counted and dropped (no job, no peers).
+One implementation for the live hot stage, replay and the evaluation. :class:`WindowAggregator`
+takes BATCHES of NodeGpuSample records as columns (:mod:`peerwatch.schemas.columns`: the C
+decoder fills them straight from Avro bytes, :meth:`WindowAggregator.add_batch` from decoded
+dicts) and does its work per batch with numpy, so its cost per GPU reading is a few vector
+operations rather than Python statements. Each GPU reading is attributed to the job that owned
+the GPU at the sample's ``ts_ms`` (:class:`~peerwatch.streams.core.allocation.AllocationTable`)
+and accumulated per (job, node, GPU, window) for windows of ``window_s`` aligned to the epoch.
+Readings of GPUs no job owns go to the node's pseudo job ``idle:<node>`` (``idle_jobs``) or are
+counted and dropped.
 
-Time: the watermark of a partition is the highest sample time seen minus ``lateness_s``
-(default 10 s: node clocks are skewed by 1-2 s and agents publish at their tick, so 10 s covers
-skew and delivery jitter while keeping a finding within a minute of the onset; a whole window of
-lateness would add 30 s to every detection). :meth:`WindowAggregator.close_ready` emits every
+Time: the watermark is the highest sample time seen minus ``lateness_s`` (default 10 s: node
+clocks are skewed by 1-2 s and agents publish at their tick). :meth:`close_ready` emits every
 window whose end is at or before the watermark, grouped per (job, window). A sample older than
-the last closed window boundary is *late*: ``add_batch`` returns it, and counts it, so the driver
-can send it on (dead-letter / late topic); it is never silently dropped.
+the last closed window boundary is *late*: it is not accumulated, it is counted and returned so
+the driver can send it on; it is never silently dropped. A sample whose time is outside
+``[0, 2**53)`` ms is *invalid*: counted and returned likewise.
 
-Counters (energy, throttle time, ECC, NVLink, PCIe replay) are turned into deltas between
-consecutive samples of the same GPU; a delta belongs to the window of the later sample. A
-counter that went down was reset (driver reload): the new value is the increase since then.
-The per-reading work is a handful of dict reads and float ops on ``__slots__`` accumulators.
+Counters (energy, throttle time, ECC, NVLink, PCIe replay) become deltas between consecutive
+samples of the same GPU (the previous one is the latest earlier sample of that GPU, in any job,
+whose time moved the GPU's clock forward); a delta belongs to the window of the later sample. A
+counter that went down was reset (driver reload): the new value is the increase since then. A
+counter value outside ``[0, 2**53)`` is treated as missing (counted as ``bad_values``).
+
+Results do not depend on how the input is cut into batches: sums of floats are taken in the
+order the readings arrived, each window's running sum first (``np.bincount`` adds in index
+order), so a window is the same to the last bit whether its readings came in one batch or many.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from peerwatch.schemas.columns import Table, table_spec, tables_from_records
+from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.model import IDLE_JOB_PREFIX
 
@@ -36,65 +47,41 @@ THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80
 POWER_CAP_BIT = 0x4
 DEFAULT_WINDOW_S = 30
 DEFAULT_LATENESS_S = 10
+#: Sample times and counter values must lie in [0, this).
+VALUE_LIMIT = 1 << 53
+#: A gap between two samples counts at most this long in throttle-time denominators (~99 days).
+MAX_GAP_MS = 1 << 33
+_FAR_PAST = -(1 << 62)
+_NONE_MAX = np.iinfo(np.int64).min  # "no value yet" of running maxima
+_NONE_MIN = np.iinfo(np.int64).max  # of running minima
 
-_ACC_FIELDS = (
-    "job", "idx", "uuid", "n", "clk_s", "clk_n", "sm_s", "sm_n", "pw_s", "pw_n", "pr_s", "pr_n",
-    "temp", "energy", "energy_n", "thr_ns", "thr_dt", "cap_ns", "cap_dt", "bits_n", "thr_bits",
-    "cap_bits", "ecc", "nvl", "pcie", "wmin", "wmax", "remap_p", "remap_f", "lost", "xids",
-)  # fmt: skip
-_PREV_FIELDS = ("ts", "energy", "thr", "cap", "ecc", "nvl", "pcie")
+THROTTLE_FIELDS = ("throttle_hw_slowdown_ns", "throttle_sw_thermal_ns", "throttle_hw_thermal_ns",
+                   "throttle_hw_power_brake_ns")  # fmt: skip
+NVLINK_FIELDS = ("nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors")
+COUNTER_FIELDS = ("energy_mj", "throttle_sw_power_cap_ns", "ecc_volatile_uncorrected",
+                  "pcie_replay_count", *THROTTLE_FIELDS, *NVLINK_FIELDS)  # fmt: skip
+_GPU_FIELDS = ("index", "uuid", "state", "sm_clock_mhz", "sm_clock_max_mhz", "clocks_event_reasons",
+               "power_mw", "power_limit_mw", "temperature_c", "gpu_util_pct", "sm_active_pct",
+               "remap_pending", "remap_failed", "pcie_link_width", "pcie_link_width_max",
+               *COUNTER_FIELDS)  # fmt: skip
+#: The NodeGpuSample fields stage 2 reads (the columns the decoders fill).
+SELECTION: dict[str, Any] = {
+    "node": True,
+    "ts_ms": True,
+    "gpus": dict.fromkeys(_GPU_FIELDS, True),
+    "xids": {"gpu_index": True, "xid": True, "ts_ms": True},
+}
+SAMPLE_SPEC = table_spec(strip_logical_types(raw_schema("NodeGpuSample")), SELECTION)
+_LOST = SAMPLE_SPEC.children[0][1].columns[2].symbols.index("LOST")  # type: ignore[union-attr]
 
-
-class _Acc:
-    """Running sums of one GPU in one job in one window."""
-
-    __slots__ = _ACC_FIELDS
-
-    def __init__(self, job: str, idx: int = 0) -> None:
-        self.job = job
-        self.idx = idx
-        self.uuid: str | None = None
-        self.n = self.clk_n = self.sm_n = self.pw_n = self.pr_n = self.energy_n = 0
-        self.clk_s = self.sm_s = self.pw_s = self.pr_s = 0.0
-        self.temp: int | None = None
-        self.energy = self.thr_ns = self.thr_dt = self.cap_ns = self.cap_dt = 0
-        self.bits_n = self.thr_bits = self.cap_bits = 0
-        self.ecc = self.nvl = self.pcie = 0
-        self.wmin: int | None = None
-        self.wmax: int | None = None
-        self.remap_p = self.remap_f = self.lost = False
-        self.xids: list[int] = []
-
-
-class _Prev:
-    """Last counter values of one GPU (any job), for deltas."""
-
-    __slots__ = _PREV_FIELDS
-
-    def __init__(self) -> None:
-        self.ts = -1
-        self.energy: int | None = None
-        self.thr: int | None = None
-        self.cap: int | None = None
-        self.ecc: int | None = None
-        self.nvl: int | None = None
-        self.pcie: int | None = None
-
-
-class _Node:
-    """Per-node state: open windows, counter memory, cached owner segment."""
-
-    __slots__ = ("buckets", "owners", "prev", "seg_hi", "seg_lo", "version")
-
-    def __init__(self) -> None:
-        # window start -> {gpu index: acc}; a GPU that changed owner inside a window has its
-        # other job's acc under the key (job_id, index).
-        self.buckets: dict[int, dict[Any, _Acc]] = {}
-        self.prev: dict[int, _Prev] = {}
-        self.owners: dict[int, str] = {}
-        self.seg_lo = 0
-        self.seg_hi: int | None = -1  # forces a lookup on first use
-        self.version = -1
+#: Per-slot accumulators: int64 sums and counts, float64 sums, and running max/min/flags.
+_INT_ACCS = ("n", "clk_n", "sm_n", "pw_n", "pr_n", "energy", "energy_n", "thr_ns", "thr_dt",
+             "cap_ns", "cap_dt", "bits_n", "thr_bits", "cap_bits", "ecc", "nvl", "pcie")  # fmt: skip
+_FLOAT_ACCS = ("clk_s", "sm_s", "pw_s", "pr_s")
+_MAX_ACCS = ("temp", "wmax", "remap_p", "remap_f", "lost")
+_MIN_ACCS = ("wmin",)
+#: Per-GPU memory of the last sample that moved its clock forward (for counter deltas).
+_PREV = ("energy", "thr", "cap", "ecc", "nvl", "pcie")
 
 
 @dataclass
@@ -107,8 +94,105 @@ class JobWindowBatch:
     windows: list[dict[str, Any]]
 
 
-def _delta(new: int, old: int) -> int:
-    return new - old if new >= old else new  # a reset counter restarts at zero
+@dataclass
+class BatchResult:
+    """What :meth:`WindowAggregator.add_columns` did not accumulate: row numbers of late and of
+    invalid samples (the driver dead-letters them)."""
+
+    late: np.ndarray
+    invalid: np.ndarray
+
+
+class _Grow:
+    """Named int64/float64 arrays that grow together (amortised doubling)."""
+
+    def __init__(self, ints: Mapping[str, int], floats: Sequence[str] = ()) -> None:
+        self.size = 0
+        self.cap = 0
+        self.fill: dict[str, Any] = {**ints, **dict.fromkeys(floats, 0.0)}
+        self.arrays: dict[str, np.ndarray] = {
+            k: np.empty(0, np.float64 if k in floats else np.int64) for k in self.fill
+        }
+
+    def add(self, count: int) -> int:
+        """Append ``count`` rows at their fill values; returns the first new row."""
+        first = self.size
+        need = first + count
+        if need > self.cap:
+            cap = max(need, 2 * self.cap, 64)
+            for k, a in self.arrays.items():
+                grown = np.full(cap, self.fill[k], a.dtype)
+                grown[:first] = a[:first]
+                self.arrays[k] = grown
+            self.cap = cap
+        self.size = need
+        return first
+
+
+class _Bucket:
+    """The accumulators of one window start, all nodes: one slot per (GPU, job)."""
+
+    def __init__(self) -> None:
+        acc_fill = dict.fromkeys(_INT_ACCS, 0)
+        acc_fill.update(dict.fromkeys(_MAX_ACCS, _NONE_MAX))
+        acc_fill.update(dict.fromkeys(_MIN_ACCS, _NONE_MIN))
+        acc_fill.update(gid=-1, job=-1, uuid=-1, seq=0)
+        self.accs = _Grow(acc_fill, _FLOAT_ACCS)
+        self.slot_of_gid = np.full(0, -1, np.int64)  # the GPU's first (usual) slot
+        self.extra: dict[tuple[int, int], int] = {}  # (gid, job) -> slot of another job
+        self.xids: dict[int, list[int]] = {}
+
+    def slots(self, gid: np.ndarray, job: np.ndarray, seq: np.ndarray, uuid: np.ndarray,
+              n_gids: int) -> np.ndarray:  # fmt: skip
+        """The slot of each (gid, job) reading, created where missing (in reading order)."""
+        if len(self.slot_of_gid) < n_gids:
+            grown = np.full(max(n_gids, 2 * len(self.slot_of_gid)), -1, np.int64)
+            grown[: len(self.slot_of_gid)] = self.slot_of_gid
+            self.slot_of_gid = grown
+        a = self.accs.arrays
+        slot = self.slot_of_gid[gid]
+        new = slot < 0
+        if new.any():
+            first_gid, first = np.unique(gid[new], return_index=True)
+            rows = np.flatnonzero(new)[first]
+            start = self.accs.add(len(rows))
+            a = self.accs.arrays
+            made = np.arange(start, start + len(rows))
+            self.slot_of_gid[first_gid] = made
+            a["gid"][made], a["job"][made] = first_gid, job[rows]
+            a["uuid"][made], a["seq"][made] = uuid[rows], seq[rows]
+            slot = self.slot_of_gid[gid]
+        other = a["job"][slot] != job
+        for i in np.flatnonzero(other).tolist():  # a GPU that changed owner inside the window
+            key = (int(gid[i]), int(job[i]))
+            s = self.extra.get(key)
+            if s is None:
+                s = self.extra[key] = self.accs.add(1)
+                a = self.accs.arrays
+                a["gid"][s], a["job"][s], a["uuid"][s], a["seq"][s] = (
+                    key[0],
+                    key[1],
+                    uuid[i],
+                    seq[i],
+                )
+            slot[i] = s
+        return slot
+
+    def slot_for_xid(self, gid: int, job: int, seq: int, n_gids: int) -> int:
+        """The slot an XID of sample ``seq`` goes to; created (without a UUID) where missing. A
+        slot first read by a later sample than ``seq`` was, in arrival order, created by this
+        XID: it loses the UUID the reading gave it."""
+        e = np.asarray([gid]), np.asarray([job]), np.asarray([seq]), np.asarray([-1])
+        s = int(self.slots(*e, n_gids)[0])
+        a = self.accs.arrays
+        if a["seq"][s] > seq:
+            a["uuid"][s], a["seq"][s] = -1, seq
+        return s
+
+
+def _delta(new: np.ndarray, old: np.ndarray) -> np.ndarray:
+    """Counter increase; a counter that went down was reset and restarts at zero."""
+    return np.where(new >= old, new - old, new)
 
 
 class WindowAggregator:
@@ -133,13 +217,33 @@ class WindowAggregator:
         self.idle_jobs = idle_jobs
         self.window_ms = int(window_s * 1000)
         self.lateness_ms = int(lateness_s * 1000)
-        self._nodes: dict[str, _Node] = {}
         self.max_ts_ms: int | None = None
         #: Every window ending at or before this has been emitted; older samples are late.
         self.closed_until_ms: int | None = None
+        #: Codes of the strings in the columns (node names, UUIDs): give it to the decoder.
+        self.strings: dict[str, int] = {}
+        self._names: list[str] = []
+        self._jobs: dict[str, int] = {}
+        self._job_names: list[str] = []
+        # per node code: cached owner segment (allocation version, [lo, hi)) and owners
+        self._node = _Grow({"version": -1, "lo": 0, "hi": -1, "idle": -1})
+        self._node_owners: dict[int, dict[int, str]] = {}
+        self._node_gids: dict[int, list[int]] = {}
+        self._generation = -1
+        # per GPU (gid): node code, index, owner under the node's cached segment, counter memory
+        self._gid_key = np.empty(0, np.int64)  # sorted (node << 32 | index) keys ...
+        self._gid_of_key = np.empty(0, np.int64)  # ... and their gids
+        prev_fill = {"node": 0, "index": 0, "owner": -1, "ts": -1}
+        prev_fill.update({f"p_{k}": 0 for k in _PREV})
+        prev_fill.update({f"v_{k}": 0 for k in _PREV})
+        self._gpu = _Grow(prev_fill)
+        self._buckets: dict[int, _Bucket] = {}
+        self._seq = 0  # samples seen, for the arrival order of XIDs against readings
         self.readings = 0
         self.unattributed = 0
         self.late_samples = 0
+        self.invalid_samples = 0
+        self.bad_values = 0
         self.xids_moved = 0
         self.xids_unattributed = 0
 
@@ -148,185 +252,345 @@ class WindowAggregator:
         """Highest sample time seen minus the allowed lateness (None before any sample)."""
         return None if self.max_ts_ms is None else self.max_ts_ms - self.lateness_ms
 
-    # -- the hot path ---------------------------------------------------------------------------
-    def add_batch(self, samples: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-        """Accumulate NodeGpuSample dicts; returns the late ones (not accumulated, counted)."""
-        late: list[Mapping[str, Any]] = []
-        wms = self.window_ms
-        closed = self.closed_until_ms if self.closed_until_ms is not None else -(1 << 62)
-        allocations, nodes = self.allocations, self._nodes
-        max_ts = self.max_ts_ms if self.max_ts_ms is not None else -(1 << 62)
-        readings = unattributed = 0
-        for s in samples:
-            ts = s["ts_ms"]
-            if ts < closed:
-                late.append(s)
-                continue
-            if ts > max_ts:
-                max_ts = ts
-            node_name = s["node"]
-            ns = nodes.get(node_name)
-            if ns is None:
-                ns = nodes[node_name] = _Node()
-            version = allocations.version(node_name)
-            if (
-                ns.version != version
-                or ts < ns.seg_lo
-                or (ns.seg_hi is not None and ts >= ns.seg_hi)
-            ):
-                ns.owners, ns.seg_lo, ns.seg_hi = allocations.segment(node_name, ts)
-                ns.version = version
-            owners, prevs = ns.owners, ns.prev
-            wstart = ts - ts % wms
-            bucket = ns.buckets.get(wstart)
-            if bucket is None:
-                bucket = ns.buckets[wstart] = {}
-            for g in s["gpus"]:
-                readings += 1
-                get = g.get
-                idx = g["index"]
-                p = prevs.get(idx)
-                if p is None:
-                    p = prevs[idx] = _Prev()
-                owner = owners.get(idx)
-                if owner is None and self.idle_jobs:
-                    owner = IDLE_JOB_PREFIX + node_name
-                acc: _Acc | None = None
-                if owner is not None:
-                    acc = bucket.get(idx)
-                    if acc is None:
-                        acc = bucket[idx] = _Acc(owner, idx)
-                        acc.uuid = get("uuid")
-                    elif acc.job != owner:
-                        acc = bucket.get((owner, idx))
-                        if acc is None:
-                            acc = bucket[(owner, idx)] = _Acc(owner, idx)
-                            acc.uuid = get("uuid")
-                    acc.n += 1
-                else:
-                    unattributed += 1
-                if get("state") == "LOST":
-                    if acc is not None:
-                        acc.lost = True
-                    continue  # every quantity is null; keep the counters of the last good read
-                energy = get("energy_mj")
-                # Throttle time = HW slowdown + SW thermal + HW thermal + power brake (any known).
-                thr = None
-                for v in (get("throttle_hw_slowdown_ns"), get("throttle_sw_thermal_ns"),
-                          get("throttle_hw_thermal_ns"), get("throttle_hw_power_brake_ns")):  # fmt: skip
-                    if v is not None:
-                        thr = v if thr is None else thr + v
-                cap = get("throttle_sw_power_cap_ns")
-                ecc = get("ecc_volatile_uncorrected")
-                nvl = None
-                for v in (get("nvlink_replay_errors"), get("nvlink_recovery_errors"),
-                          get("nvlink_crc_errors")):  # fmt: skip
-                    if v is not None:
-                        nvl = v if nvl is None else nvl + v
-                pcie = get("pcie_replay_count")
-                if acc is not None:
-                    clk, mx = get("sm_clock_mhz"), get("sm_clock_max_mhz")
-                    if clk is not None and mx:
-                        acc.clk_s += clk / mx
-                        acc.clk_n += 1
-                    sm = get("sm_active_pct")
-                    if sm is None:
-                        sm = get("gpu_util_pct")
-                    if sm is not None:
-                        acc.sm_s += sm
-                        acc.sm_n += 1
-                    pw = get("power_mw")
-                    if pw is not None:
-                        acc.pw_s += pw
-                        acc.pw_n += 1
-                        lim = get("power_limit_mw")
-                        if lim:
-                            acc.pr_s += pw / lim
-                            acc.pr_n += 1
-                    t = get("temperature_c")
-                    if t is not None and (acc.temp is None or t > acc.temp):
-                        acc.temp = t
-                    r = get("clocks_event_reasons")
-                    if r is not None:
-                        acc.bits_n += 1
-                        if r & THROTTLE_BITS:
-                            acc.thr_bits += 1
-                        if r & POWER_CAP_BIT:
-                            acc.cap_bits += 1
-                    w = get("pcie_link_width")
-                    if w is not None and (acc.wmin is None or w < acc.wmin):
-                        acc.wmin = w
-                    w = get("pcie_link_width_max")
-                    if w is not None and (acc.wmax is None or w > acc.wmax):
-                        acc.wmax = w
-                    if get("remap_pending"):
-                        acc.remap_p = True
-                    if get("remap_failed"):
-                        acc.remap_f = True
-                    if ts > p.ts >= 0:
-                        dt_ns = (ts - p.ts) * 1_000_000
-                        if energy is not None and p.energy is not None:
-                            acc.energy += _delta(energy, p.energy)
-                            acc.energy_n += 1
-                        if thr is not None and p.thr is not None:
-                            d = thr - p.thr
-                            acc.thr_ns += 0 if d < 0 else dt_ns if d > dt_ns else d
-                            acc.thr_dt += dt_ns
-                        if cap is not None and p.cap is not None:
-                            d = cap - p.cap
-                            acc.cap_ns += 0 if d < 0 else dt_ns if d > dt_ns else d
-                            acc.cap_dt += dt_ns
-                        if ecc is not None and p.ecc is not None and ecc != p.ecc:
-                            acc.ecc += _delta(ecc, p.ecc)
-                        if nvl is not None and p.nvl is not None and nvl != p.nvl:
-                            acc.nvl += _delta(nvl, p.nvl)
-                        if pcie is not None and p.pcie is not None and pcie != p.pcie:
-                            acc.pcie += _delta(pcie, p.pcie)
-                if ts > p.ts:
-                    p.ts, p.energy, p.thr, p.cap = ts, energy, thr, cap
-                    p.ecc, p.nvl, p.pcie = ecc, nvl, pcie
-            xids = s.get("xids")
-            if xids:
-                self._add_xids(node_name, ts, xids, closed)
-        self.readings += readings
-        self.unattributed += unattributed
-        self.late_samples += len(late)
-        if max_ts > -(1 << 62):
-            self.max_ts_ms = max_ts
-        return late
+    # -- input ----------------------------------------------------------------------------------
+    def add_batch(self, samples: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """Accumulate decoded NodeGpuSample dicts; returns the late and invalid ones (not
+        accumulated, counted)."""
+        if not samples:
+            return []
+        result = self.add_columns(tables_from_records(SAMPLE_SPEC, samples, self.strings))
+        refused = np.sort(np.concatenate([result.late, result.invalid]))
+        return [samples[i] for i in refused.tolist()]
 
-    def _add_xids(self, node: str, ts: int, xids: Iterable[Mapping[str, Any]], closed: int) -> None:
+    def _job_code(self, job_id: str) -> int:
+        code = self._jobs.get(job_id)
+        if code is None:
+            code = self._jobs[job_id] = len(self._job_names)
+            self._job_names.append(job_id)
+        return code
+
+    def _sync_names(self) -> None:
+        if len(self._names) < len(self.strings):
+            self._names.extend(list(self.strings)[len(self._names) :])
+        if self._node.size < len(self._names):
+            self._node.add(len(self._names) - self._node.size)
+
+    def _gids(self, node: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """The GPU id of each (node code, GPU index), new ids made for GPUs not seen before."""
+        key = (node << 32) | (index & 0xFFFFFFFF)
+        pos = np.searchsorted(self._gid_key, key)
+        if len(self._gid_key):
+            found = self._gid_key[np.minimum(pos, len(self._gid_key) - 1)] == key
+            known = (pos < len(self._gid_key)) & found
+        else:
+            known = np.zeros(len(key), np.bool_)
+        if not known.all():
+            new_keys = np.unique(key[~known])
+            first = self._gpu.add(len(new_keys))
+            g = self._gpu.arrays
+            ids = np.arange(first, first + len(new_keys))
+            g["node"][ids] = new_keys >> 32
+            idx = (new_keys & 0xFFFFFFFF).astype(np.int64)
+            g["index"][ids] = np.where(idx >= 1 << 31, idx - (1 << 32), idx)
+            for gid, nc, ix in zip(ids.tolist(), g["node"][ids].tolist(), g["index"][ids].tolist(),
+                                   strict=True):  # fmt: skip
+                self._node_gids.setdefault(nc, []).append(gid)
+                g["owner"][gid] = self._owner_code(nc, self._node_owners.get(nc, {}).get(ix))
+            keys = np.concatenate([self._gid_key, new_keys])
+            gids = np.concatenate([self._gid_of_key, ids])
+            order = np.argsort(keys, kind="stable")
+            self._gid_key, self._gid_of_key = keys[order], gids[order]
+            pos = np.searchsorted(self._gid_key, key)
+        return self._gid_of_key[pos]
+
+    def _owner_code(self, node: int, job_id: str | None) -> int:
+        if job_id is not None:
+            return self._job_code(job_id)
+        if not self.idle_jobs:
+            return -1
+        code = int(self._node.arrays["idle"][node])
+        if code < 0:
+            code = self._job_code(IDLE_JOB_PREFIX + self._names[node])
+            self._node.arrays["idle"][node] = code
+        return code
+
+    def _cache_segment(self, node: int, ts: int) -> dict[int, str]:
+        """Look up and cache the owners of ``node`` at ``ts``; the node's GPUs' owners follow."""
+        name = self._names[node]
+        owners, lo, hi = self.allocations.segment(name, ts)
+        a = self._node.arrays
+        a["version"][node] = self.allocations.version(name)
+        a["lo"][node], a["hi"][node] = lo, (1 << 62) if hi is None else hi
+        self._node_owners[node] = owners
+        g = self._gpu.arrays
+        for gid in self._node_gids.get(node, ()):
+            g["owner"][gid] = self._owner_code(node, owners.get(int(g["index"][gid])))
+        return owners
+
+    def add_columns(self, tables: Mapping[str, Table]) -> BatchResult:
+        """Accumulate one batch of NodeGpuSample columns (:data:`SAMPLE_SPEC`, string codes
+        from :attr:`strings`)."""
+        top, gpus, xids = tables[""], tables["gpus."], tables["xids."]
+        self._sync_names()
+        node, ts = top.values["node"], top.values["ts_ms"]
+        closed = self.closed_until_ms if self.closed_until_ms is not None else _FAR_PAST
+        invalid = (ts < 0) | (ts >= VALUE_LIMIT)
+        late = ~invalid & (ts < closed)
+        keep = ~(invalid | late)
+        seq = self._seq + np.arange(top.n, dtype=np.int64)
+        self._seq += top.n
+        self.late_samples += int(late.sum())
+        self.invalid_samples += int(invalid.sum())
+        result = BatchResult(np.flatnonzero(late), np.flatnonzero(invalid))
+        if not keep.any():
+            return result
+        kept_ts = ts[keep]
+        self.max_ts_ms = max(self.max_ts_ms if self.max_ts_ms is not None else _FAR_PAST,
+                             int(kept_ts.max()))  # fmt: skip
+
+        # Owners: each sample's node segment, cached per node; samples outside it are looked up.
+        if self.allocations.generation != self._generation:  # some node's intervals changed
+            self._generation = self.allocations.generation
+            a = self._node.arrays
+            for nc in np.flatnonzero(a["version"][: self._node.size] >= 0).tolist():
+                if a["version"][nc] != self.allocations.version(self._names[nc]):
+                    a["version"][nc] = -1
+        a = self._node.arrays
+        cached = keep & (a["version"][node] >= 0) & (ts >= a["lo"][node]) & (ts < a["hi"][node])
+
+        rows = np.flatnonzero(keep[gpus.parent]) if gpus.n else np.empty(0, np.int64)
+        parent = gpus.parent[rows] if gpus.n else rows
+        index = gpus.values["index"][rows]
+        gid = self._gids(node[parent], index)
+        job = self._gpu.arrays["owner"][gid]  # under each node's segment as cached before
+        for s in np.flatnonzero(keep & ~cached).tolist():  # new segment: look up, in order
+            nc, t = int(node[s]), int(ts[s])
+            if not (a["version"][nc] >= 0 and a["lo"][nc] <= t < a["hi"][nc]):
+                self._cache_segment(nc, t)
+                a = self._node.arrays
+            mine = np.flatnonzero(parent == s)
+            job[mine] = self._gpu.arrays["owner"][gid[mine]]
+        self.readings += len(rows)
+        self.unattributed += int((job < 0).sum())
+
+        self._aggregate(gpus, rows, parent, gid, job, ts, seq)
+        if xids.n:
+            self._add_xids(xids, keep, node, ts, seq, closed)
+        return result
+
+    def _aggregate(self, gpus: Table, rows: np.ndarray, parent: np.ndarray, gid: np.ndarray,
+                   job: np.ndarray, ts: np.ndarray, seq: np.ndarray) -> None:  # fmt: skip
+        """Counter deltas and window sums of the kept readings ``rows`` of ``gpus``."""
+        v, ok = gpus.values, gpus.valid
+
+        def col(name: str) -> tuple[np.ndarray, np.ndarray]:
+            return v[name][rows], ok[name][rows]
+
+        lost = v["state"][rows] == _LOST
+        counters: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name in COUNTER_FIELDS:
+            x, good = col(name)
+            bad = good & ((x < 0) | (x >= VALUE_LIMIT))
+            if bad.any():
+                self.bad_values += int(bad.sum())
+                good = good & ~bad
+            counters[name] = (x, good)
+
+        def total(names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+            parts = [counters[n] for n in names]
+            present = np.logical_or.reduce([g for _, g in parts])
+            return sum(np.where(g, x, 0) for x, g in parts), present  # type: ignore[return-value]
+
+        now = {"energy": counters["energy_mj"], "thr": total(THROTTLE_FIELDS),
+               "cap": counters["throttle_sw_power_cap_ns"],
+               "ecc": counters["ecc_volatile_uncorrected"],
+               "nvl": total(NVLINK_FIELDS), "pcie": counters["pcie_replay_count"]}  # fmt: skip
+        t = ts[parent]
+        deltas = self._deltas(
+            gid[~lost], t[~lost], {k: (x[~lost], g[~lost]) for k, (x, g) in now.items()}
+        )
+
+        attributed = job >= 0
+        wstart = t - t % self.window_ms
+        n_gids = self._gpu.size
+        uuid = v["uuid"][rows]
+        live = np.flatnonzero(~lost)
+        for start in np.unique(wstart[attributed]).tolist():
+            sel = np.flatnonzero(attributed & (wstart == start))
+            bucket = self._buckets.get(start)
+            if bucket is None:
+                bucket = self._buckets[start] = _Bucket()
+            slot = bucket.slots(gid[sel], job[sel], seq[parent[sel]], uuid[sel], n_gids)
+            acc = bucket.accs
+            self._add_counts(acc.arrays, slot, sel, lost, v, ok, rows)
+            self._add_floats(acc.arrays, slot, sel, lost, v, ok, rows)
+            # deltas of the readings of this window (they are indexed over the non-lost ones)
+            in_window = np.isin(live, sel, assume_unique=True)
+            if in_window.any():
+                dslot = np.full(len(rows), -1, np.int64)
+                dslot[sel] = slot
+                ds = dslot[live[in_window]]
+                for name, (amount, counted) in deltas.items():
+                    m = counted[in_window]
+                    np.add.at(acc.arrays[name], ds[m], amount[in_window][m])
+
+    def _deltas(self, gid: np.ndarray, t: np.ndarray,
+                now: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+        """Per non-lost reading (in order), the counter deltas it adds to its window, and the
+        GPUs' counter memory moved on. Returns accumulator name -> (amount, counted mask)."""
+        m = len(gid)
+        g = self._gpu.arrays
+        empty = {k: (np.zeros(m, np.int64), np.zeros(m, np.bool_)) for k in
+                 ("energy", "energy_n", "thr_ns", "thr_dt", "cap_ns", "cap_dt", "ecc", "nvl", "pcie")}  # fmt: skip
+        if m == 0:
+            return empty
+        # Each GPU's readings in arrival order, behind one element holding its memory.
+        order = np.argsort(gid, kind="stable")
+        sg = gid[order]
+        heads = np.flatnonzero(np.r_[True, sg[1:] != sg[:-1]])
+        groups = sg[heads]
+        size = m + len(heads)
+        pos = np.arange(m) + np.searchsorted(heads, np.arange(m), side="right")  # after its head
+        head_pos = heads + np.arange(len(heads))
+        ts_a = np.empty(size, np.int64)
+        ts_a[pos] = t[order]
+        ts_a[head_pos] = g["ts"][groups]
+        grp = np.repeat(np.arange(len(heads)), np.diff(np.r_[head_pos, size]))
+        # running maximum of the clock within each group (ranks keep the keys small)
+        uniq, rank = np.unique(ts_a, return_inverse=True)
+        key = grp * (size + 1) + rank
+        run = uniq[np.maximum.accumulate(key) - grp * (size + 1)]
+        before = np.empty(size, np.int64)
+        before[1:] = run[:-1]
+        moves = np.zeros(size, np.bool_)
+        moves[pos] = ts_a[pos] > before[pos]
+        moves[head_pos] = True  # the memory itself
+        last = np.maximum.accumulate(np.where(moves, np.arange(size), 0))
+        prev = np.empty(size, np.int64)
+        prev[1:] = last[:-1]
+
+        out = dict(empty)
+        p = pos[np.argsort(order)]  # element of each reading, in reading order
+        adv = moves[p]
+        pp = prev[p]
+        p_ts = ts_a[pp]
+        counted = adv & (p_ts >= 0)
+        dt_ns = np.minimum(t - p_ts, MAX_GAP_MS) * 1_000_000
+        values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for k in _PREV:
+            x, good = now[k]
+            xa = np.empty(size, np.int64)
+            ga = np.empty(size, np.bool_)
+            xa[p], ga[p] = x, good
+            xa[head_pos], ga[head_pos] = g[f"p_{k}"][groups], g[f"v_{k}"][groups].astype(np.bool_)
+            values[k] = (xa, ga)
+            both = counted & good & ga[pp]
+            old = xa[pp]
+            if k == "energy":
+                out["energy"] = (_delta(x, old), both)
+                out["energy_n"] = (np.ones(m, np.int64), both)
+            elif k in ("thr", "cap"):
+                out[f"{k}_ns"] = (np.clip(x - old, 0, dt_ns), both)
+                out[f"{k}_dt"] = (dt_ns, both)
+            else:
+                out[k] = (_delta(x, old), both & (x != old))
+        # memory: each group's last element that moved the clock
+        ends = np.r_[head_pos[1:], size] - 1
+        final = last[ends]
+        g["ts"][groups] = ts_a[final]
+        for k in _PREV:
+            xa, ga = values[k]
+            g[f"p_{k}"][groups], g[f"v_{k}"][groups] = xa[final], ga[final]
+        return out
+
+    @staticmethod
+    def _add_counts(a: dict[str, np.ndarray], slot: np.ndarray, sel: np.ndarray, lost: np.ndarray,
+                    v: Mapping[str, np.ndarray], ok: Mapping[str, np.ndarray], rows: np.ndarray) -> None:  # fmt: skip
+        np.add.at(a["n"], slot, 1)
+        is_lost = lost[sel]
+        np.maximum.at(a["lost"], slot[is_lost], 1)
+        good = ~is_lost
+        s = slot[good]
+        r = rows[sel][good]
+        t, tv = v["temperature_c"][r], ok["temperature_c"][r]
+        np.maximum.at(a["temp"], s[tv], t[tv])
+        bits, bv = v["clocks_event_reasons"][r], ok["clocks_event_reasons"][r]
+        np.add.at(a["bits_n"], s[bv], 1)
+        np.add.at(a["thr_bits"], s[bv & ((bits & THROTTLE_BITS) != 0)], 1)
+        np.add.at(a["cap_bits"], s[bv & ((bits & POWER_CAP_BIT) != 0)], 1)
+        w, wv = v["pcie_link_width"][r], ok["pcie_link_width"][r]
+        np.minimum.at(a["wmin"], s[wv], w[wv])
+        w, wv = v["pcie_link_width_max"][r], ok["pcie_link_width_max"][r]
+        np.maximum.at(a["wmax"], s[wv], w[wv])
+        for name, acc in (("remap_pending", "remap_p"), ("remap_failed", "remap_f")):
+            on = ok[name][r] & (v[name][r] != 0)
+            np.maximum.at(a[acc], s[on], 1)
+
+    @staticmethod
+    def _add_floats(a: dict[str, np.ndarray], slot: np.ndarray, sel: np.ndarray, lost: np.ndarray,
+                    v: Mapping[str, np.ndarray], ok: Mapping[str, np.ndarray], rows: np.ndarray) -> None:  # fmt: skip
+        """Float sums in arrival order, each slot's running sum first (bit-exact whatever the
+        batching: ``np.bincount`` adds its weights in index order)."""
+        good = ~lost[sel]
+        s = slot[good]
+        r = rows[sel][good]
+        touched, inv = np.unique(s, return_inverse=True)
+        k = len(touched)
+        lead = np.arange(k)
+
+        def add(total: str, count: str, x: np.ndarray, m: np.ndarray) -> None:
+            if not m.any():
+                return
+            w = np.concatenate([a[total][touched], x[m].astype(np.float64)])
+            idx = np.concatenate([lead, inv[m]])
+            a[total][touched] = np.bincount(idx, weights=w, minlength=k)
+            np.add.at(a[count], s[m], 1)
+
+        clk, cv = v["sm_clock_mhz"][r], ok["sm_clock_mhz"][r]
+        mx, mv = v["sm_clock_max_mhz"][r], ok["sm_clock_max_mhz"][r]
+        m = cv & mv & (mx != 0)
+        add("clk_s", "clk_n", np.divide(clk, mx, where=m, out=np.zeros(len(r))), m)
+        sm_a, sa = v["sm_active_pct"][r], ok["sm_active_pct"][r]
+        util, uv = v["gpu_util_pct"][r], ok["gpu_util_pct"][r]
+        add("sm_s", "sm_n", np.where(sa, sm_a, util.astype(np.float64)), sa | uv)
+        pw, pv = v["power_mw"][r], ok["power_mw"][r]
+        add("pw_s", "pw_n", pw, pv)
+        lim, lv = v["power_limit_mw"][r], ok["power_limit_mw"][r]
+        m = pv & lv & (lim != 0)
+        add("pr_s", "pr_n", np.divide(pw, lim, where=m, out=np.zeros(len(r))), m)
+
+    def _add_xids(self, xids: Table, keep: np.ndarray, node: np.ndarray, ts: np.ndarray,
+                  seq: np.ndarray, closed: int) -> None:  # fmt: skip
         """An XID goes to the window of its own time, or of the carrying sample when that
         window is already closed (a hard error must never be lost to lateness)."""
-        for x in xids:
-            idx = int(x["gpu_index"])
-            at = x.get("ts_ms")
-            if at is None or at < closed or at > ts:
+        assert xids.parent is not None
+        at_ok = xids.valid.get("ts_ms")
+        for i in np.flatnonzero(keep[xids.parent]).tolist():
+            s = int(xids.parent[i])
+            nc, t = int(node[s]), int(ts[s])
+            name = self._names[nc]
+            idx = int(xids.values["gpu_index"][i])
+            at: int | None = int(xids.values["ts_ms"][i])
+            if at_ok is not None and not at_ok[i]:
+                at = None
+            if at is None or at < closed or at > t:
                 if at is not None and at < closed:
                     self.xids_moved += 1
-                at = ts
-            owner = self.allocations.owner(node, idx, at)
-            if owner is None and at != ts:
-                at, owner = ts, self.allocations.owner(node, idx, ts)
-            if owner is None and self.idle_jobs:
-                owner = IDLE_JOB_PREFIX + node
-            if owner is None:
+                at = t
+            owner = self.allocations.owner(name, idx, at)
+            if owner is None and at != t:
+                at, owner = t, self.allocations.owner(name, idx, t)
+            code = self._owner_code(nc, owner)
+            if code < 0:
                 self.xids_unattributed += 1
                 continue
-            self._put_xid(node, at - at % self.window_ms, owner, idx, int(x["xid"]))
-
-    def _put_xid(self, node: str, start: int, owner: str, idx: int, xid: int) -> None:
-        """Append ``xid`` to the acc of (``owner``, GPU ``idx``) in ``node``'s window ``start``."""
-        bucket = self._nodes[node].buckets.setdefault(start, {})
-        acc = bucket.get(idx)
-        if acc is not None and acc.job != owner:
-            acc = bucket.get((owner, idx))
-            key: Any = (owner, idx)
-        else:
-            key = idx
-        if acc is None:
-            acc = bucket[key] = _Acc(owner, idx)
-        acc.xids.append(xid)
+            start = at - at % self.window_ms
+            bucket = self._buckets.get(start)
+            if bucket is None:
+                bucket = self._buckets[start] = _Bucket()
+            gid = int(self._gids(np.asarray([nc]), np.asarray([idx]))[0])
+            slot = bucket.slot_for_xid(gid, code, int(seq[s]), self._gpu.size)
+            bucket.xids.setdefault(slot, []).append(int(xids.values["xid"][i]))
 
     # -- closing --------------------------------------------------------------------------------
     def close_ready(self, watermark_ms: int | None = None) -> list[JobWindowBatch]:
@@ -338,41 +602,98 @@ class WindowAggregator:
                 return []
         return self.group(self.pop_ready(watermark_ms))
 
-    def pop_ready(self, watermark_ms: int) -> list[tuple[str, int, Any]]:
-        """:meth:`close_ready` without building the windows: the closed ``(node, window start,
-        accumulator)`` triples, for :meth:`group` (here or in another process)."""
+    def pop_ready(self, watermark_ms: int) -> list[tuple[int, str, dict[str, Any]]]:
+        """:meth:`close_ready` without grouping: ``(window start, job id, GpuWindow dict)`` of
+        every closed window, for :meth:`group` (here or in another process)."""
         boundary = watermark_ms - watermark_ms % self.window_ms
         if self.closed_until_ms is None or boundary > self.closed_until_ms:
             self.closed_until_ms = boundary
-        return list(self._pop(watermark_ms))
+        return self._pop(watermark_ms)
 
     def flush(self) -> list[JobWindowBatch]:
         """Emit every open window (end of input); later samples of those windows are late."""
         return self.group(self.pop_all())
 
-    def pop_all(self) -> list[tuple[str, int, Any]]:
-        """:meth:`flush` without building the windows (see :meth:`pop_ready`)."""
+    def pop_all(self) -> list[tuple[int, str, dict[str, Any]]]:
+        """:meth:`flush` without grouping (see :meth:`pop_ready`)."""
         if self.max_ts_ms is not None:
             end = self.max_ts_ms - self.max_ts_ms % self.window_ms + self.window_ms
             self.closed_until_ms = max(self.closed_until_ms or end, end)
-        return list(self._pop(None))
+        return self._pop(None)
 
-    def _pop(self, watermark_ms: int | None) -> Iterator[tuple[str, int, Any]]:
-        """Remove and yield ``(node, window start, acc)`` of every window ending at or before
-        ``watermark_ms`` (None: every open window)."""
-        for node in sorted(self._nodes):
-            ns = self._nodes[node]
-            for start in sorted(ns.buckets):
-                if watermark_ms is None or start + self.window_ms <= watermark_ms:
-                    for acc in ns.buckets.pop(start).values():
-                        yield node, start, acc
+    def _pop(self, watermark_ms: int | None) -> list[tuple[int, str, dict[str, Any]]]:
+        out: list[tuple[int, str, dict[str, Any]]] = []
+        for start in sorted(self._buckets):
+            if watermark_ms is None or start + self.window_ms <= watermark_ms:
+                out += self._windows(start, self._buckets.pop(start))
+        return out
 
-    def group(self, closed: Iterable[tuple[str, int, Any]]) -> list[JobWindowBatch]:
-        """The GpuWindow dicts of closed ``(node, window start, accumulator)`` triples, grouped
-        per (job, window) and sorted by (window start, job id), each group by (node, GPU)."""
+    def _windows(self, start: int, bucket: _Bucket) -> list[tuple[int, str, dict[str, Any]]]:
+        """The GpuWindow dicts of one closed bucket (fields the hot path cannot know: null)."""
+        n = bucket.accs.size
+        a = {k: arr[:n].tolist() for k, arr in bucket.accs.arrays.items()}
+        g = self._gpu.arrays
+        gids = np.asarray(a["gid"], np.int64)
+        nodes, idxs = g["node"][gids].tolist(), g["index"][gids].tolist()
+        end = start + self.window_ms
+        out = []
+        for i in range(n):
+            job = self._job_names[a["job"][i]]
+            meta = self.allocations.job(job)
+            thr: float | None = None
+            cap: float | None = None
+            if a["thr_dt"][i]:
+                thr = a["thr_ns"][i] / a["thr_dt"][i]
+            elif a["bits_n"][i]:
+                thr = a["thr_bits"][i] / a["bits_n"][i]
+            if a["cap_dt"][i]:
+                cap = a["cap_ns"][i] / a["cap_dt"][i]
+            elif a["bits_n"][i]:
+                cap = a["cap_bits"][i] / a["bits_n"][i]
+            clk_n, sm_n, pw_n, pr_n = a["clk_n"][i], a["sm_n"][i], a["pw_n"][i], a["pr_n"][i]
+            temp, wmin, wmax = a["temp"][i], a["wmin"][i], a["wmax"][i]
+            uuid = a["uuid"][i]
+            window = {
+                "job_id": job,
+                "node": self._names[nodes[i]],
+                "gpu_index": idxs[i],
+                "gpu_uuid": self._names[uuid] if uuid >= 0 else None,
+                "window_start_ms": start,
+                "window_end_ms": end,
+                "samples": a["n"][i],
+                "user": meta.user if meta else None,
+                "partition": meta.partition if meta else None,
+                "account": meta.account if meta else None,
+                "clk_ratio": a["clk_s"][i] / clk_n if clk_n else None,
+                "throttle_frac": thr,
+                "power_cap_frac": cap,
+                "sm_frac": a["sm_s"][i] / sm_n / 100.0 if sm_n else None,
+                "power_ratio": a["pr_s"][i] / pr_n if pr_n else None,
+                "power_w": a["pw_s"][i] / pw_n / 1000.0 if pw_n else None,
+                "temperature_c_max": None if temp == _NONE_MAX else temp,
+                "energy_j": a["energy"][i] / 1000.0 if a["energy_n"][i] else None,
+                "ecc_uncorrected_delta": a["ecc"][i],
+                "nvlink_errors_delta": a["nvl"][i],
+                "pcie_replay_delta": a["pcie"][i],
+                "pcie_link_width_min": None if wmin == _NONE_MIN else wmin,
+                "pcie_link_width_max": None if wmax == _NONE_MAX else wmax,
+                "remap_pending": a["remap_p"][i] > 0,
+                "remap_failed": a["remap_f"][i] > 0,
+                "lost": a["lost"][i] > 0,
+                "xids": sorted(set(bucket.xids.get(i, ()))),
+                "step_ms": None,
+                "score": None,
+                "gated": None,
+            }
+            out.append((start, job, window))
+        return out
+
+    def group(self, closed: Iterable[tuple[int, str, dict[str, Any]]]) -> list[JobWindowBatch]:
+        """Closed ``(window start, job, GpuWindow)`` triples grouped per (job, window), sorted by
+        (window start, job id), each group by (node, GPU)."""
         grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
-        for node, start, acc in closed:
-            grouped.setdefault((start, acc.job), []).append(self._window(acc, node, start))
+        for start, job, window in closed:
+            grouped.setdefault((start, job), []).append(window)
         wms = self.window_ms
         return [
             JobWindowBatch(
@@ -381,102 +702,15 @@ class WindowAggregator:
             for (start, job), ws in sorted(grouped.items())
         ]
 
-    def _window(self, acc: _Acc, node: str, start: int) -> dict[str, Any]:
-        """The GpuWindow dict of one accumulator (fields the hot path cannot know stay null)."""
-        meta = self.allocations.job(acc.job)
-        thr: float | None = None
-        cap: float | None = None
-        if acc.thr_dt:
-            thr = acc.thr_ns / acc.thr_dt
-        elif acc.bits_n:
-            thr = acc.thr_bits / acc.bits_n
-        if acc.cap_dt:
-            cap = acc.cap_ns / acc.cap_dt
-        elif acc.bits_n:
-            cap = acc.cap_bits / acc.bits_n
-        return {
-            "job_id": acc.job,
-            "node": node,
-            "gpu_index": acc.idx,
-            "gpu_uuid": acc.uuid,
-            "window_start_ms": start,
-            "window_end_ms": start + self.window_ms,
-            "samples": acc.n,
-            "user": meta.user if meta else None,
-            "partition": meta.partition if meta else None,
-            "account": meta.account if meta else None,
-            "clk_ratio": acc.clk_s / acc.clk_n if acc.clk_n else None,
-            "throttle_frac": thr,
-            "power_cap_frac": cap,
-            "sm_frac": acc.sm_s / acc.sm_n / 100.0 if acc.sm_n else None,
-            "power_ratio": acc.pr_s / acc.pr_n if acc.pr_n else None,
-            "power_w": acc.pw_s / acc.pw_n / 1000.0 if acc.pw_n else None,
-            "temperature_c_max": acc.temp,
-            "energy_j": acc.energy / 1000.0 if acc.energy_n else None,
-            "ecc_uncorrected_delta": acc.ecc,
-            "nvlink_errors_delta": acc.nvl,
-            "pcie_replay_delta": acc.pcie,
-            "pcie_link_width_min": acc.wmin,
-            "pcie_link_width_max": acc.wmax,
-            "remap_pending": acc.remap_p,
-            "remap_failed": acc.remap_f,
-            "lost": acc.lost,
-            "xids": sorted(set(acc.xids)),
-            "step_ms": None,
-            "score": None,
-            "gated": None,
-        }
-
-    # -- state ----------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly state (open windows, counter memory, clocks); not the allocations."""
-        nodes: dict[str, Any] = {}
-        for name, ns in sorted(self._nodes.items()):
-            nodes[name] = {
-                "buckets": {
-                    str(start): [[getattr(a, f) for f in _ACC_FIELDS] for a in b.values()]
-                    for start, b in sorted(ns.buckets.items())
-                },
-                "prev": {str(i): [getattr(p, f) for f in _PREV_FIELDS] for i, p in ns.prev.items()},
-            }
-        return {
-            "window_ms": self.window_ms,
-            "lateness_ms": self.lateness_ms,
-            "max_ts_ms": self.max_ts_ms,
-            "closed_until_ms": self.closed_until_ms,
-            "counters": self.counters(),
-            "nodes": nodes,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], allocations: AllocationTable) -> WindowAggregator:
-        out = cls(allocations, int(data["window_ms"]) // 1000, int(data["lateness_ms"]) / 1000)
-        out.window_ms, out.lateness_ms = int(data["window_ms"]), int(data["lateness_ms"])
-        out.max_ts_ms, out.closed_until_ms = data.get("max_ts_ms"), data.get("closed_until_ms")
-        for name, value in (data.get("counters") or {}).items():
-            setattr(out, name, int(value))
-        for name, nd in (data.get("nodes") or {}).items():
-            ns = out._nodes[name] = _Node()
-            for start, accs in nd["buckets"].items():
-                bucket = ns.buckets[int(start)] = {}
-                for values in accs:
-                    acc = _Acc(values[0])
-                    for f, v in zip(_ACC_FIELDS, values, strict=True):
-                        setattr(acc, f, list(v) if f == "xids" else v)
-                    key: Any = acc.idx if acc.idx not in bucket else (acc.job, acc.idx)
-                    bucket[key] = acc
-            for idx, values in nd["prev"].items():
-                p = ns.prev[int(idx)] = _Prev()
-                for f, v in zip(_PREV_FIELDS, values, strict=True):
-                    setattr(p, f, v)
-        return out
-
     def counters(self) -> dict[str, int]:
-        """Readings seen, unattributed (no owner), late samples, XIDs moved or unattributed."""
+        """Readings seen, unattributed (no owner), late and invalid samples, counter values out
+        of range, XIDs moved or unattributed."""
         return {
             "readings": self.readings,
             "unattributed": self.unattributed,
             "late_samples": self.late_samples,
+            "invalid_samples": self.invalid_samples,
+            "bad_values": self.bad_values,
             "xids_moved": self.xids_moved,
             "xids_unattributed": self.xids_unattributed,
         }

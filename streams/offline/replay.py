@@ -75,8 +75,6 @@ _KEY_FIELD = {
     "samples": "node",
 }
 Record = tuple[str, str, dict[str, Any]]
-#: The stream of a record that is a run of indexed samples (``replay_native``).
-SAMPLE_RUN = "sample-run"
 
 
 def live_equivalent_settings(
@@ -361,9 +359,7 @@ def replay(
     """Run ``records`` (replay order) through a fresh pipeline; keep the outputs that concern
     ``job``/``node``. Deterministic. Raises nothing for bad records (they count as invalid).
 
-    ``pipeline``: a fresh pipeline of ``settings`` to use; a NativePipeline takes the
-    ``(SAMPLE_RUN, "", SampleRun)`` records of :mod:`peerwatch.streams.offline.replay_native`
-    (raises NativeUnsupported where that path cannot take the input)."""
+    ``pipeline``: a fresh pipeline of ``settings`` to use."""
     result = ReplayResult()
     pipeline = pipeline if pipeline is not None else Pipeline(settings)
     t0 = time.perf_counter()
@@ -373,14 +369,6 @@ def replay(
         collect(result, outputs, job, node, keep_windows)
 
     for stream, key, value in records:
-        if stream == SAMPLE_RUN:
-            run: Any = value
-            result.records += run.hi - run.lo
-            result.node_records += run.hi - run.lo
-            take(pipeline.feed_samples(run))  # type: ignore[attr-defined]
-            if progress is not None:
-                progress.update(run.last_ts_ms(), result.records)
-            continue
         result.records += 1
         if stream == "samples":
             result.node_records += 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -236,18 +235,37 @@ def test_batches_are_grouped_per_job_and_window_across_nodes() -> None:
     ]
 
 
-def test_state_round_trip_gives_the_same_windows() -> None:
-    samples = [sample(T0 + i * 3 * S, reading(sm_clock_mhz=1900 + i, sm_clock_max_mhz=2000,
-                                              energy_mj=1000 * i, clocks_event_reasons=8 * (i % 2)))
+@pytest.mark.parametrize("cut", [1, 2, 7, 13, 29])
+def test_windows_do_not_depend_on_the_batching(cut: int) -> None:
+    # Float sums are taken in arrival order whatever the batches: the same bits either way.
+    samples = [sample(T0 + i * 3 * S, reading(sm_clock_mhz=1900 + i, sm_clock_max_mhz=1979,
+                                              power_mw=311_111 + 7 * i, power_limit_mw=700_000,
+                                              sm_active_pct=33.3 + i / 7, energy_mj=1000 * i,
+                                              clocks_event_reasons=8 * (i % 2)))
                for i in range(30)]  # fmt: skip
     whole = agg()
     whole.add_batch(samples)
     expected = windows(whole.flush())
-    first = agg()
-    first.add_batch(samples[:13])
-    out = windows(first.close_ready())
-    state = json.loads(json.dumps(first.to_dict()))
-    second = WindowAggregator.from_dict(state, first.allocations)
-    second.add_batch(samples[13:])
-    out += windows(second.flush())
-    assert out == expected
+    cut_up = agg()
+    for i in range(0, len(samples), cut):
+        cut_up.add_batch(samples[i : i + cut])
+    assert windows(cut_up.flush()) == expected
+
+
+def test_a_sample_time_outside_the_range_is_refused_and_counted() -> None:
+    a = agg()
+    good = sample(T0 + S, reading(sm_clock_mhz=1900, sm_clock_max_mhz=2000))
+    bad = [sample(-5, reading()), sample(1 << 62, reading())]
+    assert a.add_batch([bad[0], good, bad[1]]) == bad
+    assert a.counters()["invalid_samples"] == 2 and a.counters()["readings"] == 1
+    assert one(a.flush())["samples"] == 1
+
+
+def test_counter_values_out_of_range_count_as_missing() -> None:
+    a = agg()
+    a.add_batch([sample(T0 + i * S, reading(energy_mj=v, pcie_replay_count=w))
+                 for i, (v, w) in enumerate([(1000, 1), (-1, 1 << 62), (3000, 5)])])  # fmt: skip
+    w = one(a.flush())
+    # the out-of-range middle values read as null, as a missing value does: no delta across them
+    assert w["energy_j"] is None and w["pcie_replay_delta"] == 0 and w["samples"] == 3
+    assert a.counters()["bad_values"] == 2
