@@ -1,5 +1,5 @@
 # The README's commands. Everything installs itself; downloads are cached outside the repository.
-.PHONY: setup demo test unit lint kafka-start kafka-stop slurm-up slurm-down
+.PHONY: setup demo test unit fuzz lint kafka-start kafka-stop slurm-up slurm-down
 
 setup:
 	bash scripts/setup.sh
@@ -12,6 +12,10 @@ test:
 
 unit: setup
 	.venv/bin/python -m pytest tests/unit
+
+# The C Avro decoder built with ASan/UBSan, fuzzed against the Python reader (FUZZ_SECONDS, 120).
+fuzz: setup
+	bash scripts/fuzz_native.sh
 
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy

@@ -91,7 +91,8 @@ static Py_ssize_t next_block(Reader *r) {
     return (Py_ssize_t)n;
 }
 
-/* Step over one value without building it (bounds and branches checked, UTF-8 not): 0 or -1. */
+/* Step over one value without building it: 0 or -1. Refuses what decoding refuses (bounds,
+   varints, booleans, union branches, enum indexes) except invalid UTF-8 in strings. */
 static int skip_value(Reader *r, PyObject *plan, int depth) {
     long kind;
     PyObject *a, *b;
@@ -105,10 +106,19 @@ static int skip_value(Reader *r, PyObject *plan, int depth) {
         if (r->buf[r->pos] > 1) return bad("bad boolean");
         r->pos++;
         return 0;
-    case K_LONG:
-    case K_ENUM: {
+    case K_LONG: {
         int64_t v;
         return read_long(r, &v);
+    }
+    case K_ENUM: {
+        int64_t i;
+        if (!PyTuple_Check(a)) {
+            PyErr_SetString(PyExc_TypeError, "enum plan: symbols tuple");
+            return -1;
+        }
+        if (read_long(r, &i) < 0) return -1;
+        if (i < 0 || i >= PyTuple_GET_SIZE(a)) return bad("enum index out of range");
+        return 0;
     }
     case K_FLOAT:
     case K_DOUBLE: {

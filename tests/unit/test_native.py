@@ -183,3 +183,25 @@ def test_skip_ends_where_decode_ends(name: str) -> None:
         assert skip(bytes(bad), 0) == end
         with pytest.raises(ValueError):
             skip(good[: len(good) // 2], 0) if len(good) > 1 else skip(b"", 0)
+
+
+def test_skip_refuses_what_decode_refuses_but_utf8() -> None:
+    """scripts/fuzz_native.py found skip stepping over enum indexes out of range that decode
+    refuses; the one thing skip leaves unchecked is the UTF-8 of strings."""
+    plan = (native.ENUM, ("A", "B"), None)
+    for data in (b"\x04", b"\x01", b"\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01"):
+        for fn in (native.native.skip, native.native.decode):
+            with pytest.raises(ValueError, match="enum index"):
+                fn(plan, data, 0)
+    assert native.native.skip(plan, b"\x00\x02", 1) == 2
+    with pytest.raises(TypeError):
+        native.native.skip((native.ENUM, None, None), b"\x00", 0)
+    nested = plan_of({"type": "record", "name": "R", "fields": [
+        {"name": "e", "type": ["null", {"type": "enum", "name": "E", "symbols": ["A"]}]}]})  # fmt: skip
+    assert native.native.skip(nested, b"\x02\x00", 0) == 2
+    with pytest.raises(ValueError, match="enum index"):
+        native.native.skip(nested, b"\x02\x02", 0)
+    string = (native.STRING, None, None)
+    assert native.native.skip(string, b"\x02\xff", 0) == 2
+    with pytest.raises(UnicodeDecodeError):
+        native.native.decode(string, b"\x02\xff", 0)
