@@ -193,6 +193,8 @@ static int open_call(PyObject *const *args, Py_ssize_t nargs, const char *usage,
     r->buf = (const unsigned char *)view->buf;
     r->len = view->len;
     r->pos = offset;
+    r->lenient_text = 0;
+    r->text_errors = 0;
     return 0;
 }
 
@@ -217,11 +219,491 @@ static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return result;
 }
 
+/* ---- Columns: the selected fields of many records, flattened (peerwatch.schemas.columns) ----
+ *
+ * decode_columns(program, ncols, source, offset, count, strings) reads records with a *column
+ * program* made in Python from a plan and a TableSpec (peerwatch.schemas.native.column_program):
+ * per record level, one op per field in schema order,
+ *   (OP_SKIP, 0, 0, plan)             step over the value (strings still checked as UTF-8)
+ *   (OP_VALUE, column, 0, plan)       a long/int/boolean/enum (int64) or float/double (float64),
+ *                                     or a string (int64 code in the dict ``strings``), or one
+ *                                     of these in a [null, X] union (then valid may be 0)
+ *   (OP_TABLE, table, 0, program)     an array of records: one row per item in that table;
+ * ``ncols`` is the column count of each table (table 0 is the records themselves).
+ * ``source`` is a list of buffers, one record each at ``offset`` that must end it exactly (Kafka
+ * messages), or one buffer of ``count`` records one after the other from ``offset`` (an archive
+ * block). A record that cannot be read leaves no row: in a list it is reported and the next one
+ * read; in a block, a record with invalid UTF-8 is dropped and the next read (its bytes were
+ * whole), any other fault ends the block there. Returns (tables, bad, end): per table
+ * (rows, parent, values, valid) as bytes (int64/float64 per row, one uint8 per row for valid),
+ * bad = [(record number, reason)], end = the offset after the last record read (block).
+ */
+enum { OP_SKIP = 0, OP_VALUE = 1, OP_TABLE = 2 };
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int buf_reserve(Buf *b, Py_ssize_t more) {
+    if (b->len + more <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + more) cap *= 2;
+    char *d = PyMem_Realloc(b->data, (size_t)cap);
+    if (d == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = d;
+    b->cap = cap;
+    return 0;
+}
+
+typedef struct {
+    Py_ssize_t rows;
+    Py_ssize_t ncols;
+    Buf parent;
+    Buf *values; /* 8 bytes a row */
+    Buf *valid;  /* 1 byte a row */
+} Tab;
+
+typedef struct {
+    Tab *tabs;
+    Py_ssize_t ntabs;
+    PyObject *strings;
+} Cols;
+
+static int add_row(Tab *t, int64_t parent) {
+    if (buf_reserve(&t->parent, 8) < 0) return -1;
+    memcpy(t->parent.data + t->parent.len, &parent, 8);
+    t->parent.len += 8;
+    for (Py_ssize_t c = 0; c < t->ncols; c++) {
+        if (buf_reserve(&t->values[c], 8) < 0 || buf_reserve(&t->valid[c], 1) < 0) return -1;
+        memset(t->values[c].data + t->values[c].len, 0, 8);
+        t->values[c].len += 8;
+        t->valid[c].data[t->valid[c].len++] = 0;
+    }
+    t->rows++;
+    return 0;
+}
+
+static int string_code(Cols *cols, Reader *r, Py_ssize_t len, int64_t *code) {
+    const unsigned char *p = r->buf + r->pos;
+    r->pos += len;
+    if (!utf8_ok(p, len)) {
+        *code = 0;
+        return check_text(r, p, len);
+    }
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, len, NULL);
+    if (s == NULL) return -1;
+    PyObject *known = PyDict_GetItemWithError(cols->strings, s);
+    if (known != NULL) {
+        *code = PyLong_AsLongLong(known);
+    } else if (PyErr_Occurred()) {
+        *code = -1;
+    } else {
+        *code = (int64_t)PyDict_GET_SIZE(cols->strings);
+        PyObject *v = PyLong_FromLongLong(*code);
+        if (v == NULL || PyDict_SetItem(cols->strings, s, v) < 0) *code = -1;
+        Py_XDECREF(v);
+    }
+    Py_DECREF(s);
+    return *code == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The column program compiled once per call into C structs, so that the per-record walk reads
+   no Python object (the program tuple, which owns every plan here, outlives the call). */
+typedef struct Prog Prog;
+typedef struct {
+    int what;          /* OP_SKIP, OP_VALUE, OP_TABLE */
+    Py_ssize_t arg;    /* the column (OP_VALUE) or table (OP_TABLE) */
+    int null_branch;   /* the null branch of a [null, X] union, else -1 */
+    long kind;         /* K_* of X; -1: step over ``plan`` with skip_value */
+    Py_ssize_t nsym;   /* enum symbols */
+    PyObject *plan;    /* borrowed */
+    Prog *child;       /* OP_TABLE: the items' program */
+} Op;
+
+struct Prog {
+    Py_ssize_t nops;
+    Op *ops;
+};
+
+static void prog_free(Prog *p) {
+    if (p == NULL) return;
+    for (Py_ssize_t i = 0; i < p->nops; i++) prog_free(p->ops[i].child);
+    PyMem_Free(p->ops);
+    PyMem_Free(p);
+}
+
+/* Fills kind, null_branch and nsym of ``op`` from ``plan``: a scalar, or a [null, scalar] union;
+   anything else is stepped over as a whole (kind -1). */
+static int op_kind(Op *op, PyObject *plan) {
+    long kind;
+    PyObject *a, *b;
+    if (plan_parts(plan, &kind, &a, &b) < 0) return -1;
+    if (kind == K_UNION && PyTuple_Check(a) && PyTuple_GET_SIZE(a) == 2) {
+        long k0, k1;
+        PyObject *a0, *b0, *a1, *b1;
+        if (plan_parts(PyTuple_GET_ITEM(a, 0), &k0, &a0, &b0) < 0
+            || plan_parts(PyTuple_GET_ITEM(a, 1), &k1, &a1, &b1) < 0)
+            return -1;
+        if (k0 == K_NULL || k1 == K_NULL) {
+            op->null_branch = k0 == K_NULL ? 0 : 1;
+            kind = k0 == K_NULL ? k1 : k0;
+            a = k0 == K_NULL ? a1 : a0;
+        }
+    }
+    if (kind > K_ENUM) {
+        op->kind = -1;
+        op->null_branch = -1;
+        return 0;
+    }
+    if (kind == K_ENUM) {
+        if (!PyTuple_Check(a)) {
+            PyErr_SetString(PyExc_TypeError, "enum plan: symbols tuple");
+            return -1;
+        }
+        op->nsym = PyTuple_GET_SIZE(a);
+    }
+    op->kind = kind;
+    return 0;
+}
+
+static Prog *prog_compile(PyObject *ops, const Cols *cols, Py_ssize_t ti, int depth) {
+    if (depth > MAX_DEPTH || !PyTuple_Check(ops) || ti < 0 || ti >= cols->ntabs) {
+        PyErr_SetString(PyExc_TypeError, "column program: a tuple of ops and a table in range");
+        return NULL;
+    }
+    Prog *p = PyMem_Calloc(1, sizeof(Prog));
+    if (p == NULL) return (Prog *)PyErr_NoMemory();
+    p->nops = PyTuple_GET_SIZE(ops);
+    p->ops = PyMem_Calloc((size_t)p->nops + 1, sizeof(Op));
+    if (p->ops == NULL) {
+        PyMem_Free(p);
+        return (Prog *)PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < p->nops; i++) {
+        PyObject *t = PyTuple_GET_ITEM(ops, i);
+        Op *op = &p->ops[i];
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+            PyErr_SetString(PyExc_TypeError, "column program: ops are 4-tuples");
+            goto fail;
+        }
+        op->what = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+        op->arg = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 1));
+        op->null_branch = -1;
+        op->plan = PyTuple_GET_ITEM(t, 3);
+        if (PyErr_Occurred()) goto fail;
+        if (op->what == OP_TABLE) {
+            op->child = prog_compile(op->plan, cols, op->arg, depth + 1);
+            if (op->child == NULL) goto fail;
+        } else if (op->what == OP_SKIP || op->what == OP_VALUE) {
+            if (op_kind(op, op->plan) < 0) goto fail;
+            if (op->what == OP_VALUE
+                && (op->kind < K_BOOL || op->kind == K_BYTES || op->arg < 0
+                    || op->arg >= cols->tabs[ti].ncols)) {
+                PyErr_SetString(PyExc_TypeError, "column program: a value op needs a scalar "
+                                                 "and a column in range");
+                goto fail;
+            }
+        } else {
+            PyErr_Format(PyExc_TypeError, "column program: unknown op %d", op->what);
+            goto fail;
+        }
+    }
+    return p;
+fail:
+    prog_free(p);
+    return NULL;
+}
+
+/* One field by its op: into row ``row`` of table ``t`` (OP_VALUE) or stepped over. */
+static int read_op(Cols *cols, Reader *r, const Op *op, Tab *t, Py_ssize_t row, int depth) {
+    if (op->kind < 0) return skip_value(r, op->plan, depth + 1);
+    if (op->null_branch >= 0) {
+        if (r->pos >= r->len) return bad("truncated union branch");
+        unsigned char c = r->buf[r->pos++];
+        if (c != 0 && c != 2) return bad("bad union branch");
+        if ((c >> 1) == op->null_branch) return 0;
+    }
+    int64_t iv = 0;
+    double dv;
+    switch (op->kind) {
+    case K_NULL:
+        return 0;
+    case K_LONG:
+        if (read_long(r, &iv) < 0) return -1;
+        break;
+    case K_BOOL:
+        if (r->pos >= r->len) return bad("truncated boolean");
+        if (r->buf[r->pos] > 1) return bad("bad boolean");
+        iv = r->buf[r->pos++];
+        break;
+    case K_ENUM:
+        if (read_long(r, &iv) < 0) return -1;
+        if (iv < 0 || iv >= op->nsym) return bad("enum index out of range");
+        break;
+    case K_FLOAT:
+    case K_DOUBLE: {
+        Py_ssize_t n = op->kind == K_FLOAT ? 4 : 8;
+        if (r->len - r->pos < n) return bad("truncated float");
+        if (op->what == OP_SKIP) {
+            r->pos += n;
+            return 0;
+        }
+        dv = op->kind == K_FLOAT ? PyFloat_Unpack4((const char *)r->buf + r->pos, 1)
+                                 : PyFloat_Unpack8((const char *)r->buf + r->pos, 1);
+        if (dv == -1.0 && PyErr_Occurred()) return -1;
+        r->pos += n;
+        memcpy(t->values[op->arg].data + row * 8, &dv, 8);
+        t->valid[op->arg].data[row] = 1;
+        return 0;
+    }
+    case K_STRING:
+    case K_BYTES: {
+        Py_ssize_t len;
+        if (read_length(r, &len) < 0) return -1;
+        if (op->what == OP_VALUE) {
+            if (string_code(cols, r, len, &iv) < 0) return -1;
+            break;
+        }
+        if (op->kind == K_STRING && check_text(r, r->buf + r->pos, len) < 0) return -1;
+        r->pos += len;
+        return 0;
+    }
+    default:
+        return bad("column program: unknown kind");
+    }
+    if (op->what == OP_SKIP) return 0;
+    memcpy(t->values[op->arg].data + row * 8, &iv, 8);
+    t->valid[op->arg].data[row] = 1;
+    return 0;
+}
+
+static int read_level(Cols *cols, Reader *r, const Prog *prog, Py_ssize_t ti, int64_t parent,
+                      int depth) {
+    if (depth > MAX_DEPTH) return bad("plan nested too deeply");
+    Tab *t = &cols->tabs[ti];
+    Py_ssize_t row = t->rows;
+    if (add_row(t, parent) < 0) return -1;
+    for (Py_ssize_t i = 0; i < prog->nops; i++) {
+        const Op *op = &prog->ops[i];
+        if (op->what != OP_TABLE) {
+            if (read_op(cols, r, op, t, row, depth) < 0) return -1;
+            continue;
+        }
+        while (1) {
+            Py_ssize_t n = next_block(r);
+            if (n < 0) return -1;
+            if (n == 0) break;
+            for (Py_ssize_t k = 0; k < n; k++)
+                if (read_level(cols, r, op->child, op->arg, (int64_t)row, depth + 1) < 0)
+                    return -1;
+            t = &cols->tabs[ti];
+        }
+    }
+    return 0;
+}
+
+static void rollback(Cols *cols, const Py_ssize_t *saved) {
+    for (Py_ssize_t k = 0; k < cols->ntabs; k++) {
+        Tab *t = &cols->tabs[k];
+        t->rows = saved[k];
+        t->parent.len = saved[k] * 8;
+        for (Py_ssize_t c = 0; c < t->ncols; c++) {
+            t->values[c].len = saved[k] * 8;
+            t->valid[c].len = saved[k];
+        }
+    }
+}
+
+/* One record from r->pos: 0; -1 (ValueError: the bytes are malformed, or another error); -2
+   (ValueError: read whole, but a string is not UTF-8, so the next record can still be read).
+   On failure every table is cut back to where it was: no row of the record is kept. */
+static int read_record(Cols *cols, Reader *r, const Prog *program, Py_ssize_t *saved) {
+    for (Py_ssize_t k = 0; k < cols->ntabs; k++) saved[k] = cols->tabs[k].rows;
+    r->text_errors = 0;
+    int rc = read_level(cols, r, program, 0, -1, 0);
+    if (rc == 0 && r->text_errors) rc = bad("invalid UTF-8 in a string") - 1;
+    if (rc < 0) rollback(cols, saved);
+    return rc;
+}
+
+/* Appends (record number, the pending exception's text) to ``bad`` and clears it; -1 when the
+   exception is not a decoding fault (memory, a malformed program): that one propagates. */
+static int note_bad(PyObject *bad_list, Py_ssize_t i) {
+    if (!PyErr_ExceptionMatches(PyExc_ValueError)) return -1;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *text = value != NULL ? PyObject_Str(value) : PyUnicode_FromString("malformed");
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (text == NULL) return -1;
+    PyObject *item = Py_BuildValue("(nN)", i, text);
+    if (item == NULL) return -1;
+    int rc = PyList_Append(bad_list, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+static PyObject *tables_out(Cols *cols) {
+    PyObject *out = PyList_New(cols->ntabs);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < cols->ntabs; k++) {
+        Tab *t = &cols->tabs[k];
+        PyObject *values = PyList_New(t->ncols), *valid = PyList_New(t->ncols);
+        PyObject *parent = PyBytes_FromStringAndSize(t->parent.data, t->parent.len);
+        if (values == NULL || valid == NULL || parent == NULL) goto fail;
+        for (Py_ssize_t c = 0; c < t->ncols; c++) {
+            PyObject *v = PyBytes_FromStringAndSize(t->values[c].data, t->values[c].len);
+            PyObject *f = PyBytes_FromStringAndSize(t->valid[c].data, t->valid[c].len);
+            if (v == NULL || f == NULL) {
+                Py_XDECREF(v);
+                Py_XDECREF(f);
+                goto fail;
+            }
+            PyList_SET_ITEM(values, c, v);
+            PyList_SET_ITEM(valid, c, f);
+        }
+        PyList_SET_ITEM(out, k, Py_BuildValue("(nNNN)", t->rows, parent, values, valid));
+        if (PyList_GET_ITEM(out, k) == NULL) goto fail_out;
+        continue;
+    fail:
+        Py_XDECREF(values);
+        Py_XDECREF(valid);
+        Py_XDECREF(parent);
+    fail_out:
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+static void cols_free(Cols *cols) {
+    if (cols->tabs == NULL) return;
+    for (Py_ssize_t k = 0; k < cols->ntabs; k++) {
+        Tab *t = &cols->tabs[k];
+        PyMem_Free(t->parent.data);
+        for (Py_ssize_t c = 0; c < t->ncols && t->values != NULL; c++) {
+            PyMem_Free(t->values[c].data);
+            PyMem_Free(t->valid[c].data);
+        }
+        PyMem_Free(t->values);
+        PyMem_Free(t->valid);
+    }
+    PyMem_Free(cols->tabs);
+    cols->tabs = NULL;
+}
+
+static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "decode_columns(program, ncols, source, offset, count, strings)");
+        return NULL;
+    }
+    PyObject *program = args[0], *ncols = args[1], *source = args[2], *strings = args[5];
+    Py_ssize_t offset = PyLong_AsSsize_t(args[3]), count = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyTuple_Check(ncols) || PyTuple_GET_SIZE(ncols) < 1 || !PyDict_Check(strings)
+        || offset < 0 || count < 0) {
+        PyErr_SetString(PyExc_TypeError, "decode_columns: bad arguments");
+        return NULL;
+    }
+    Cols cols = {NULL, PyTuple_GET_SIZE(ncols), strings};
+    Prog *prog = NULL;
+    PyObject *result = NULL, *bad_list = NULL, *tables = NULL;
+    Py_ssize_t *saved = NULL, end = offset;
+    cols.tabs = PyMem_Calloc((size_t)cols.ntabs, sizeof(Tab));
+    saved = PyMem_Calloc((size_t)cols.ntabs, sizeof(Py_ssize_t));
+    if (cols.tabs == NULL || saved == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < cols.ntabs; k++) {
+        Tab *t = &cols.tabs[k];
+        t->ncols = PyLong_AsSsize_t(PyTuple_GET_ITEM(ncols, k));
+        if (t->ncols < 0 || t->ncols > 4096) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "decode_columns: ncols");
+            goto done;
+        }
+        t->values = PyMem_Calloc((size_t)t->ncols + 1, sizeof(Buf));
+        t->valid = PyMem_Calloc((size_t)t->ncols + 1, sizeof(Buf));
+        if (t->values == NULL || t->valid == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    prog = prog_compile(program, &cols, 0, 0);
+    if (prog == NULL) goto done;
+    bad_list = PyList_New(0);
+    if (bad_list == NULL) goto done;
+    if (PyList_Check(source) || PyTuple_Check(source)) {
+        PyObject *seq = PySequence_Fast(source, "decode_columns: source");
+        if (seq == NULL) goto done;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_buffer view;
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &view, PyBUF_SIMPLE) < 0) {
+                Py_DECREF(seq);
+                goto done;
+            }
+            Reader r = {(const unsigned char *)view.buf, view.len, offset, 1, 0};
+            int rc = offset > view.len ? bad("record shorter than its header")
+                                       : read_record(&cols, &r, prog, saved);
+            if (rc == 0 && r.pos != r.len) {
+                rc = bad("trailing bytes after the record");
+                rollback(&cols, saved);
+            }
+            PyBuffer_Release(&view);
+            if (rc < 0 && note_bad(bad_list, i) < 0) {
+                Py_DECREF(seq);
+                goto done;
+            }
+        }
+        Py_DECREF(seq);
+    } else {
+        Py_buffer view;
+        if (PyObject_GetBuffer(source, &view, PyBUF_SIMPLE) < 0) goto done;
+        Reader r = {(const unsigned char *)view.buf, view.len, offset, 1, 0};
+        if (offset > view.len) count = 0;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Py_ssize_t at = r.pos;
+            int rc = read_record(&cols, &r, prog, saved);
+            if (rc < 0) {
+                int recoverable = rc == -2;
+                if (note_bad(bad_list, i) < 0) {
+                    PyBuffer_Release(&view);
+                    goto done;
+                }
+                if (!recoverable) {
+                    r.pos = at;
+                    break;
+                }
+            }
+        }
+        end = r.pos;
+        PyBuffer_Release(&view);
+    }
+    tables = tables_out(&cols);
+    if (tables != NULL) result = Py_BuildValue("(NOn)", tables, bad_list, end);
+done:
+    Py_XDECREF(bad_list);
+    prog_free(prog);
+    cols_free(&cols);
+    PyMem_Free(saved);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))py_decode, METH_FASTCALL,
      "decode(plan, buffer, offset) -> (value, end offset); ValueError on malformed bytes."},
     {"skip", (PyCFunction)(void (*)(void))py_skip, METH_FASTCALL,
      "skip(plan, buffer, offset) -> end offset of the value there, built nothing."},
+    {"decode_columns", (PyCFunction)(void (*)(void))py_decode_columns, METH_FASTCALL,
+     "decode_columns(program, ncols, source, offset, count, strings) -> (tables, bad, end)."},
     {NULL, NULL, 0, NULL},
 };
 

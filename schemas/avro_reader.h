@@ -1,8 +1,7 @@
 /*
- * Avro binary reading shared by the C modules (schemas/_avro_native.c, streams/_replay_native.c):
- * a bounds-checked reader over a buffer, zig-zag varints, block counts, and stepping over one
- * value of a *plan* (see peerwatch.schemas.native) without building it. Static functions: each
- * module that includes this gets its own copy.
+ * Avro binary reading for schemas/_avro_native.c: a bounds-checked reader over a buffer, zig-zag
+ * varints, block counts, UTF-8 validation, and stepping over one value of a *plan* (see
+ * peerwatch.schemas.native) without building it.
  */
 #ifndef PEERWATCH_AVRO_READER_H
 #define PEERWATCH_AVRO_READER_H
@@ -19,16 +18,52 @@ enum {
 
 #define MAX_DEPTH 64
 
-typedef struct {
-    const unsigned char *buf;
-    Py_ssize_t len;
-    Py_ssize_t pos;
-} Reader;
-
 static int bad(const char *what) {
     PyErr_SetString(PyExc_ValueError, what);
     return -1;
 }
+
+typedef struct {
+    const unsigned char *buf;
+    Py_ssize_t len;
+    Py_ssize_t pos;
+    /* Invalid UTF-8 in a string: an error (0), or counted in text_errors and read on (1), so a
+       caller can drop the one record and keep reading the ones after it. */
+    int lenient_text;
+    Py_ssize_t text_errors;
+} Reader;
+
+/* Whether s[0:n] is valid UTF-8 as Python's strict decoder takes it (no overlong forms, no
+   surrogates, nothing above U+10FFFF). */
+static int utf8_ok(const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        Py_ssize_t extra = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
+        if (c < 0xC2 || c > 0xF4 || n - i <= extra) return 0;
+        unsigned char c1 = s[i + 1];
+        for (Py_ssize_t k = 1; k <= extra; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return 0;
+        if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0) || (c == 0xF0 && c1 < 0x90)
+            || (c == 0xF4 && c1 >= 0x90))
+            return 0;
+        i += extra + 1;
+    }
+    return 1;
+}
+
+/* A string's bytes checked as UTF-8 (see lenient_text): 0, or -1 with ValueError. */
+static int check_text(Reader *r, const unsigned char *s, Py_ssize_t n) {
+    if (utf8_ok(s, n)) return 0;
+    if (!r->lenient_text) return bad("invalid UTF-8 in a string");
+    r->text_errors++;
+    return 0;
+}
+
 
 /* A zig-zag varint of at most 64 bits at buf[*pos]; NULL (and *pos moved past it), or what is
    wrong: the input ends inside it, or it does not fit 64 bits (a 10th byte above 1). */
@@ -92,7 +127,8 @@ static Py_ssize_t next_block(Reader *r) {
 }
 
 /* Step over one value without building it: 0 or -1. Refuses what decoding refuses (bounds,
-   varints, booleans, union branches, enum indexes) except invalid UTF-8 in strings. */
+   varints, booleans, union branches, enum indexes, invalid UTF-8 in strings unless the reader
+   is lenient_text). */
 static int skip_value(Reader *r, PyObject *plan, int depth) {
     long kind;
     PyObject *a, *b;
@@ -131,6 +167,7 @@ static int skip_value(Reader *r, PyObject *plan, int depth) {
     case K_BYTES: {
         Py_ssize_t len;
         if (read_length(r, &len) < 0) return -1;
+        if (kind == K_STRING && check_text(r, r->buf + r->pos, len) < 0) return -1;
         r->pos += len;
         return 0;
     }
@@ -144,6 +181,7 @@ static int skip_value(Reader *r, PyObject *plan, int depth) {
                 if (kind == K_MAP) {
                     Py_ssize_t len;
                     if (read_length(r, &len) < 0) return -1;
+                    if (check_text(r, r->buf + r->pos, len) < 0) return -1;
                     r->pos += len;
                 }
                 if (skip_value(r, a, depth + 1) < 0) return -1;

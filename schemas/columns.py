@@ -166,3 +166,115 @@ def tables_from_records(
     out: dict[str, Table] = {}
     _fill(spec, records, strings, out, None)
     return out
+
+
+class ColumnDecoder:
+    """Avro bodies of one writer schema straight into the :class:`Table` s of ``spec``, through
+    the C module (see ``decode_columns`` in ``_avro_native.c``). The C and the Python back ends
+    (:func:`tables_from_records`) are tested equal. Raises :class:`Unsupported` when the C
+    module is not in use or the schema does not fit the spec."""
+
+    def __init__(self, spec: TableSpec, wire_schema: Mapping[str, Any]) -> None:
+        from peerwatch.schemas import native
+
+        if native.native is None:
+            raise Unsupported("the C module is not in use")
+        self._decode = native.native.decode_columns
+        self.spec = spec
+        self._tables = spec.tables()
+        self._program, self._ncols = native.column_program(spec, wire_schema)
+
+    def messages(
+        self, bodies: Sequence[Any], offset: int, strings: dict[str, int]
+    ) -> tuple[dict[str, Table], list[tuple[int, str]]]:
+        """One record per buffer, at ``offset`` and ending the buffer (Kafka message values).
+        Returns the tables and ``(position in bodies, reason)`` of each record not read."""
+        raw, bad, _ = self._decode(self._program, self._ncols, bodies, offset, 0, strings)
+        return self._wrap(raw), bad
+
+    def block(
+        self, data: Any, offset: int, count: int, strings: dict[str, int]
+    ) -> tuple[dict[str, Table], list[tuple[int, str]], int]:
+        """``count`` records one after the other from ``offset`` (an archive block). Returns the
+        tables, ``(record number, reason)`` of each record not read (a record with invalid
+        UTF-8 is skipped and the next read; any other fault ends the block there: the last
+        entry) and the offset after the last record read."""
+        raw, bad, end = self._decode(self._program, self._ncols, data, offset, count, strings)
+        return self._wrap(raw), bad, end
+
+    def _wrap(self, raw: Sequence[Any]) -> dict[str, Table]:
+        out: dict[str, Table] = {}
+        for spec, (rows, parent, values, valid) in zip(self._tables, raw, strict=True):
+            table = Table(rows, {}, {}, None if not spec.path else np.frombuffer(parent, np.int64))
+            for col, v, ok in zip(spec.columns, values, valid, strict=True):
+                table.values[col.name] = np.frombuffer(
+                    v, np.float64 if col.kind == FLOAT else np.int64
+                )
+                if col.nullable:
+                    table.valid[col.name] = np.frombuffer(ok, np.bool_)
+            out[spec.path] = table
+        return out
+
+
+def select_rows(tables: Mapping[str, Table], keep: Bools) -> dict[str, Table]:
+    """The tables of the records where ``keep`` (one flag per top-level row) is True: nested
+    rows follow their record, parents renumbered. Only one level of nesting below the top (the
+    shape of every selection here) is supported."""
+    out: dict[str, Table] = {}
+    new_row = np.cumsum(keep) - 1
+    for path, t in tables.items():
+        if t.parent is None:
+            mask = keep
+            parent = None
+        else:
+            mask = keep[t.parent] if t.n else np.zeros(0, np.bool_)
+            parent = new_row[t.parent[mask]]
+        out[path] = Table(
+            int(mask.sum()),
+            {k: v[mask] for k, v in t.values.items()},
+            {k: v[mask] for k, v in t.valid.items()},
+            parent,
+        )
+    return out
+
+
+class MessageColumns:
+    """Single-object-encoded messages of one schema (Kafka message values) as the tables of
+    ``spec``: through the C module for the current schema version, through the codec's decoded
+    dicts for released versions (or everything, without the C module). Same tables either way;
+    string codes come from the caller's ``strings``."""
+
+    def __init__(self, schema_name: str, spec: TableSpec) -> None:
+        from peerwatch.schemas.codec import HEADER_LEN, codec_for
+        from peerwatch.schemas.registry import raw_schema, strip_logical_types
+
+        self.spec = spec
+        self.codec = codec_for(schema_name)
+        self._header_len = HEADER_LEN
+        self._c: ColumnDecoder | None
+        try:
+            self._c = ColumnDecoder(spec, strip_logical_types(raw_schema(schema_name)))
+        except Unsupported:
+            self._c = None
+
+    def decode(
+        self, values: Sequence[bytes], strings: dict[str, int]
+    ) -> tuple[dict[str, Table], Int64s, list[tuple[int, str]]]:
+        """``(tables, message of each top-level row, [(message index, reason)] not decoded)``;
+        rows keep the messages' order."""
+        from peerwatch.errors import CodecError
+
+        if self._c is not None and all(self.codec.current_body(v) is not None for v in values):
+            tables, bad = self._c.messages(values, self._header_len, strings)
+        else:
+            records: list[Mapping[str, Any]] = []
+            bad = []
+            for i, v in enumerate(values):
+                try:
+                    records.append(self.codec.decode(v))
+                except CodecError as exc:
+                    bad.append((i, str(exc)))
+            tables = tables_from_records(self.spec, records, strings)
+        refused = {i for i, _ in bad}
+        rows = np.fromiter((i for i in range(len(values)) if i not in refused), np.int64)
+        return tables, rows, bad

@@ -114,3 +114,43 @@ def native_skipper(schema: Any) -> Any:
     if native is None:
         return None
     return functools.partial(native.skip, plan_of(schema))
+
+
+OP_SKIP, OP_VALUE, OP_TABLE = range(3)
+
+
+def column_program(spec: Any, wire_schema: Any) -> tuple[tuple[Any, ...], tuple[int, ...]]:
+    """The C module's column program for a :class:`~peerwatch.schemas.columns.TableSpec` over a
+    record wire schema (as :func:`plan_of` takes it): ``(ops, ncols)``, one op per field of each
+    record level in schema order, and the column count of each table (depth first, as
+    ``spec.tables()``). Raises :class:`Unsupported` where a selected field has another shape."""
+    tables = spec.tables()
+    number = {id(t): i for i, t in enumerate(tables)}
+
+    def level(t: Any, plan: Plan) -> tuple[Any, ...]:
+        if plan[0] != RECORD:
+            raise Unsupported(f"{t.path or 'the record'} is not a record")
+        columns = {c.name: i for i, c in enumerate(t.columns)}
+        children = dict(t.children)
+        ops: list[tuple[Any, ...]] = []
+        for name, sub in zip(plan[1], plan[2], strict=True):
+            if name in children:
+                child = children[name]
+                if sub[0] != ARRAY:
+                    raise Unsupported(f"{t.path}{name} is not an array")
+                ops.append((OP_TABLE, number[id(child)], 0, level(child, sub[1])))
+            elif name in columns:
+                value = sub
+                if sub[0] == UNION:  # the C module finds the null branch itself
+                    kinds = [b[0] for b in sub[1]]
+                    if len(kinds) != 2 or NULL not in kinds:
+                        raise Unsupported(f"{t.path}{name}: union {kinds} is not [null, X]")
+                    value = sub[1][1 - kinds.index(NULL)]
+                if value[0] not in (LONG, BOOL, ENUM, FLOAT, DOUBLE, STRING):
+                    raise Unsupported(f"{t.path}{name} is not a column")
+                ops.append((OP_VALUE, columns[name], 0, sub))
+            else:
+                ops.append((OP_SKIP, 0, 0, sub))
+        return tuple(ops)
+
+    return level(tables[0], plan_of(wire_schema)), tuple(len(t.columns) for t in tables)

@@ -18,10 +18,9 @@ bytes, overlong forms, surrogates ED A0 80...), splices of two records and trail
 the loop, the plan recursion guard is checked on synthetic plans nested around ``MAX_DEPTH``
 (read from ``schemas/avro_reader.h``) and malformed plans must raise, never crash.
 
-``skip`` is checked against the generated Python reader of a *lenient* form of the schema
-(strings and map keys as bytes): skip does not check UTF-8, by design, and must otherwise refuse
-exactly what decode refuses and end where decode ends (so, where decode succeeds, skip ends at
-decode's end offset).
+``skip`` must refuse exactly what decode refuses (invalid UTF-8 included) and end where decode
+ends; ``decode_columns`` must give the columns that :func:`peerwatch.schemas.columns
+.tables_from_records` fills from the generated reader's dicts, or refuse the same records.
 
 Meant to run under AddressSanitizer/UBSan through ``scripts/fuzz_native.sh``, which builds the
 C module with sanitizers and passes its folder as ``--module-dir``; without it the normal build
@@ -53,6 +52,8 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
+import numpy as np
+
 from peerwatch.schemas import native, registry
 from peerwatch.schemas.compiled import compile_decoder, compile_encoder, encode_long
 from peerwatch.schemas.native import plan_of
@@ -64,11 +65,7 @@ HEADER = ROOT / "schemas" / "avro_reader.h"
 # Decoders under test. To test a new C entry point, add a Target to TARGETS: the module it lives
 # in (a name of NORMAL_MODULES, built by scripts/fuzz_native.sh's NATIVE_MODULES), how to make the
 # C callable and its Python reference for a wire schema, both called as ``fn(buffer, offset)``
-# (adapt other signatures with a lambda), and how to compare two successful results. E.g.
-#
-#     Target("decode_columns", "_avro_native",
-#            native=lambda mod, wire: lambda buf, off: mod.decode_columns(plan_of(wire), buf, off),
-#            fallback=lambda wire: python_columns(wire), compare=same_value)
+# (adapt other signatures with a lambda), and how to compare two successful results.
 
 Fn = Callable[[Any, int], Any]
 
@@ -108,8 +105,90 @@ class Target:
     )
 
 
-def _lenient_decoder(wire: Any) -> Fn:
-    decode = compile_decoder(lenient_schema(to_node(wire)))
+def column_selection(schema: Any) -> dict[str, Any]:
+    """Every field of a record schema that can be a column (scalars, [null, scalar] unions,
+    enums defined in place), arrays of records as nested selections; the rest is skipped."""
+    out: dict[str, Any] = {}
+    for f in schema["fields"]:
+        t = f["type"]
+        if isinstance(t, list) and len(t) == 2 and "null" in t:
+            t = t[1 - t.index("null")]
+            if isinstance(t, dict) and t.get("type") == "array":
+                continue  # a nullable array is not a table
+        kind = t.get("type") if isinstance(t, dict) else t
+        if kind in ("long", "int", "boolean", "float", "double", "string", "enum"):
+            out[f["name"]] = True
+        elif (
+            kind == "array" and isinstance(t["items"], dict) and t["items"].get("type") == "record"
+        ):
+            out[f["name"]] = column_selection(t["items"])
+    return out
+
+
+def _resolved(tables: Any, spec: Any, names: list[str]) -> list[Any]:
+    """Tables as plain lists, string codes turned back into strings (codes depend on the order a
+    back end meets the strings, the strings do not)."""
+    out: list[Any] = []
+    for t in spec.tables():
+        table = tables[t.path]
+        cols = []
+        for c in t.columns:
+            values = table.values[c.name].tolist()
+            if c.kind == "str":
+                values = [names[v] for v in values]
+            valid = table.valid[c.name].tolist() if c.nullable else None
+            if valid is not None:
+                values = [v if ok else None for v, ok in zip(values, valid, strict=True)]
+            cols.append((c.name, values))
+        parent = None if table.parent is None else table.parent.tolist()
+        out.append((t.path, table.n, parent, cols))
+    return out
+
+
+def _columns_native(mod: Any, wire: Any) -> Fn:
+    from peerwatch.schemas.columns import Table, table_spec
+
+    spec = table_spec(wire, column_selection(wire))
+    program, ncols = native.column_program(spec, wire)
+
+    def run(buf: Any, offset: int) -> Any:
+        strings: dict[str, int] = {}
+        raw, bad, _ = mod.decode_columns(program, ncols, [buf], offset, 0, strings)
+        if bad:
+            raise ValueError(bad[0][1])
+        tables = {}
+        for t, (rows, parent, values, valid) in zip(spec.tables(), raw, strict=True):
+            table = Table(rows, {}, {}, None if not t.path else np.frombuffer(parent, np.int64))
+            for c, v, ok in zip(t.columns, values, valid, strict=True):
+                table.values[c.name] = np.frombuffer(
+                    v, np.float64 if c.kind == "float" else np.int64
+                )
+                if c.nullable:
+                    table.valid[c.name] = np.frombuffer(ok, np.bool_)
+            tables[t.path] = table
+        return _resolved(tables, spec, list(strings))
+
+    return run
+
+
+def _columns_fallback(wire: Any) -> Fn:
+    from peerwatch.schemas.columns import table_spec, tables_from_records
+
+    spec = table_spec(wire, column_selection(wire))
+    decode = compile_decoder(wire)
+
+    def run(buf: Any, offset: int) -> Any:
+        record, end = decode(buf, offset)
+        if end != len(buf):
+            raise ValueError("trailing bytes after the record")
+        strings: dict[str, int] = {}
+        return _resolved(tables_from_records(spec, [record], strings), spec, list(strings))
+
+    return run
+
+
+def _end_of(wire: Any) -> Fn:
+    decode = compile_decoder(wire)
     return lambda buf, offset: decode(buf, offset)[1]
 
 
@@ -126,9 +205,17 @@ TARGETS: list[Target] = [
         "skip",
         "_avro_native",
         native=lambda mod, wire: functools.partial(mod.skip, plan_of(wire)),
-        fallback=_lenient_decoder,
+        fallback=_end_of,
         compare=same_value,
         expect=lambda record, end: end,
+    ),
+    # One record per buffer, as the hot stage gives Kafka messages (the record must end it).
+    Target(
+        "decode_columns",
+        "_avro_native",
+        native=_columns_native,
+        fallback=_columns_fallback,
+        compare=same_value,
     ),
 ]
 
@@ -182,36 +269,6 @@ def to_node(schema: Any) -> Node:
         return node
 
     return walk(schema, None)
-
-
-def lenient_schema(node: Node) -> Any:
-    """A schema with the wire encoding of ``node`` that checks what ``skip`` checks: strings
-    (and map keys) as bytes, maps as arrays of {key bytes, value} records."""
-    count = [0]
-
-    def name() -> str:
-        count[0] += 1
-        return f"Lenient{count[0]}"
-
-    def walk(n: Node) -> Any:
-        kind = n[0]
-        if kind == "string":
-            return "bytes"
-        if kind == "enum":
-            return {"type": "enum", "name": name(), "symbols": list(n[1])}
-        if kind in _PRIMS:
-            return kind
-        if kind == "union":
-            return [walk(b) for b in n[1]]
-        if kind == "array":
-            return {"type": "array", "items": walk(n[1])}
-        if kind == "map":
-            entry = [{"name": "k", "type": "bytes"}, {"name": "v", "type": walk(n[1])}]
-            return {"type": "array", "items": {"type": "record", "name": name(), "fields": entry}}
-        fields = [{"name": f, "type": walk(t)} for f, t in n[2]]
-        return {"type": "record", "name": name(), "fields": fields}
-
-    return walk(node)
 
 
 # ----------------------------------------------------------------------------------------------

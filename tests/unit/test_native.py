@@ -179,15 +179,18 @@ def test_skip_ends_where_decode_ends(name: str) -> None:
         try:
             _, end = decode(bytes(bad), 0)
         except (ValueError, UnicodeDecodeError):
-            continue  # skipping may or may not notice (it does not check UTF-8)
+            with pytest.raises(ValueError):  # skip refuses what decode refuses
+                skip(bytes(bad), 0)
+            continue
         assert skip(bytes(bad), 0) == end
         with pytest.raises(ValueError):
             skip(good[: len(good) // 2], 0) if len(good) > 1 else skip(b"", 0)
 
 
-def test_skip_refuses_what_decode_refuses_but_utf8() -> None:
+def test_skip_refuses_what_decode_refuses() -> None:
     """scripts/fuzz_native.py found skip stepping over enum indexes out of range that decode
-    refuses; the one thing skip leaves unchecked is the UTF-8 of strings."""
+    refuses; skip checks the UTF-8 of strings too (a sample with a bad string is one bad record
+    whether or not its fields are read)."""
     plan = (native.ENUM, ("A", "B"), None)
     for data in (b"\x04", b"\x01", b"\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01"):
         for fn in (native.native.skip, native.native.decode):
@@ -202,6 +205,10 @@ def test_skip_refuses_what_decode_refuses_but_utf8() -> None:
     with pytest.raises(ValueError, match="enum index"):
         native.native.skip(nested, b"\x02\x02", 0)
     string = (native.STRING, None, None)
-    assert native.native.skip(string, b"\x02\xff", 0) == 2
+    assert native.native.skip(string, b"\x04\xc3\xa9", 0) == 3
+    for fn in (native.native.skip, native.native.decode):
+        for data in (b"\x02\xff", b"\x06\xed\xa0\x80", b"\x04\xc0\x80", b"\x08\xf4\x90\x80\x80"):
+            with pytest.raises(ValueError):
+                fn(string, data, 0)
     with pytest.raises(UnicodeDecodeError):
         native.native.decode(string, b"\x02\xff", 0)
