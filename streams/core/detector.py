@@ -20,13 +20,13 @@ harness all call this function. The algorithm is DETECTION.md's, step by step:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from peerwatch.schemas.records import FindingStatus, GpuWindow, StragglerFinding
 from peerwatch.streams.core.detector_state import GpuDetectorState, JobDetectorState
 from peerwatch.streams.core.findings import job_wide_finding, make_finding, straggler_reason
-from peerwatch.streams.core.hard_rules import hard_rules, recorded_xids
+from peerwatch.streams.core.hard_rules import RecordedXid, hard_rules, recorded_xids
 from peerwatch.streams.core.model import (
     CLEARED,
     CONFIRMED,
@@ -54,7 +54,7 @@ GATE_IDLE = "idle"
 _IDLE_RULE_PREFIXES = ("xid_", "ecc_uncorrected", "nvlink_errors")
 GATE_ENDING = "ending"
 
-_JobWideGroup = tuple[str, list[Mapping[str, Any]], list[GpuVerdict]]
+_JobWideGroup = tuple[str, list[GpuWindow], list[GpuVerdict]]
 
 
 @dataclass
@@ -68,17 +68,17 @@ class DetectionResult:
     when the window was not processed at all; then ``windows`` and ``findings`` are empty.
     """
 
-    windows: list[dict[str, Any]] = field(default_factory=list)
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    windows: list[GpuWindow] = field(default_factory=list)
+    findings: list[StragglerFinding] = field(default_factory=list)
     gated: str | None = None
     job_wide: bool = False
-    recorded_xids: list[dict[str, Any]] = field(default_factory=list)
+    recorded_xids: list[RecordedXid] = field(default_factory=list)
     skipped: str | None = None
 
 
 def detect_job_window(
     job: JobContext,
-    windows: Sequence[Mapping[str, Any]],
+    windows: Sequence[GpuWindow],
     state: JobDetectorState,
     settings: DetectorSettings = DEFAULT_SETTINGS,
 ) -> DetectionResult:
@@ -128,7 +128,7 @@ def detect_job_window(
 
     for window in ordered:
         key = gpu_key(window["node"], window["gpu_index"])
-        out = dict(window)
+        out = GpuWindow(**window)
         seen = verdicts.get(key)
         out["score"] = seen.score if seen is not None and gate is None else None
         out["gated"] = gate or gpu_gate.get(key) or (None if _reports(window) else GATE_NO_DATA)
@@ -138,7 +138,7 @@ def detect_job_window(
 
 def _evaluate(
     job: JobContext,
-    groups: dict[str, list[Mapping[str, Any]]],
+    groups: dict[str, list[GpuWindow]],
     state: JobDetectorState,
     settings: DetectorSettings,
     result: DetectionResult,
@@ -181,7 +181,7 @@ def _evaluate(
     return job_wide_groups
 
 
-def _validated(job: JobContext, windows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> list[GpuWindow]:
     seen: set[tuple[str, int]] = set()
     first_start = windows[0].get("window_start_ms")
     for w in windows:
@@ -204,7 +204,7 @@ def _validated(job: JobContext, windows: Sequence[Mapping[str, Any]]) -> list[Ma
     return sorted(windows, key=lambda w: (str(w["node"]), int(w["gpu_index"])))
 
 
-def _reports(window: Mapping[str, Any]) -> bool:
+def _reports(window: GpuWindow) -> bool:
     return not window.get("lost") and int(window.get("samples") or 0) > 0
 
 
@@ -223,10 +223,8 @@ def _follow_requeue(job: JobContext, state: JobDetectorState) -> None:
     state.anchor_ms = anchor
 
 
-def _groups(
-    job: JobContext, reporting: list[Mapping[str, Any]]
-) -> dict[str, list[Mapping[str, Any]]]:
-    groups: dict[str, list[Mapping[str, Any]]] = {}
+def _groups(job: JobContext, reporting: list[GpuWindow]) -> dict[str, list[GpuWindow]]:
+    groups: dict[str, list[GpuWindow]] = {}
     for w in reporting:
         groups.setdefault(job.role_of(w["node"], w["gpu_index"]), []).append(w)
     return groups
@@ -234,8 +232,8 @@ def _groups(
 
 def _gate(
     job: JobContext,
-    ordered: list[Mapping[str, Any]],
-    groups: dict[str, list[Mapping[str, Any]]],
+    ordered: list[GpuWindow],
+    groups: dict[str, list[GpuWindow]],
     state: JobDetectorState,
     settings: DetectorSettings,
 ) -> str | None:
@@ -256,7 +254,7 @@ def _gate(
     expected = job.expected_gpus or state.max_gpus_seen
     if len(reporting) < settings.min_reported_frac * expected:
         return GATE_INCOMPLETE
-    sm_values = [float(w["sm_frac"]) for w in reporting if w.get("sm_frac") is not None]
+    sm_values = [float(v) for w in reporting if (v := w.get("sm_frac")) is not None]
     if sm_values and median(sm_values) < settings.min_job_sm:
         return GATE_LOW_ACTIVITY
     return None
@@ -264,7 +262,7 @@ def _gate(
 
 def _learn_baseline(
     gpu_state: GpuDetectorState,
-    window: Mapping[str, Any],
+    window: GpuWindow,
     verdict: GpuVerdict,
     settings: DetectorSettings,
 ) -> None:
@@ -280,12 +278,12 @@ def _learn_baseline(
 
 def _advance(
     job: JobContext,
-    window: Mapping[str, Any],
+    window: GpuWindow,
     verdict: GpuVerdict,
     gpu_state: GpuDetectorState,
     group_n: int,
     settings: DetectorSettings,
-) -> list[dict[str, Any]]:
+) -> list[StragglerFinding]:
     """Persistence state machine of one GPU for one evaluated window; returns findings."""
     start_ms = int(window["window_start_ms"])
     confirming = bool(verdict.flags & set(settings.confirm_features))
@@ -296,7 +294,7 @@ def _advance(
     else:
         step = 0.0
     gpu_state.cusum = max(0.0, gpu_state.cusum + step - settings.cusum_k)
-    statuses: list[str] = []
+    statuses: list[FindingStatus] = []
     if verdict.flags:
         gpu_state.clean_streak = 0
         if gpu_state.status is None:
@@ -343,11 +341,11 @@ def _advance(
 
 def _hard_finding(
     job: JobContext,
-    window: Mapping[str, Any],
+    window: GpuWindow,
     gpu_state: GpuDetectorState,
     group_n: int,
     settings: DetectorSettings,
-) -> dict[str, Any] | None:
+) -> StragglerFinding | None:
     """HARD_ERROR when a rule fires that has not fired in the last clear_after_windows."""
     rules = hard_rules(window, settings)
     if is_idle_job(job.job_id):
@@ -393,7 +391,7 @@ def _job_wide(
     job_wide_groups: list[_JobWideGroup],
     state: JobDetectorState,
     settings: DetectorSettings,
-) -> list[dict[str, Any]]:
+) -> list[StragglerFinding]:
     """One JOB_WIDE finding when a job-wide episode starts; it ends after clean windows."""
     if not job_wide_groups:
         if state.job_wide_start_ms is not None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from peerwatch.schemas.records import FeatureEvidence, FindingStatus, GpuWindow, StragglerFinding
 from peerwatch.streams.core.detector_state import GpuDetectorState
 from peerwatch.streams.core.model import CLEARED, JOB_WIDE, SUSPECT, stable_id
 from peerwatch.streams.core.peers import GpuVerdict
@@ -25,7 +23,7 @@ def straggler_reason(status: str, verdict: GpuVerdict, gpu_state: GpuDetectorSta
     return f"{label} slow vs {against}: {', '.join(parts)}; {flagged}"
 
 
-def describe_feature(ev: Mapping[str, Any]) -> str:
+def describe_feature(ev: FeatureEvidence) -> str:
     """``clk -5.6% z=-3.8``: relative for ratios of a scale, absolute for shares."""
     value, mid = ev["value"], ev["peer_median"]
     if ev["feature"] in ("clk", "step") and mid:
@@ -43,7 +41,7 @@ def job_wide_finding(
     slow_n: int,
     reason: str,
     hex_chars: int,
-) -> dict[str, Any]:
+) -> StragglerFinding:
     """A JOB_WIDE finding (no node, no GPU): ``windows_flagged`` holds the slow GPUs' count."""
     return {
         "finding_id": stable_id(job_id, None, None, JOB_WIDE, start_ms, hex_chars=hex_chars),
@@ -66,15 +64,15 @@ def job_wide_finding(
 
 def make_finding(
     job_id: str,
-    status: str,
-    window: Mapping[str, Any],
-    features: list[dict[str, Any]],
+    status: FindingStatus,
+    window: GpuWindow,
+    features: list[FeatureEvidence],
     rules: list[str],
     gpu_state: GpuDetectorState | None,
     group_n: int,
     reason: str,
     settings: DetectorSettings,
-) -> dict[str, Any]:
+) -> StragglerFinding:
     """A per-GPU finding; the id hashes job, node, GPU, status and window start."""
     start_ms = int(window["window_start_ms"])
     history = gpu_state.history if gpu_state is not None else []
@@ -94,7 +92,7 @@ def make_finding(
         "status": status,
         "window_start_ms": start_ms,
         "window_end_ms": int(window["window_end_ms"]),
-        "features": [dict(f) for f in features],
+        "features": [FeatureEvidence(**f) for f in features],
         "hard_rules": list(rules),
         "windows_flagged": sum(history),
         "windows_considered": len(history),

@@ -7,14 +7,25 @@ default) are recorded and never blamed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TypedDict
 
+from peerwatch.schemas.records import GpuWindow
 from peerwatch.streams.core.settings import DetectorSettings
 
 XID_HARD = "hard"
 XID_APP = "app"
 XID_OTHER = "other"
+
+
+class RecordedXid(TypedDict):
+    """One XID of a window (not an Avro record: drivers count them); fields as the window's."""
+
+    job_id: str | None
+    node: str | None
+    gpu_index: int | None
+    xid: int
+    category: str
+    window_start_ms: int | None
 
 
 def xid_category(xid: int, settings: DetectorSettings) -> str:
@@ -26,12 +37,11 @@ def xid_category(xid: int, settings: DetectorSettings) -> str:
     return XID_OTHER
 
 
-def _count(window: Mapping[str, Any], name: str) -> int:
-    value = window.get(name)
+def _count(value: int | None) -> int:
     return int(value) if value is not None else 0
 
 
-def hard_rules(window: Mapping[str, Any], settings: DetectorSettings) -> list[str]:
+def hard_rules(window: GpuWindow, settings: DetectorSettings) -> list[str]:
     """Names of the hard rules this GpuWindow fires, sorted (e.g. ``["ecc_uncorrected", "xid_79"]``).
 
     Counter deltas below zero (a counter reset after a driver reload) do not fire.
@@ -40,13 +50,13 @@ def hard_rules(window: Mapping[str, Any], settings: DetectorSettings) -> list[st
     for xid in window.get("xids") or ():
         if xid_category(int(xid), settings) == XID_HARD:
             rules.add(f"xid_{int(xid)}")
-    if _count(window, "ecc_uncorrected_delta") > 0:
+    if _count(window.get("ecc_uncorrected_delta")) > 0:
         rules.add("ecc_uncorrected")
     if window.get("remap_failed"):
         rules.add("remap_failed")
     if window.get("remap_pending"):
         rules.add("remap_pending")
-    if _count(window, "nvlink_errors_delta") > 0:
+    if _count(window.get("nvlink_errors_delta")) > 0:
         rules.add("nvlink_errors")
     width_min = window.get("pcie_link_width_min")
     width_max = window.get("pcie_link_width_max")
@@ -57,7 +67,7 @@ def hard_rules(window: Mapping[str, Any], settings: DetectorSettings) -> list[st
     return sorted(rules)
 
 
-def recorded_xids(window: Mapping[str, Any], settings: DetectorSettings) -> list[dict[str, Any]]:
+def recorded_xids(window: GpuWindow, settings: DetectorSettings) -> list[RecordedXid]:
     """Every XID of the window as a small record (node, gpu_index, xid, category, window_start_ms),
     so drivers can count application XIDs without blaming anyone."""
     return [

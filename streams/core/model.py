@@ -1,7 +1,8 @@
 """Types shared by the detector and the drain policy: job context, ids, record errors.
 
-Records stay plain dicts as fastavro reads them (times are int ms since the epoch, UTC); the
-types here are the small pieces of context and identity that are not records themselves.
+Records stay plain dicts as fastavro reads them (times are int ms since the epoch, UTC), typed
+by the TypedDicts of :mod:`peerwatch.schemas.records`; the types here are the small pieces of
+context and identity that are not records themselves.
 """
 
 from __future__ import annotations
@@ -9,15 +10,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from peerwatch.errors import PeerwatchError
+from peerwatch.schemas.records import JobEvent
 
-SUSPECT = "SUSPECT"
-CONFIRMED = "CONFIRMED"
-CLEARED = "CLEARED"
-JOB_WIDE = "JOB_WIDE"
-HARD_ERROR = "HARD_ERROR"
+# Final: their types are the literals, so they fit the FindingStatus of StragglerFinding.
+SUSPECT: Final = "SUSPECT"
+CONFIRMED: Final = "CONFIRMED"
+CLEARED: Final = "CLEARED"
+JOB_WIDE: Final = "JOB_WIDE"
+HARD_ERROR: Final = "HARD_ERROR"
 
 #: Readings of GPUs no job owns are grouped per node under this pseudo job id ("idle:<node>"):
 #: hard errors on an idle GPU must drain the node before the next job lands on it, while peer
@@ -51,7 +54,7 @@ def gpu_key(node: str, gpu_index: int) -> str:
     return f"{node}/{gpu_index}"
 
 
-def require(record: Mapping[str, Any], *names: str, what: str) -> None:
+def require(record: Mapping[str, object], *names: str, what: str) -> None:
     """Raise InvalidRecordError naming the first of ``names`` missing (or None) in ``record``."""
     for name in names:
         if record.get(name) is None:
@@ -114,9 +117,7 @@ class JobContext:
         )
 
     @classmethod
-    def from_job_event(
-        cls, event: Mapping[str, Any], roles: Mapping[str, str] | None = None
-    ) -> JobContext:
+    def from_job_event(cls, event: JobEvent, roles: Mapping[str, str] | None = None) -> JobContext:
         """Context from a ``JobEvent`` dict (STARTED/REQUEUED/UPDATED with its allocations).
 
         A REQUEUED event's ``ts_ms`` becomes ``requeue_ms``. Raises InvalidRecordError when

@@ -14,10 +14,11 @@ the GPU).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
+from peerwatch.schemas.records import FeatureEvidence, GpuWindow
 from peerwatch.streams.core.detector_state import GpuDetectorState
 from peerwatch.streams.core.model import gpu_key
 from peerwatch.streams.core.robust import RobustStats, median, robust_stats, robust_z
@@ -38,15 +39,19 @@ class GpuVerdict:
     flags: frozenset[str] = frozenset()
     score: float | None = None
     confirm_score: float | None = None
-    evidence: list[dict[str, Any]] = field(default_factory=list)
+    evidence: list[FeatureEvidence] = field(default_factory=list)
     baseline: bool = False
     excused: bool = False
+
+
+#: The GpuWindow fields compared across peers.
+FeatureField = Literal["clk_ratio", "throttle_frac", "sm_frac", "step_ms", "power_ratio"]
 
 
 @dataclass(frozen=True)
 class _Feature:
     name: str
-    field: str
+    field: FeatureField
     floor_abs: Callable[[DetectorSettings], float]
     floor_rel: Callable[[DetectorSettings], float]
     #: z -> slow-direction z (None: never a candidate)
@@ -105,13 +110,11 @@ FEATURES: tuple[_Feature, ...] = (
 
 def _evidence(
     feature: str, value: float, stats_median: float, mad: float, z: float
-) -> dict[str, Any]:
+) -> FeatureEvidence:
     return {"feature": feature, "value": value, "peer_median": stats_median, "mad": mad, "z": z}
 
 
-def peer_verdicts(
-    group: Sequence[Mapping[str, Any]], settings: DetectorSettings
-) -> list[GpuVerdict]:
+def peer_verdicts(group: Sequence[GpuWindow], settings: DetectorSettings) -> list[GpuVerdict]:
     """Verdicts for a group of at least ``min_peers`` reporting GPU windows (same order).
 
     A feature is compared only when at least ``min_peers`` GPUs of the group report it (so
@@ -119,7 +122,7 @@ def peer_verdicts(
     """
     stats: dict[str, RobustStats] = {}
     for feat in FEATURES:
-        values = [float(w[feat.field]) for w in group if w.get(feat.field) is not None]
+        values = [float(v) for w in group if (v := w.get(feat.field)) is not None]
         if len(values) >= settings.min_peers:
             stats[feat.name] = robust_stats(
                 values,
@@ -130,7 +133,8 @@ def peer_verdicts(
     confirm = set(settings.confirm_features)
     z_threshold = settings.z_threshold
     # The features this group compares, with their statistics unpacked (a few hundred GPUs
-    # go through this loop per window: no lookups in it but the window's own fields).
+    # go through this loop per window: no lookups in it but the window's own fields; w.get,
+    # not a bound ``get``, so that mypy types each field).
     active = [
         (feat, st.median, st.mad, st.z_scale, feat.name in confirm)
         for feat in FEATURES
@@ -138,13 +142,12 @@ def peer_verdicts(
     ]
     verdicts = []
     for w in group:
-        get = w.get
-        evidence: list[dict[str, Any]] = []
+        evidence: list[FeatureEvidence] = []
         flags: set[str] = set()
         slow_all: list[float] = []
         slow_confirm: list[float] = []
         for feat, center, spread, z_scale, confirming in active:
-            raw = get(feat.field)
+            raw = w.get(feat.field)
             if raw is None:
                 continue
             value = float(raw)
@@ -174,7 +177,7 @@ def peer_verdicts(
 
 
 def baseline_verdict(
-    window: Mapping[str, Any], gpu_state: GpuDetectorState, settings: DetectorSettings
+    window: GpuWindow, gpu_state: GpuDetectorState, settings: DetectorSettings
 ) -> GpuVerdict:
     """Verdict of one GPU of a small group against its own recent clk baseline."""
     key = gpu_key(window["node"], window["gpu_index"])

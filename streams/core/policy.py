@@ -21,8 +21,17 @@ episode; repeat-offender history then counts only jobs confirmed after the resum
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
+from peerwatch.schemas.records import (
+    DrainRecommendation,
+    Evidence,
+    HealthCheckResult,
+    NodeStateEvent,
+    RecommendedAction,
+    Severity,
+    StragglerFinding,
+)
 from peerwatch.streams.core.model import (
     CLEARED,
     CONFIRMED,
@@ -61,7 +70,7 @@ DEFAULT_POLICY = PolicySettings()
 _OUT_OF_SERVICE_FLAGS = {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL"}
 
 
-def record_kind(record: Mapping[str, Any]) -> str:
+def record_kind(record: Mapping[str, object]) -> str:
     """``"finding"``, ``"health"`` or ``"node_event"``; raises InvalidRecordError otherwise."""
     if "finding_id" in record:
         return "finding"
@@ -78,24 +87,25 @@ def apply(
     record: Mapping[str, Any],
     state: DrainPolicyState,
     settings: PolicySettings = DEFAULT_POLICY,
-) -> list[dict[str, Any]]:
+) -> list[DrainRecommendation]:
     """Feed one StragglerFinding, HealthCheckResult or NodeStateEvent dict to the policy.
 
     Updates ``state`` in place; returns the new DrainRecommendation dicts (often none). Times
     are int ms (UTC) from the record. Raises InvalidRecordError for a record of another kind or
     one lacking a key field.
     """
+    # Any decoded record: its kind (hence its type) is told from its fields, here.
     kind = record_kind(record)
     if kind == "finding":
-        return apply_finding(record, state, settings)
+        return apply_finding(cast(StragglerFinding, record), state, settings)
     if kind == "health":
-        return apply_health(record, state, settings)
-    return apply_node_event(record, state, settings)
+        return apply_health(cast(HealthCheckResult, record), state, settings)
+    return apply_node_event(cast(NodeStateEvent, record), state, settings)
 
 
 def apply_finding(
-    finding: Mapping[str, Any], state: DrainPolicyState, settings: PolicySettings = DEFAULT_POLICY
-) -> list[dict[str, Any]]:
+    finding: StragglerFinding, state: DrainPolicyState, settings: PolicySettings = DEFAULT_POLICY
+) -> list[DrainRecommendation]:
     """Handle one StragglerFinding dict (see :func:`apply`)."""
     require(
         finding,
@@ -129,8 +139,10 @@ def apply_finding(
             evidence_kind="job_wide",
             expiry_s=settings.alert_expiry_s,
         )
-    require(finding, "gpu_index", what="StragglerFinding")
-    gpu = int(finding["gpu_index"])
+    gpu_index = finding.get("gpu_index")
+    if gpu_index is None:
+        raise InvalidRecordError("StragglerFinding record lacks 'gpu_index'")
+    gpu = int(gpu_index)
     first = finding.get("first_flagged_ms")
     first_ms = int(first if first is not None else finding["window_start_ms"])
     episode = (finding["job_id"], gpu, first_ms)
@@ -164,25 +176,25 @@ def apply_finding(
 
 def _confirmed(
     ns: NodePolicyState,
-    finding: Mapping[str, Any],
+    finding: StragglerFinding,
     key: str,
     gpu: int,
     first_ms: int,
     ts_ms: int,
     settings: PolicySettings,
-) -> list[dict[str, Any]]:
+) -> list[DrainRecommendation]:
     job = str(finding["job_id"])
     episode = (job, gpu, first_ms)
     hw = hw_evidence(finding, settings)
     summary = feature_summary(finding, settings)
-    out: list[dict[str, Any]] = []
+    out: list[DrainRecommendation] = []
     track = ns.stragglers.get(key)
     if track is None or track.first_flagged_ms != first_ms:
         track = StragglerTrack(job, gpu, first_ms, ts_ms, ts_ms, hw, finding["finding_id"], summary)
         ns.stragglers[key] = track
         if settings.alert_on_confirmed:
             reason = f"straggler confirmed gpu{gpu} job {job}: {summary}"
-            severity = "WARNING" if hw else "INFO"
+            severity: Severity = "WARNING" if hw else "INFO"
             out += emit(
                 ns,
                 settings,
@@ -224,13 +236,13 @@ def _confirmed(
 
 def _repeat_offender(
     ns: NodePolicyState,
-    finding: Mapping[str, Any],
+    finding: StragglerFinding,
     job: str,
     gpu: int,
     ts_ms: int,
     summary: str,
     settings: PolicySettings,
-) -> list[dict[str, Any]]:
+) -> list[DrainRecommendation]:
     is_new = job not in ns.repeat
     ns.repeat[job] = RepeatEntry(job, gpu, ts_ms, finding["finding_id"], summary)
     if not is_new or len(ns.repeat) < settings.repeat_offender_jobs:
@@ -238,7 +250,7 @@ def _repeat_offender(
     jobs = sorted(ns.repeat)
     days = settings.repeat_offender_window_s / 86400
     reason = f"repeat offender: straggler in {len(jobs)} jobs in {days:g}d ({' '.join(jobs)})"
-    evidence = [
+    evidence: list[Evidence] = [
         {
             "kind": "repeat_offender",
             "detail": f"gpu{e.gpu_index} job {e.job_id}: {e.detail}",
@@ -265,8 +277,8 @@ def _repeat_offender(
 
 
 def _hard_error(
-    ns: NodePolicyState, finding: Mapping[str, Any], ts_ms: int, settings: PolicySettings
-) -> list[dict[str, Any]]:
+    ns: NodePolicyState, finding: StragglerFinding, ts_ms: int, settings: PolicySettings
+) -> list[DrainRecommendation]:
     episode = ns.episodes.get("hard")
     if episode is not None and ts_ms < episode.expires_ms:
         return []
@@ -292,8 +304,8 @@ def _hard_error(
 
 
 def apply_health(
-    result: Mapping[str, Any], state: DrainPolicyState, settings: PolicySettings = DEFAULT_POLICY
-) -> list[dict[str, Any]]:
+    result: HealthCheckResult, state: DrainPolicyState, settings: PolicySettings = DEFAULT_POLICY
+) -> list[DrainRecommendation]:
     """Handle one HealthCheckResult dict: CRITICAL drains (hard), WARNING alerts, OK closes."""
     require(result, "node", "ts_ms", what="HealthCheckResult")
     ns = state.node(str(result["node"]))
@@ -304,6 +316,8 @@ def apply_health(
         ns.episodes.pop("health", None)
         ns.episodes.pop("health_warning", None)
         return []
+    action: RecommendedAction
+    severity: Severity
     if status == "CRITICAL":
         cause, action, severity, hard, expiry_s = (
             "health",
@@ -329,7 +343,7 @@ def apply_health(
     names = (
         ",".join(sorted({str(c.get("name")) for c in failing})) or f"exit {result.get('exit_code')}"
     )
-    evidence = [
+    evidence: list[Evidence] = [
         {
             "kind": "health_check",
             "detail": f"{c.get('name')}: {c.get('message')}",
@@ -339,7 +353,7 @@ def apply_health(
         }
         for c in failing
     ]
-    gpus = sorted({int(c["gpu_index"]) for c in failing if c.get("gpu_index") is not None})
+    gpus = sorted({int(g) for c in failing if (g := c.get("gpu_index")) is not None})
     jobs = [str(result["job_id"])] if result.get("job_id") else []
     out = emit(
         ns,
@@ -363,8 +377,8 @@ def apply_health(
 
 
 def apply_node_event(
-    event: Mapping[str, Any], state: DrainPolicyState, settings: PolicySettings = DEFAULT_POLICY
-) -> list[dict[str, Any]]:
+    event: NodeStateEvent, state: DrainPolicyState, settings: PolicySettings = DEFAULT_POLICY
+) -> list[DrainRecommendation]:
     """Handle one NodeStateEvent dict: remember the partition and notice operator resumes.
 
     Never recommends anything itself.

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from peerwatch.reasons import sanitize_reason
+from peerwatch.schemas.records import (
+    DrainRecommendation,
+    Evidence,
+    RecommendedAction,
+    Severity,
+    StragglerFinding,
+)
 from peerwatch.streams.core.model import is_idle_job, stable_id
 from peerwatch.streams.core.policy_state import NodePolicyState
 from peerwatch.streams.core.settings import PolicySettings
 
 
-def hw_evidence(finding: Mapping[str, Any], settings: PolicySettings) -> bool:
+def hw_evidence(finding: StragglerFinding, settings: PolicySettings) -> bool:
     """Clock at least evidence_clk_rel below, or throttle evidence_thr above, the comparison."""
     for ev in finding.get("features") or []:
         value, mid = float(ev["value"]), float(ev["peer_median"])
@@ -22,7 +28,7 @@ def hw_evidence(finding: Mapping[str, Any], settings: PolicySettings) -> bool:
     return False
 
 
-def feature_summary(finding: Mapping[str, Any], settings: PolicySettings) -> str:
+def feature_summary(finding: StragglerFinding, settings: PolicySettings) -> str:
     """``clk -5.6% z=-3.8 thr +0.30 z=10.1``: the features with |z| >= evidence_z."""
     parts = []
     for ev in finding.get("features") or []:
@@ -45,17 +51,17 @@ def emit(
     cause: str,
     episode: Sequence[object],
     ts_ms: int,
-    action: str,
-    severity: str,
+    action: RecommendedAction,
+    severity: Severity,
     reason: str,
     evidence_kind: str,
     expiry_s: int,
     hard: bool = False,
-    finding: Mapping[str, Any] | None = None,
-    evidence: list[dict[str, Any]] | None = None,
+    finding: StragglerFinding | None = None,
+    evidence: list[Evidence] | None = None,
     gpus: list[int] | None = None,
     jobs: list[str] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[DrainRecommendation]:
     """One recommendation, or none when its id (node, cause, episode) was already emitted.
 
     ``ts_ms`` is the event time of the evidence; ``expires_ms`` = ts_ms + expiry_s.
@@ -79,13 +85,13 @@ def emit(
                 }
             ]
         if gpus is None:
-            gpus = sorted({int(e["gpu_index"]) for e in evidence if e.get("gpu_index") is not None})
+            gpus = sorted({int(g) for e in evidence if (g := e.get("gpu_index")) is not None})
         if jobs is None:
             jobs = sorted(
                 {
-                    str(e["job_id"])
+                    str(j)
                     for e in evidence
-                    if e.get("job_id") is not None and not is_idle_job(str(e["job_id"]))
+                    if (j := e.get("job_id")) is not None and not is_idle_job(str(j))
                 }
             )
     return [
