@@ -43,12 +43,11 @@ from peerwatch.errors import CodecError
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import Settings, expand
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.detector_state import JobDetectorState
-from peerwatch.streams.core.model import JOB_WIDE, InvalidRecordError, JobContext
-from peerwatch.streams.core.pipeline import JobStage, PolicyStage
+from peerwatch.streams.core.job_stage import JobReleaser, PendingEntry, Released, batch_of_message
+from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.pipeline import PolicyStage
 from peerwatch.streams.core.policy_state import NodePolicyState
 from peerwatch.streams.core.settings import DetectorSettings, PolicySettings
-from peerwatch.streams.core.windows import JobWindowBatch
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.hot_stage import HotStage, HotTopics
 from peerwatch.topics import TopicSpec, catalogue
@@ -219,16 +218,13 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
 
     app.service(HotService())  # type: ignore[arg-type]
 
-    # -- stage 3: per-job peer comparison -----------------------------------------------------------
-    job_stages: dict[str, JobStage] = {}
-    job_partition: dict[str, int] = {}
-    pending_sources: dict[tuple[str, int], set[int]] = {}
+    # -- stage 3: per-job peer comparison (the pure JobReleaser; here decode, call, produce) -----
     job_meta = AllocationTable(cfg.allocation_retention_s * 1000)
-    # stage-3 partition -> samples partition -> closed_until_ms. Kept per stage-3 partition: a
-    # heartbeat is ordered only after the window batches of its own partition, and another
-    # partition's copy may be consumed before this partition's batches (releasing them early).
-    source_watermarks: dict[int, dict[int, int]] = {}
-    grace_ms = int(cfg.job_grace_s * 1000)
+    stage3 = JobReleaser(
+        cfg.detector, job_meta, grace_ms=int(cfg.job_grace_s * 1000),
+        fan_out_job_wide=cfg.fan_out_job_wide,
+        partition_of=lambda node: _samples_partition(node, node_partitions),
+    )  # fmt: skip
     # (job, window start) -> wall ms when the last samples partition closed it (latency only).
     closed_wall: dict[tuple[str, int], float] = {}
 
@@ -239,83 +235,41 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
 
         return acked
 
-    def stage_of(job_id: str) -> JobStage:
-        stage = job_stages.get(job_id)
-        if stage is None:
-            # First sight of the job in this process: recover its state from the tables.
-            stage = job_stages[job_id] = JobStage(cfg.detector, grace_ms)
-            saved = job_table.get(job_id.encode()) or {}
-            if saved.get("detector"):
-                stage.states[job_id] = JobDetectorState.from_dict(saved["detector"])
-            if saved.get("released_ms") is not None:
-                stage.released[job_id] = int(saved["released_ms"])
-            for ev in saved.get("events") or []:
-                job_meta.apply_event(ev)
-            prefix = f"{job_id}|".encode()
-            for key, b in list(pending_table.items()):
-                if key.startswith(prefix) and b:
-                    stage.add(batch_of(b))
-                    _, start, src = key.decode().rsplit("|", 2)
-                    pending_sources.setdefault((job_id, int(start)), set()).add(int(src))
-        return stage
-
-    def batch_of(b: dict[str, Any]) -> JobWindowBatch:
-        return JobWindowBatch(b["job_id"], b["window_start_ms"], b["window_end_ms"], b["windows"])
-
-    def context_of(job_id: str) -> JobContext:
-        meta = job_meta.job(job_id)
-        return meta.context() if meta is not None else JobContext(job_id=job_id)
-
-    def stage3_watermark(job_id: str) -> int:
-        marks = source_watermarks.get(job_partition.get(job_id, -1), {})
-        # The slowest samples partition holding one of the job's nodes bounds what is complete.
-        # A partition not heard from yet counts as not started: at start on a backlog the first
-        # partition processed runs far ahead, and taking the minimum over the partitions heard
-        # from released windows before the others' nodes arrived (their windows were lost).
-        # Partitions without the job's nodes are not waited for (an idle one must not stall).
-        nodes = job_meta.nodes_of(job_id)
-        if not nodes:
-            return min(marks.values()) if marks else -(1 << 62)
-        return min(marks.get(_samples_partition(n, node_partitions), -(1 << 62))
-                   for n in nodes)  # fmt: skip
-
-    async def release(job_id: str) -> None:
-        stage = job_stages[job_id]
-        before = set(stage.pending.get(job_id, {}))
-        results = stage.release(stage3_watermark(job_id), context_of)
-        if not results:
+    def restore(job_id: str) -> None:
+        """First sight of the job in this process: recover its state from the tables."""
+        if stage3.seen(job_id):
             return
-        key = job_id.encode()
-        released = before - set(stage.pending.get(job_id, {}))
-        closed_at = {start: closed_wall.pop((job_id, start), None) for start in released}
-        for start in released:
-            for src in pending_sources.pop((job_id, start), ()):
-                pending_table.pop(f"{job_id}|{start}|{src}".encode(), None)
-        saved = dict(job_table.get(key) or {})
-        if job_id in stage.states:
-            saved["detector"] = stage.states[job_id].to_dict()
-        if job_id in stage.released:
-            saved["released_ms"] = stage.released[job_id]
-        job_table[key] = saved
-        for ctx, result in results:
-            for w in result.windows:
+        saved = job_table.get(job_id.encode()) or {}
+        for ev in saved.get("events") or []:
+            job_meta.apply_event(ev)
+        pending = [
+            b
+            for key, b in list(pending_table.items())
+            if b and PendingEntry.from_key(key.decode()).job_id == job_id
+        ]
+        for entry in stage3.restore(job_id, saved, pending):
+            pending_table.pop(entry.key.encode(), None)
+
+    async def publish(released: Released) -> None:
+        for entry in released.retired:
+            pending_table.pop(entry.key.encode(), None)
+        for job_id, state in released.saved.items():
+            job_table[job_id.encode()] = {**(job_table.get(job_id.encode()) or {}), **state}
+        for r in released.releases:
+            key = r.context.job_id.encode()
+            closed_ms = closed_wall.pop((r.context.job_id, r.window_start_ms), None)
+            for w in r.result.windows:
                 counters.windows += 1
                 await windows_out.send(key=key, value=codecs["GpuWindow"].encode(w))
-            for f in result.findings:
+            for f, copies in zip(r.result.findings, r.to_nodes, strict=True):
                 counters.findings += 1
                 await stragglers_out.send(
                     key=key,
                     value=codecs["StragglerFinding"].encode(f),
-                    callback=on_finding_sent(closed_at.get(int(f["window_start_ms"]))),
+                    callback=on_finding_sent(closed_ms),
                 )
-                if f.get("node"):
-                    targets = [f["node"]]
-                elif f.get("status") == JOB_WIDE and cfg.fan_out_job_wide:
-                    targets = job_meta.nodes_of(ctx.job_id)
-                else:
-                    targets = []
-                for node in targets:
-                    await findings_t.send(key=str(node).encode(), value={**f, "node": node})
+                for copy in copies:
+                    await findings_t.send(key=str(copy["node"]).encode(), value=copy)
 
     # Step times (optional, keyed by job like the job events and window batches): a GPU's
     # window gets the mean step duration of its steps in that window before detection.
@@ -331,11 +285,12 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                 if event.message.topic == step_times_name:
                     step = codecs["StepTime"].decode(event.value)
                     counters.step_times += 1
-                    stage_of(str(step["job_id"])).add_step(step)
+                    restore(str(step["job_id"]))
+                    stage3.add_step(step)
                     continue
                 if event.message.topic == job_events_t.get_topic_name():
                     job_id = event.key.decode()
-                    stage_of(job_id)
+                    restore(job_id)
                     job = codecs["JobEvent"].decode(event.value)
                     job_meta.apply_event(job)
                     saved = dict(job_table.get(event.key) or {})
@@ -344,29 +299,28 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                     continue
                 b = json.loads(event.value)
                 if b.get("kind") == "watermark":
-                    src, until = int(b["src"]), int(b["closed_until_ms"])
-                    marks = source_watermarks.setdefault(partition, {})
-                    marks[src] = max(marks.get(src, until), until)
-                    for job_id in [j for j, p in job_partition.items() if p == partition]:
-                        if job_stages[job_id].pending:
-                            await release(job_id)
+                    # Jobs with windows pending from before a restart and no batch since.
+                    for key in list(pending_table.keys()):
+                        restore(PendingEntry.from_key(key.decode()).job_id)
+                    until = int(b["closed_until_ms"])
+                    await publish(stage3.heartbeat(int(b["src"]), until, channel=partition))
                     continue
-                job_id = b["job_id"]
-                job_partition[job_id] = partition
-                if not stage_of(job_id).add(batch_of(b)):
+                batch, src = batch_of_message(b)
+                restore(batch.job_id)
+                if not stage3.add(batch, src, channel=partition):
                     continue  # a window already released (re-sent after a hot-stage restart)
-                start, src = int(b["window_start_ms"]), int(b["src"])
+                job_id, start = batch.job_id, batch.window_start_ms
                 wall = b.get("closed_wall_ms")
                 if wall is not None:
                     closed_wall[(job_id, start)] = max(closed_wall.get((job_id, start), 0.0), wall)
-                pending_table[f"{job_id}|{start}|{src}".encode()] = b
-                pending_sources.setdefault((job_id, start), set()).add(src)
-                await release(job_id)
+                entry = PendingEntry(job_id, start, src)
+                pending_table[entry.key.encode()] = {**b, "channel": partition}  # see restore
+                await publish(stage3.release(job_id))
             except (CodecError, InvalidRecordError, KeyError, ValueError, TypeError) as exc:
                 await dead(event, "invalid", str(exc))
 
     # -- stage 4: the drain policy, keyed by node -----------------------------------------------------
-    policy = PolicyStage(cfg.policy, fan_out_job_wide=False)
+    policy = PolicyStage(cfg.policy)
     loaded_nodes: set[str] = set()
 
     @app.agent(app.topic(findings_t.get_topic_name(), health_t.get_topic_name(), node_events_t.get_topic_name(),

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from peerwatch.producers.sim import Fleet, parse_scenario
+from peerwatch.streams.core.job_stage import JobStage
 from peerwatch.streams.core.pipeline import (
     FINDING,
     RECOMMENDATION,
     WINDOW,
-    JobStage,
     Output,
     Pipeline,
     PipelineSettings,

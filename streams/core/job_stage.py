@@ -1,0 +1,398 @@
+"""Stage 3 (keyed by job): a job's windows from all its nodes, released to the detector in window
+order, and its findings routed on to stage 4 (keyed by node).
+
+Pure code with two drivers: the live faust agent (:mod:`peerwatch.streams.live.app`: decode,
+call, produce, write the changelog tables) and the offline
+:class:`~peerwatch.streams.core.pipeline.Pipeline` (one source, one channel).
+
+* :class:`JobStage` holds the pending windows, step times and detector states, and releases a
+  job's windows at a given watermark.
+* :class:`JobReleaser` is the release logic around it: per-source watermarks (a job waits for
+  the slowest samples partition holding one of its nodes), the pending entries each release
+  retires (the live driver deletes them from its changelog table), recovery of a job from such
+  a table, and the routing of findings to nodes (:func:`route_finding`).
+
+Words: a *source* is a samples partition, one hot-stage aggregator, which sends window batches
+and then heartbeats ``closed_until_ms``; a *channel* is the stage-3 partition they arrive on. The
+hot stage sends a copy of each heartbeat on every channel, and a copy is ordered only after the
+batches of its own channel, so watermarks are kept per channel: another channel's copy may be
+consumed before this channel's batches and would release them early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, NamedTuple, Protocol
+
+from peerwatch.streams.core.allocation import JobMeta
+from peerwatch.streams.core.detector import DetectionResult, detect_job_window
+from peerwatch.streams.core.detector_state import JobDetectorState
+from peerwatch.streams.core.model import JOB_WIDE, JobContext
+from peerwatch.streams.core.settings import DetectorSettings
+from peerwatch.streams.core.windows import JobWindowBatch
+
+#: A watermark before any event time (a source not heard from yet).
+NEVER_MS = -(1 << 62)
+
+
+class JobStage:
+    """Gather a job's windows from all its nodes, run the detector in window order.
+
+    A window is released when every expected GPU reported, or when ``watermark >= end +
+    grace``; a complete window still waits for older incomplete ones of the same job, because
+    the detector needs increasing window starts.
+    """
+
+    def __init__(self, settings: DetectorSettings, grace_ms: int = 0) -> None:
+        self.settings = settings
+        self.grace_ms = grace_ms
+        self.pending: dict[str, dict[int, dict[tuple[str, int], dict[str, Any]]]] = {}
+        self.states: dict[str, JobDetectorState] = {}
+        #: job -> start of the newest window released (older batches are dropped).
+        self.released: dict[str, int] = {}
+        self.dropped = 0
+        #: job -> window start -> (node, GPU index) -> [sum of step ms, steps] (StepTime).
+        self.steps: dict[str, dict[int, dict[tuple[str, int], list[float]]]] = {}
+        self.steps_late = 0
+
+    def add(self, batch: JobWindowBatch) -> bool:
+        """Hold the windows of ``batch`` (one job, one window, some nodes). A batch for a window
+        the job already released (a hot-stage restart re-sending it) is dropped: False."""
+        if batch.window_start_ms <= self.released.get(batch.job_id, NEVER_MS):
+            self.dropped += 1
+            return False
+        slot = self.pending.setdefault(batch.job_id, {}).setdefault(batch.window_start_ms, {})
+        for w in batch.windows:
+            slot[(str(w["node"]), int(w["gpu_index"]))] = w
+        return True
+
+    def add_step(self, record: Mapping[str, Any]) -> bool:
+        """Hold one StepTime for the window of its ``ts_ms``; its GPU's window then gets the
+        mean ``step_ms`` of the window's steps, compared across peers like the other features.
+        False (not used) without a GPU index, or when the job already released that window."""
+        gpu, job_id = record.get("gpu_index"), str(record.get("job_id"))
+        ts, duration = record.get("ts_ms"), record.get("step_duration_ms")
+        if gpu is None or not isinstance(ts, int) or not isinstance(duration, int | float):
+            return False
+        wms = self.settings.window_ms
+        start = ts - ts % wms
+        if start <= self.released.get(job_id, NEVER_MS):
+            self.steps_late += 1
+            return False
+        slot = self.steps.setdefault(job_id, {}).setdefault(start, {})
+        acc = slot.setdefault((str(record.get("node")), int(gpu)), [0.0, 0])
+        acc[0] += float(duration)
+        acc[1] += 1
+        return True
+
+    def _with_steps(self, job_id: str, start: int, windows: list[dict[str, Any]]) -> None:
+        starts = self.steps.get(job_id)
+        if not starts:
+            return
+        for old in [s for s in starts if s < start]:
+            del starts[old]  # windows released without their own samples
+        got = starts.pop(start, None)
+        if not starts:
+            del self.steps[job_id]
+        if got:
+            for w in windows:
+                acc = got.get((str(w["node"]), int(w["gpu_index"])))
+                if acc and acc[1]:
+                    w["step_ms"] = acc[0] / acc[1]
+
+    def release(
+        self, watermark_ms: int, context_of: Callable[[str], JobContext]
+    ) -> list[tuple[JobContext, DetectionResult]]:
+        """Run the detector on every releasable window; returns (context, result) pairs in
+        (job id, window start) order. Raises InvalidRecordError from the detector."""
+        out: list[tuple[JobContext, DetectionResult]] = []
+        for job_id in sorted(self.pending):
+            ctx = context_of(job_id)
+            out += [(ctx, result) for _, result in self.release_job(job_id, watermark_ms, ctx)]
+        return out
+
+    def release_job(
+        self, job_id: str, watermark_ms: int, ctx: JobContext
+    ) -> list[tuple[int, DetectionResult]]:
+        """Run the detector on the releasable windows of one job; returns (window start,
+        result) pairs in window order. Raises InvalidRecordError from the detector."""
+        out: list[tuple[int, DetectionResult]] = []
+        starts = self.pending.get(job_id)
+        if starts is None:
+            return out
+        wms = self.settings.window_ms
+        while starts:
+            start = min(starts)
+            have = starts[start]
+            complete = ctx.expected_gpus is not None and len(have) >= ctx.expected_gpus
+            if not complete and start + wms + self.grace_ms > watermark_ms:
+                break
+            del starts[start]
+            self.released[job_id] = max(self.released.get(job_id, start), start)
+            state = self.states.get(job_id)
+            if state is None:
+                state = self.states[job_id] = JobDetectorState(job_id=job_id)
+            windows = [have[k] for k in sorted(have)]
+            self._with_steps(job_id, start, windows)
+            out.append((start, detect_job_window(ctx, windows, state, self.settings)))
+        if not starts:
+            del self.pending[job_id]
+        return out
+
+    def prune(self, watermark_ms: int, idle_ms: int) -> None:
+        """Forget detector states of jobs with no window for ``idle_ms`` (ended jobs), and step
+        times that no window claimed for as long."""
+        for job_id, starts in list(self.steps.items()):
+            for start in [s for s in starts if s + idle_ms < watermark_ms]:
+                del starts[start]
+            if not starts:
+                del self.steps[job_id]
+        for job_id, state in list(self.states.items()):
+            last = state.last_window_start_ms
+            if job_id not in self.pending and last is not None and last + idle_ms < watermark_ms:
+                del self.states[job_id]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pending": {
+                j: {str(s): list(ws.values()) for s, ws in sorted(starts.items())}
+                for j, starts in sorted(self.pending.items())
+            },
+            "states": {j: s.to_dict() for j, s in sorted(self.states.items())},
+        }
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], settings: DetectorSettings, grace_ms: int = 0
+    ) -> JobStage:
+        out = cls(settings, grace_ms)
+        for job_id, starts in (data.get("pending") or {}).items():
+            for start, windows in starts.items():
+                out.add(
+                    JobWindowBatch(job_id, int(start), int(start) + settings.window_ms, windows)
+                )
+        out.states = {
+            j: JobDetectorState.from_dict(s) for j, s in (data.get("states") or {}).items()
+        }
+        return out
+
+
+class JobDirectory(Protocol):
+    """What stage 3 asks about jobs (an :class:`~peerwatch.streams.core.allocation.AllocationTable`)."""
+
+    def job(self, job_id: str) -> JobMeta | None: ...
+
+    def nodes_of(self, job_id: str) -> list[str]: ...
+
+
+class PendingEntry(NamedTuple):
+    """One window batch held for a job: (job, window start, source). The live driver keeps one
+    changelog entry per pending batch under :attr:`key` (a 512-GPU job's whole state would not
+    fit one Kafka message)."""
+
+    job_id: str
+    window_start_ms: int
+    src: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.job_id}|{self.window_start_ms}|{self.src}"
+
+    @classmethod
+    def from_key(cls, key: str) -> PendingEntry:
+        """The entry of a :attr:`key`; raises ValueError for another string."""
+        job_id, start, src = key.rsplit("|", 2)
+        return cls(job_id, int(start), int(src))
+
+
+@dataclass(frozen=True)
+class Release:
+    """One window of one job, released: the detector's result and, per finding of
+    ``result.findings`` (same order), the copies stage 4 gets, one per node
+    (:func:`route_finding`)."""
+
+    context: JobContext
+    window_start_ms: int
+    result: DetectionResult
+    to_nodes: list[list[dict[str, Any]]]
+
+
+@dataclass
+class Released:
+    """What one call released: ``releases`` in (job id, window start) order; ``retired``, the
+    pending entries they consumed (to delete from a changelog); ``saved``, job -> the state to
+    keep for each job that released (:meth:`JobReleaser.saved_state`)."""
+
+    releases: list[Release] = field(default_factory=list)
+    retired: list[PendingEntry] = field(default_factory=list)
+    saved: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def route_finding(
+    finding: Mapping[str, Any], job_nodes: Callable[[], Iterable[str]], fan_out_job_wide: bool
+) -> list[dict[str, Any]]:
+    """The copies of ``finding`` for stage 4 (keyed by node): a node's finding goes to its node;
+    a JOB_WIDE finding (no node) to every node of ``job_nodes()`` (sorted) when fanning out (one
+    INFO alert per node); any other job-level finding to none (the policy has no node to act on)."""
+    if finding.get("node") is not None:
+        return [dict(finding)]
+    if finding.get("status") == JOB_WIDE and fan_out_job_wide:
+        return [{**finding, "node": node} for node in sorted(job_nodes())]
+    return []
+
+
+def batch_of_message(message: Mapping[str, Any]) -> tuple[JobWindowBatch, int]:
+    """The window batch and source of a stage 2 -> 3 message (``kind`` ``windows``, as the hot
+    stage sends and the live driver keeps in its pending table). Raises KeyError, ValueError or
+    TypeError for a malformed one."""
+    batch = JobWindowBatch(
+        str(message["job_id"]),
+        int(message["window_start_ms"]),
+        int(message["window_end_ms"]),
+        list(message["windows"]),
+    )
+    return batch, int(message["src"])
+
+
+class JobReleaser:
+    """Stage 3's release logic over a :class:`JobStage` (see the module docstring).
+
+    ``jobs``: job contexts and nodes (the allocation table). ``partition_of``: node -> the source
+    holding it; None when every node is in one source (offline). ``fan_out_job_wide``: route a
+    JOB_WIDE finding to every node of its job. Raises InvalidRecordError from the detector.
+
+    Restart: a job's state and pending batches come back with :meth:`restore`; the watermarks
+    do not (every source sends its next heartbeat soon), so a window may be released a
+    heartbeat later than without the restart, never differently.
+    """
+
+    def __init__(
+        self,
+        settings: DetectorSettings,
+        jobs: JobDirectory,
+        *,
+        grace_ms: int = 0,
+        fan_out_job_wide: bool = False,
+        partition_of: Callable[[str], int] | None = None,
+    ) -> None:
+        self.stage = JobStage(settings, grace_ms)
+        self.jobs = jobs
+        self.fan_out_job_wide = fan_out_job_wide
+        self.partition_of = partition_of
+        #: channel -> source -> closed_until_ms.
+        self.watermarks: dict[int, dict[int, int]] = {}
+        #: job -> the channel its batches arrive on (its heartbeats release it).
+        self.channel_of: dict[str, int] = {}
+        #: (job, window start) -> sources of its pending batches.
+        self.sources: dict[tuple[str, int], set[int]] = {}
+        self._seen: set[str] = set()
+
+    # -- input ----------------------------------------------------------------------------------
+    def add(self, batch: JobWindowBatch, src: int, channel: int = 0) -> bool:
+        """Hold a window batch from source ``src``; nothing is released (:meth:`release`).
+        False when the job already released that window (a restarted hot stage re-sent it):
+        the batch is dropped and there is nothing to keep."""
+        self._seen.add(batch.job_id)
+        self.channel_of[batch.job_id] = channel
+        return self._hold(batch, src)
+
+    def _hold(self, batch: JobWindowBatch, src: int) -> bool:
+        if not self.stage.add(batch):
+            return False
+        self.sources.setdefault((batch.job_id, batch.window_start_ms), set()).add(src)
+        return True
+
+    def add_step(self, record: Mapping[str, Any]) -> bool:
+        """One StepTime record (see :meth:`JobStage.add_step`)."""
+        return self.stage.add_step(record)
+
+    def heartbeat(self, src: int, closed_until_ms: int, channel: int = 0) -> Released:
+        """Source ``src`` closed every window ending at or before ``closed_until_ms`` (int ms);
+        releases what that completes among the jobs of ``channel``. A source's watermark never
+        goes back (an older heartbeat read again changes nothing)."""
+        marks = self.watermarks.setdefault(channel, {})
+        marks[src] = max(marks.get(src, closed_until_ms), closed_until_ms)
+        jobs = [j for j in self.stage.pending if self.channel_of.get(j) == channel]
+        return self.release(*sorted(jobs))
+
+    def release(self, *job_ids: str) -> Released:
+        """Release what is complete or past its watermark for ``job_ids`` (in that order)."""
+        out = Released()
+        for job_id in job_ids:
+            meta = self.jobs.job(job_id)
+            ctx = meta.context() if meta is not None else JobContext(job_id=job_id)
+            got = self.stage.release_job(job_id, self.watermark_ms(job_id), ctx)
+            for start, result in got:
+                out.releases.append(Release(ctx, start, result, self._routes(job_id, result)))
+                srcs = self.sources.pop((job_id, start), ())
+                out.retired += [PendingEntry(job_id, start, src) for src in sorted(srcs)]
+            if got:
+                out.saved[job_id] = self.saved_state(job_id)
+        return out
+
+    def _routes(self, job_id: str, result: DetectionResult) -> list[list[dict[str, Any]]]:
+        nodes = partial(self.jobs.nodes_of, job_id)  # asked only for a JOB_WIDE finding
+        return [route_finding(f, nodes, self.fan_out_job_wide) for f in result.findings]
+
+    def watermark_ms(self, job_id: str) -> int:
+        """How far the job's windows are complete: the watermark of the slowest source holding
+        one of its nodes. A source not heard from yet counts as not started: at start on a
+        backlog the first partition processed runs far ahead, and the minimum over the sources
+        heard from would release windows before the others' nodes arrived. Sources without the
+        job's nodes are not waited for (an idle one must not stall it); without known nodes,
+        the slowest source heard from."""
+        marks = self.watermarks.get(self.channel_of.get(job_id, -1), {})
+        partition_of = self.partition_of
+        nodes = self.jobs.nodes_of(job_id) if partition_of is not None else None
+        if not nodes or partition_of is None:
+            return min(marks.values()) if marks else NEVER_MS
+        return min(marks.get(partition_of(n), NEVER_MS) for n in nodes)
+
+    def prune(self, watermark_ms: int, idle_ms: int) -> None:
+        """Forget ended jobs (see :meth:`JobStage.prune`): a job with neither pending windows
+        nor a detector state left is restored again (:meth:`seen`) if it comes back."""
+        self.stage.prune(watermark_ms, idle_ms)
+        for job_id in [j for j in self.channel_of if j not in self.stage.pending]:
+            if job_id not in self.stage.states:
+                del self.channel_of[job_id]
+                self._seen.discard(job_id)
+
+    # -- state ----------------------------------------------------------------------------------
+    def seen(self, job_id: str) -> bool:
+        """Whether the job was added or restored here (else restore it first, once)."""
+        return job_id in self._seen
+
+    def saved_state(self, job_id: str) -> dict[str, Any]:
+        """The job's state to keep across restarts besides its pending batches: its detector
+        state (``detector``) and the start of its newest released window (``released_ms``)."""
+        out: dict[str, Any] = {}
+        if job_id in self.stage.states:
+            out["detector"] = self.stage.states[job_id].to_dict()
+        if job_id in self.stage.released:
+            out["released_ms"] = self.stage.released[job_id]
+        return out
+
+    def restore(
+        self, job_id: str, saved: Mapping[str, Any], pending: Iterable[Mapping[str, Any]]
+    ) -> list[PendingEntry]:
+        """A job first seen by this process: its :meth:`saved_state` and its pending batch
+        messages (:func:`batch_of_message`) as a changelog kept them, each with the channel it
+        arrived on (``channel``, so that heartbeats release it before another batch comes);
+        later releases are the same as without the restart. Returns the entries for windows
+        the job had already released (a deletion that did not reach the changelog): to delete.
+        Raises KeyError, ValueError or TypeError for a malformed message."""
+        self._seen.add(job_id)
+        if saved.get("detector"):
+            self.stage.states[job_id] = JobDetectorState.from_dict(saved["detector"])
+        if saved.get("released_ms") is not None:
+            self.stage.released[job_id] = int(saved["released_ms"])
+        stale: list[PendingEntry] = []
+        for message in pending:
+            batch, src = batch_of_message(message)
+            if message.get("channel") is not None:
+                self.channel_of.setdefault(batch.job_id, int(message["channel"]))
+            if not self._hold(batch, src):
+                stale.append(PendingEntry(batch.job_id, batch.window_start_ms, src))
+        return stale

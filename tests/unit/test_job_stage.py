@@ -1,0 +1,228 @@
+"""Stage 3's release logic without faust: per-source watermarks, pending-table recovery, routing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from windowgen import WINDOW_MS, window
+
+from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.job_stage import (
+    JobReleaser,
+    PendingEntry,
+    Released,
+    batch_of_message,
+    route_finding,
+)
+from peerwatch.streams.core.settings import DetectorSettings
+from peerwatch.streams.core.windows import JobWindowBatch
+
+#: node -> samples partition (source). Job "7" has 2 GPUs on each of a and b; c is another job's.
+SOURCE = {"a": 0, "b": 1, "c": 2}
+JOB_7 = {"a": [0, 1], "b": [0, 1]}
+
+
+def started(job_id: str, allocs: dict[str, list[int]]) -> dict[str, Any]:
+    return {
+        "event_id": f"{job_id}-STARTED",
+        "job_id": job_id,
+        "kind": "STARTED",
+        "ts_ms": 0,
+        "allocations": [{"node": n, "gpu_indices": g} for n, g in allocs.items()],
+    }
+
+
+def releaser(allocs: dict[str, list[int]] = JOB_7, **kw: Any) -> JobReleaser:
+    table = AllocationTable()
+    table.apply_event(started("7", allocs))
+    return JobReleaser(DetectorSettings(), table, partition_of=SOURCE.__getitem__, **kw)
+
+
+def batch(k: int, node: str, gpus: list[int], **fields: Any) -> JobWindowBatch:
+    """Window ``k`` of job 7 from the GPUs ``gpus`` of ``node``."""
+    ws = [{**window("7", 0, k, **fields), "node": node, "gpu_index": g} for g in gpus]
+    return JobWindowBatch("7", k * WINDOW_MS, (k + 1) * WINDOW_MS, ws)
+
+
+def starts(released: Released) -> list[int]:
+    return [r.window_start_ms // WINDOW_MS for r in released.releases]
+
+
+def test_heartbeats_out_of_order_release_at_the_slowest_source_of_the_job() -> None:
+    stage = releaser()
+    assert stage.add(batch(0, "a", [0, 1]), src=0)  # b's GPUs never come: only the watermark
+    assert starts(stage.heartbeat(1, 2 * WINDOW_MS)) == []  # source 0 not heard from yet
+    assert starts(stage.heartbeat(2, 0)) == []  # c holds none of the job's nodes: not waited for
+    assert starts(stage.heartbeat(0, WINDOW_MS)) == [0]
+    assert stage.watermark_ms("7") == WINDOW_MS
+    stage.heartbeat(1, WINDOW_MS)  # an older heartbeat read again moves nothing back
+    assert stage.watermarks[0] == {0: WINDOW_MS, 1: 2 * WINDOW_MS, 2: 0}
+
+
+def test_heartbeats_of_another_channel_release_nothing() -> None:
+    stage = releaser()
+    stage.add(batch(0, "a", [0, 1]), src=0, channel=3)
+    assert starts(stage.heartbeat(0, 9 * WINDOW_MS, channel=1)) == []
+    assert starts(stage.heartbeat(1, 9 * WINDOW_MS, channel=1)) == []
+    assert stage.heartbeat(0, WINDOW_MS, channel=3).releases == []  # source 1 not heard on 3
+    assert starts(stage.heartbeat(1, WINDOW_MS, channel=3)) == [0]
+
+
+def test_a_lagging_source_holds_the_job_back() -> None:
+    stage = releaser(grace_ms=WINDOW_MS)
+    for k in range(3):
+        stage.add(batch(k, "a", [0, 1]), src=0)
+        stage.heartbeat(0, (k + 1) * WINDOW_MS)
+    stage.heartbeat(2, 10 * WINDOW_MS)
+    assert stage.stage.pending["7"].keys() == {0, WINDOW_MS, 2 * WINDOW_MS}  # b is behind
+    assert starts(stage.heartbeat(1, WINDOW_MS)) == []  # window 0 waits for the grace too
+    got = stage.heartbeat(1, 3 * WINDOW_MS)
+    assert starts(got) == [0, 1]
+    assert [len(r.result.windows) for r in got.releases] == [2, 2]
+    assert got.retired == [PendingEntry("7", 0, 0), PendingEntry("7", WINDOW_MS, 0)]
+    assert got.saved["7"]["released_ms"] == WINDOW_MS
+
+
+def test_a_complete_window_goes_before_the_watermark_but_after_older_incomplete_ones() -> None:
+    stage = releaser()
+    stage.add(batch(0, "a", [0, 1]), src=0)
+    assert starts(stage.release("7")) == []
+    stage.add(batch(0, "b", [0, 1]), src=1)
+    got = stage.release("7")  # no heartbeat at all
+    assert starts(got) == [0]
+    assert [(w["node"], w["gpu_index"]) for w in got.releases[0].result.windows] == [
+        ("a", 0), ("a", 1), ("b", 0), ("b", 1)
+    ]  # fmt: skip
+    assert got.retired == [PendingEntry("7", 0, 0), PendingEntry("7", 0, 1)]
+    stage.add(batch(1, "a", [0]), src=0)  # incomplete
+    stage.add(batch(2, "a", [0, 1]), src=0)
+    stage.add(batch(2, "b", [0, 1]), src=1)  # complete, but window 1 is older
+    assert starts(stage.release("7")) == []
+    stage.heartbeat(0, 2 * WINDOW_MS)
+    assert starts(stage.heartbeat(1, 2 * WINDOW_MS)) == [1, 2]
+
+
+def test_a_batch_for_a_released_window_is_dropped() -> None:
+    stage = releaser()
+    stage.add(batch(0, "a", [0, 1]), src=0)
+    stage.add(batch(0, "b", [0, 1]), src=1)
+    assert starts(stage.release("7")) == [0]
+    assert not stage.add(batch(0, "a", [0, 1]), src=0)  # a restarted hot stage re-sent it
+    assert stage.release("7").releases == []
+    assert stage.stage.dropped == 1
+    assert stage.stage.pending == {} and stage.sources == {}
+
+
+def message(k: int, node: str, gpus: list[int], src: int, **fields: Any) -> dict[str, Any]:
+    b = batch(k, node, gpus, **fields)
+    return {"kind": "windows", "src": src, "job_id": b.job_id, "window_start_ms":
+            b.window_start_ms, "window_end_ms": b.window_end_ms, "windows": b.windows}  # fmt: skip
+
+
+def heartbeat(src: int, k: int) -> dict[str, Any]:
+    return {"kind": "watermark", "src": src, "closed_until_ms": k * WINDOW_MS}
+
+
+def stream() -> list[dict[str, Any]]:
+    """What stage 2 sends on one channel: both sources' batches and heartbeats; every GPU
+    drops its clock from window 6 (a JOB_WIDE finding that the detector state must not
+    repeat), and b misses windows 3, 4 and the last (released by the watermark; the last by
+    heartbeats alone); then one more heartbeat of each source (they go on after the job:
+    watermarks are not kept across a restart, a source's next heartbeat brings it back)."""
+    out: list[dict[str, Any]] = []
+    for k in range(10):
+        clk = {"clk_ratio": 0.80 if k >= 6 else 0.90}
+        out += [message(k, "a", [0, 1], 0, **clk), heartbeat(0, k + 1)]
+        if k not in (3, 4, 9):
+            out.append(message(k, "b", [0, 1], 1, **clk))
+        out.append(heartbeat(1, k + 1))
+    return [*out, heartbeat(0, 11), heartbeat(1, 11)]
+
+
+class Driver:
+    """What the live agent does around the releaser, with dicts for its changelog tables."""
+
+    def __init__(self, jobs: dict[str, dict[str, Any]], pending: dict[str, dict[str, Any]]):
+        self.jobs, self.pending = jobs, pending
+        self.stage = releaser(fan_out_job_wide=True)
+        self.out: list[Any] = []
+        for key in list(pending):  # at start: every job with windows pending
+            self.restore(PendingEntry.from_key(key).job_id)
+
+    def restore(self, job_id: str) -> None:
+        if not self.stage.seen(job_id):
+            mine = [m for k, m in self.pending.items() if PendingEntry.from_key(k).job_id == job_id]
+            for entry in self.stage.restore(job_id, self.jobs.get(job_id, {}), mine):
+                del self.pending[entry.key]
+
+    def feed(self, msg: dict[str, Any]) -> None:
+        if msg["kind"] == "watermark":
+            got = self.stage.heartbeat(msg["src"], msg["closed_until_ms"], channel=4)
+        else:
+            b, src = batch_of_message(msg)
+            self.restore(b.job_id)
+            if not self.stage.add(b, src, channel=4):
+                return
+            self.pending[PendingEntry(b.job_id, b.window_start_ms, src).key] = {**msg, "channel": 4}
+            got = self.stage.release(b.job_id)
+        for entry in got.retired:
+            del self.pending[entry.key]
+        self.jobs.update(got.saved)
+        self.out += [(r.window_start_ms, r.result.windows, r.result.findings, r.to_nodes)
+                     for r in got.releases]  # fmt: skip
+
+
+def test_recovery_from_the_tables_gives_the_releases_of_a_run_without_restart() -> None:
+    msgs = stream()
+    whole = Driver({}, {})
+    for m in msgs:
+        whole.feed(m)
+    assert [s // WINDOW_MS for s, *_ in whole.out] == list(range(10))
+    assert [f["status"] for *_, fs, _ in whole.out for f in fs] == ["JOB_WIDE"]
+    assert whole.pending == {}
+    for cut in range(1, len(msgs)):
+        first = Driver({}, {})
+        for m in msgs[:cut]:
+            first.feed(m)
+        # A new process: only the tables survive (as their changelogs would restore them).
+        again = Driver(dict(first.jobs), dict(first.pending))
+        for m in msgs[cut:]:
+            again.feed(m)
+        assert first.out + again.out == whole.out, f"restart after message {cut}"
+
+
+def test_recovery_drops_entries_of_windows_already_released() -> None:
+    stage = releaser()
+    stale = message(0, "a", [0, 1], 0)
+    assert stage.restore("7", {"released_ms": 0}, [stale, message(1, "a", [0, 1], 0)]) == [
+        PendingEntry("7", 0, 0)
+    ]
+    assert stage.stage.pending["7"].keys() == {WINDOW_MS}
+
+
+@pytest.mark.parametrize("fan_out", [True, False])
+def test_a_job_wide_finding_goes_to_every_node_of_the_job(fan_out: bool) -> None:
+    stage = releaser({"b": [1], "a": [0]}, fan_out_job_wide=fan_out)
+    routed = []
+    for k in range(8):
+        clk = {"clk_ratio": 0.80 if k >= 6 else 0.90}
+        stage.add(batch(k, "a", [0], **clk), src=0)
+        stage.add(batch(k, "b", [1], **clk), src=1)
+        routed += [(f, to) for r in stage.release("7").releases
+                   for f, to in zip(r.result.findings, r.to_nodes, strict=True)]  # fmt: skip
+    [(finding, copies)] = routed
+    assert finding["status"] == "JOB_WIDE" and finding["node"] is None
+    if fan_out:
+        assert copies == [{**finding, "node": "a"}, {**finding, "node": "b"}]
+    else:
+        assert copies == []
+
+
+def test_a_node_finding_goes_to_its_node_only() -> None:
+    def nodes() -> list[str]:
+        raise AssertionError("not asked for a finding with a node")
+
+    finding = {"status": "SUSPECT", "node": "a", "gpu_index": 1}
+    assert route_finding(finding, nodes, True) == [finding]
+    assert route_finding({"status": "SUSPECT", "node": None}, nodes, True) == []
