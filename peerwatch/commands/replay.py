@@ -1,6 +1,7 @@
 """``peerwatch replay --from T --to T (--kafka | --archive DIR)`` — run a time range through the
-same stages as the live stream, offline and deterministically, with the live stream's settings
-(see :mod:`peerwatch.streams.offline.replay`). ``--findings`` writes findings and recommendations as
+same stages as the live stream, offline and deterministically, with the settings tree's
+``[stream]``, ``[detector]`` and ``[policy]`` tables (``--config``, ``PEERWATCH_*``; see
+:mod:`peerwatch.streams.offline.replay`). ``--findings`` writes findings and recommendations as
 JSON lines; ``--report`` an incident report (HTML). Prints a JSON summary on stdout."""
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ def register(sub: Any) -> None:
     p.add_argument("--node", help="keep only outputs of this node")
     p.add_argument("--findings", metavar="FILE", help="write findings + recommendations (JSONL)")
     p.add_argument("--report", metavar="FILE", help="write an incident report (HTML)")
-    p.add_argument("--window-s", type=int, default=30, help="as the live stream's --window-s")
-    p.add_argument("--lateness-s", type=float, default=5.0, help="as the live stream's")
-    p.add_argument("--job-grace-s", type=float, default=30.0, help="as the live stream's")
+    p.add_argument("--window-s", type=int, help="overrides detector.window_s (as `stream`)")
+    p.add_argument("--lateness-s", type=float, help="overrides stream.lateness_s")
+    p.add_argument("--job-grace-s", type=float, help="overrides stream.job_grace_s")
     p.add_argument("--lookback-s", type=float, default=86400.0,
                    help="read job events this far before --from (jobs that started earlier)")  # fmt: skip
     p.add_argument("--workers", type=int, default=1,
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--reorder-s", "must be >= 0")
     if not args.kafka and not Path(args.archive).is_dir():
         raise ConfigError("--archive", f"{args.archive} is not a directory")
-    pipeline = live_equivalent_settings(args.window_s, args.lateness_s, args.job_grace_s)
+    pipeline = live_equivalent_settings(settings_of(args, _overrides(args)))
     extra: dict[str, Any] = {}
     keep = _scope(args, span, extra)
     progress = None if args.no_progress else Progress(span, sys.stderr)
@@ -104,6 +105,15 @@ def run(args: argparse.Namespace) -> int:
         Path(args.report).write_text(page)
     print(json.dumps({**result.summary(), **extra}))
     return 0
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The tree settings this command's flags override (None: flag not given)."""
+    return {
+        "detector.window_s": args.window_s,
+        "stream.lateness_s": args.lateness_s,
+        "stream.job_grace_s": args.job_grace_s,
+    }
 
 
 def _scope(args: argparse.Namespace, span: Any, extra: dict[str, Any]) -> frozenset[str] | None:

@@ -8,10 +8,10 @@ reading is attributed to the job that owned the GPU at the sample's ``ts_ms`` (t
 job owns are counted and dropped (no job, no peers).
 
 Time: the watermark of a partition is the highest sample time seen minus ``lateness_s``
-(default 10 s: node clocks are skewed by 1-2 s and agents publish at their tick, so 10 s covers
-skew and delivery jitter while keeping a finding within a minute of the onset; a whole window of
-lateness would add 30 s to every detection). :meth:`WindowAggregator.close_ready` emits every
-window whose end is at or before the watermark, grouped per (job, window). A sample older than
+(the setting ``stream.lateness_s``, 5 s: node clocks are skewed by 1-2 s and agents publish at
+their tick, so a few seconds cover skew and delivery jitter while keeping a finding within a
+minute of the onset; a whole window of lateness would add 30 s to every detection).
+:meth:`WindowAggregator.close_ready` emits every window whose end is at or before the watermark, grouped per (job, window). A sample older than
 the last closed window boundary is *late*: ``add_batch`` returns it, and counts it, so the driver
 can send it on (dead-letter / late topic); it is never silently dropped.
 
@@ -29,13 +29,15 @@ from typing import Any
 
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.model import IDLE_JOB_PREFIX
+from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
 
 #: Clocks-event reasons that count as throttling: HW slowdown, SW thermal, HW thermal, brake.
 THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80
 #: SW power cap, kept apart from throttling.
 POWER_CAP_BIT = 0x4
-DEFAULT_WINDOW_S = 30
-DEFAULT_LATENESS_S = 10
+#: The settings tree's defaults (``detector.window_s``, ``stream.lateness_s``).
+DEFAULT_WINDOW_S = DetectorSettings().window_s
+DEFAULT_LATENESS_S = StreamSettings().lateness_s
 
 _ACC_FIELDS = (
     "job", "idx", "uuid", "n", "clk_s", "clk_n", "sm_s", "sm_n", "pw_s", "pw_n", "pr_s", "pr_n",
