@@ -6,6 +6,7 @@ the flags below override the tree's ``[stream]`` and ``detector.window_s`` value
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from peerwatch.commands import settings_of
@@ -47,11 +48,14 @@ def run(args: argparse.Namespace) -> int:
     import faust
 
     from peerwatch.streams.live.app import build_app, internal_topics
+    from peerwatch.streams.live.published_settings import publish_settings
     from peerwatch.topic_admin import ensure_topics
     from peerwatch.topics import catalogue
 
     settings = settings_of(args, overrides(args))
     ensure_topics(settings.kafka, [*catalogue(settings.topic_prefix), *internal_topics(settings)])
+    # What this worker runs with, for replays of its time (peerwatch replay --settings-from live).
+    publish_settings(settings, int(time.time() * 1000))
     app = build_app(settings)
     worker = faust.Worker(app, loglevel=args.loglevel, redirect_stdouts=False)
     worker.execute_from_commandline()
