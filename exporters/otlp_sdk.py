@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -45,46 +44,15 @@ from opentelemetry.sdk.resources import Resource
 
 from peerwatch import __version__
 from peerwatch.clock import SYSTEM_CLOCK, Clock
-from peerwatch.errors import ConfigError
 from peerwatch.exporters.base import ExportError
 from peerwatch.exporters.otlp import METRICS, event_for, series_key, window_points
 from peerwatch.exporters.otlp_counting import CountingLogExporter, CountingMetricExporter
 from peerwatch.exporters.series import SeriesStore
+from peerwatch.settings import ExportSettings
 
 log = logging.getLogger(__name__)
 
-Protocol_ = Literal["grpc", "http"]
 SCOPE = "peerwatch.exporters.otlp"
-
-
-@dataclass(frozen=True)
-class OtlpConfig:
-    """How to reach the collector and the exporter's bounds. Units in the names."""
-
-    endpoint: str = "http://127.0.0.1:4317"
-    protocol: Protocol_ = "grpc"
-    interval_s: float = 10.0
-    timeout_s: float = 10.0
-    max_series: int = 100_000
-    stale_after_s: float = 900.0
-    max_queued_events: int = 2048
-    event_batch_size: int = 512
-    event_delay_s: float = 1.0
-
-    def validate(self) -> OtlpConfig:
-        """Return self, or raise ConfigError naming the field at fault."""
-        if self.protocol not in ("grpc", "http"):
-            raise ConfigError("otlp.protocol", f"{self.protocol!r} is not grpc or http")
-        if not self.endpoint.startswith(("http://", "https://")):
-            raise ConfigError("otlp.endpoint", f"{self.endpoint!r} must start with http(s)://")
-        for name in ("interval_s", "timeout_s", "stale_after_s", "event_delay_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"otlp.{name}", "must be positive")
-        if min(self.max_series, self.max_queued_events, self.event_batch_size) < 1:
-            raise ConfigError("otlp.max_series", "bounds must be positive")
-        if self.event_batch_size > self.max_queued_events:
-            raise ConfigError("otlp.event_batch_size", "must not exceed max_queued_events")
-        return self
 
 
 def signal_url(endpoint: str, signal: Literal["metrics", "logs"]) -> str:
@@ -93,9 +61,8 @@ def signal_url(endpoint: str, signal: Literal["metrics", "logs"]) -> str:
     return base if base.endswith(f"/v1/{signal}") else f"{base}/v1/{signal}"
 
 
-def otlp_exporters(config: OtlpConfig) -> tuple[MetricExporter, LogRecordExporter]:
+def otlp_exporters(config: ExportSettings) -> tuple[MetricExporter, LogRecordExporter]:
     """The SDK's OTLP metric and log exporters for ``config`` (no connection is made here)."""
-    config.validate()
     insecure = config.endpoint.startswith("http://")
     if config.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
@@ -133,7 +100,7 @@ class OtlpSink:
 
     def __init__(
         self,
-        config: OtlpConfig,
+        config: ExportSettings,
         *,
         metric_exporter: MetricExporter | None,
         log_exporter: LogRecordExporter,
@@ -141,7 +108,6 @@ class OtlpSink:
         clock: Clock = SYSTEM_CLOCK,
         resource_attributes: Mapping[str, str] | None = None,
     ) -> None:
-        config.validate()
         self.config = config
         self.store = SeriesStore(
             max_series=config.max_series, stale_after_s=config.stale_after_s, clock=clock
@@ -315,7 +281,7 @@ class OtlpSink:
 
 
 def otlp_sink(
-    config: OtlpConfig,
+    config: ExportSettings,
     *,
     clock: Clock = SYSTEM_CLOCK,
     resource_attributes: Mapping[str, str] | None = None,
@@ -323,7 +289,7 @@ def otlp_sink(
     """An :class:`OtlpSink` exporting to the collector at ``config.endpoint``.
 
     ``resource_attributes`` add to ``service.name=peerwatch`` (``OTEL_RESOURCE_ATTRIBUTES`` is
-    honoured too). Raises ConfigError for an invalid config.
+    honoured too). ``config`` validated itself when it was built.
     """
     metric_exporter, log_exporter = otlp_exporters(config)
     return OtlpSink(

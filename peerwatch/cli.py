@@ -14,6 +14,7 @@ from peerwatch.errors import PeerwatchError
 
 #: Subcommand -> module in peerwatch.commands providing ``register(subparsers)``.
 COMMANDS: dict[str, str] = {
+    "config": "config",
     "kafka": "kafka",
     "topics": "topics",
     "demo": "demo",

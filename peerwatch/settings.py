@@ -1,185 +1,301 @@
-"""One settings object per process: environment ``PEERWATCH_*`` > config file > defaults.
+"""The settings tree: one object per process, from defaults < config file < environment.
 
-The catalogue of every setting and its environment variable is ``ENV_VARS`` below and
-``docs/configuration.md``. Secrets are held in :class:`Secret` so they never reach a log line.
+Tables (each a frozen dataclass that validates itself, :mod:`peerwatch.settings_base`):
+
+``[kafka]`` :class:`KafkaSettings` · ``[stream]`` :class:`~peerwatch.streams.core.settings.StreamSettings`
+· ``[detector]`` :class:`~peerwatch.streams.core.settings.DetectorSettings` · ``[policy]``
+:class:`~peerwatch.streams.core.settings.PolicySettings` · ``[drain]``
+:class:`~peerwatch.exporters.drain.config.DrainSettings` · ``[export]`` :class:`ExportSettings` ·
+``[agent]`` :class:`AgentSettings`; the paths shared by every process are top-level keys.
+
+The config file is TOML (``--config FILE`` or ``$PEERWATCH_CONFIG``). Environment names are
+derived from the fields: ``PEERWATCH_<TABLE>_<FIELD>`` (``PEERWATCH_<FIELD>`` for top-level keys),
+plus the documented short names of :data:`ENV_ALIASES`. Unknown tables and keys are refused by
+name; a bad value raises :class:`~peerwatch.errors.ConfigError` naming ``<table>.<field>``.
+:func:`to_toml` prints the tree (secrets omitted), :func:`reference` documents it.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from peerwatch.errors import ConfigError
+from peerwatch.exporters.drain.config import DrainSettings
+from peerwatch.settings_base import (
+    Secret,
+    check_one_of,
+    check_positive,
+    check_types,
+    from_mapping,
+    hints,
+    parse_text,
+    setting,
+)
+from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
+
+__all__ = ["KafkaSettings", "Secret", "Settings", "expand", "load_settings", "with_overrides"]
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
-
-
-class Secret:
-    """A string that prints as ``'**********'``; call :meth:`reveal` at the one place it is used."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('**********')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
+OTLP_PROTOCOLS = ("grpc", "http")
 
 
 @dataclass(frozen=True)
 class KafkaSettings:
-    """How every peerwatch process reaches Kafka. TLS/SASL settings pass through to all clients."""
+    """``[kafka]``: how every peerwatch process reaches Kafka. TLS/SASL settings pass through to
+    every client (:mod:`peerwatch.kafka_config`)."""
 
-    bootstrap_servers: str = "127.0.0.1:9092"
-    client_id: str = "peerwatch"
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: Secret | None = None
-    ssl_ca_location: str | None = None
-    ssl_certificate_location: str | None = None
-    ssl_key_location: str | None = None
-    ssl_key_password: Secret | None = None
-    schema_registry_url: str | None = None
-    #: Extra librdkafka properties for confluent-kafka clients (e.g. ``{"socket.keepalive.enable": "true"}``).
-    librdkafka_extra: Mapping[str, str] = field(default_factory=dict)
+    bootstrap_servers: str = setting("127.0.0.1:9092", "host:port of the brokers, comma-separated")
+    client_id: str = setting("peerwatch", "client id the brokers see")
+    security_protocol: str = setting("PLAINTEXT", "one of " + ", ".join(SECURITY_PROTOCOLS))
+    sasl_mechanism: str | None = setting(None, "one of " + ", ".join(SASL_MECHANISMS))
+    sasl_username: str | None = setting(None, "SASL user")
+    sasl_password: Secret | None = setting(None, "SASL password (secret)")
+    ssl_ca_location: str | None = setting(None, "CA bundle file (PEM)")
+    ssl_certificate_location: str | None = setting(None, "client certificate file (PEM)")
+    ssl_key_location: str | None = setting(None, "client key file (PEM)")
+    ssl_key_password: Secret | None = setting(None, "client key password (secret)")
+    schema_registry_url: str | None = setting(
+        None, "Confluent schema registry; unset = single-object encoding"
+    )
+    librdkafka_extra: Mapping[str, str] = setting(
+        {}, "extra librdkafka properties for confluent-kafka clients"
+    )
 
-    def validate(self) -> KafkaSettings:
-        """Return self, or raise :class:`ConfigError` naming the field at fault."""
+    def __post_init__(self) -> None:
+        t = "kafka"
+        check_types(self, t)
         if not self.bootstrap_servers.strip():
-            raise ConfigError("kafka.bootstrap_servers", "must not be empty")
+            raise ConfigError(f"{t}.bootstrap_servers", "must not be empty")
         for hostport in self.bootstrap_servers.split(","):
             host, sep, port = hostport.strip().rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ConfigError(
-                    "kafka.bootstrap_servers", f"{hostport!r} is not host:port (comma-separated)"
+                    f"{t}.bootstrap_servers", f"{hostport!r} is not host:port (comma-separated)"
                 )
-        if self.security_protocol not in SECURITY_PROTOCOLS:
-            raise ConfigError(
-                "kafka.security_protocol",
-                f"{self.security_protocol!r} is not one of {', '.join(SECURITY_PROTOCOLS)}",
-            )
+        check_one_of(self, t, "security_protocol", SECURITY_PROTOCOLS)
         if self.security_protocol.startswith("SASL"):
             if self.sasl_mechanism not in SASL_MECHANISMS:
                 raise ConfigError(
-                    "kafka.sasl_mechanism",
-                    f"{self.sasl_mechanism!r} is required with {self.security_protocol} and must be "
-                    f"one of {', '.join(SASL_MECHANISMS)}",
+                    f"{t}.sasl_mechanism",
+                    f"{self.sasl_mechanism!r} is required with {self.security_protocol} and must "
+                    f"be one of {', '.join(SASL_MECHANISMS)}",
                 )
             if self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
                 self.sasl_username and self.sasl_password
             ):
                 raise ConfigError(
-                    "kafka.sasl_username",
+                    f"{t}.sasl_username",
                     f"sasl_username and sasl_password are required with {self.sasl_mechanism}",
                 )
-        return self
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """``[export]``: the OTLP exporter (``peerwatch export otlp``): the collector and the
+    exporter's bounds."""
+
+    endpoint: str = setting("http://127.0.0.1:4317", "collector URL (http:// or https://)")
+    protocol: str = setting("grpc", "OTLP transport: grpc or http")
+    interval_s: float = setting(10.0, "metric export interval (s)")
+    timeout_s: float = setting(10.0, "timeout of one export (s)")
+    max_series: int = setting(100_000, "most metric series held; the oldest are dropped beyond")
+    stale_after_s: float = setting(900.0, "a series not updated this long is dropped (s)")
+    max_queued_events: int = setting(2048, "most log events queued for export")
+    event_batch_size: int = setting(512, "log events per export batch")
+    event_delay_s: float = setting(1.0, "longest wait before a log batch is exported (s)")
+
+    def __post_init__(self) -> None:
+        t = "export"
+        check_types(self, t)
+        check_one_of(self, t, "protocol", OTLP_PROTOCOLS)
+        if not self.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"{t}.endpoint", f"{self.endpoint!r} must start with http(s)://")
+        check_positive(self, t, "interval_s", "timeout_s", "stale_after_s", "event_delay_s")
+        check_positive(self, t, "max_series", "max_queued_events", "event_batch_size")
+        if self.event_batch_size > self.max_queued_events:
+            raise ConfigError(f"{t}.event_batch_size", "must not exceed max_queued_events")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """``[agent]``: the per-node GPU agent (``peerwatch agent``)."""
+
+    interval_s: float = setting(1.0, "sampling interval (s)")
+    allow_no_gpu: bool = setting(
+        False, "without NVML, publish records with no GPUs instead of exiting 2"
+    )
+    xid_state: str | None = setting(
+        None, "also append each XID to this JSON-lines file (read by `peerwatch health`)"
+    )
+
+    def __post_init__(self) -> None:
+        check_types(self, "agent")
+        if round(self.interval_s * 1000) <= 0:
+            raise ConfigError("agent.interval_s", f"must be > 0, got {self.interval_s!r}")
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything a peerwatch process is configured with."""
+    """Everything a peerwatch process is configured with: the top-level paths and the tables."""
 
+    spool_dir: str = setting(
+        "~/.local/state/peerwatch/spool", "where undeliverable records are spooled"
+    )
+    cache_dir: str = setting(
+        "~/.cache/peerwatch", "downloads (Kafka, the collector), outside any repository"
+    )
+    state_dir: str = setting("~/.local/state/peerwatch", "data and logs of local services")
+    topic_prefix: str = setting(
+        "", "prepended to every topic name (isolates tests, tenants or environments)"
+    )
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
-    #: Where the on-disk spool of undeliverable records lives.
-    spool_dir: str = "~/.local/state/peerwatch/spool"
-    #: Where downloads (Kafka jars, the collector) are cached, outside any repository.
-    cache_dir: str = "~/.cache/peerwatch"
-    #: Where local services keep their data and logs.
-    state_dir: str = "~/.local/state/peerwatch"
-    #: Prepended to every topic name of the catalogue (isolates tests, tenants or environments).
-    topic_prefix: str = ""
+    stream: StreamSettings = field(default_factory=StreamSettings)
+    detector: DetectorSettings = field(default_factory=DetectorSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    drain: DrainSettings = field(default_factory=DrainSettings)
+    export: ExportSettings = field(default_factory=ExportSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
+
+    def __post_init__(self) -> None:
+        for name in ROOT_KEYS:
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(name, "must be a string")
 
 
-#: Environment variable -> (section, field). The documented catalogue of every variable.
-ENV_VARS: dict[str, tuple[str, str]] = {
-    "PEERWATCH_KAFKA_BOOTSTRAP": ("kafka", "bootstrap_servers"),
-    "PEERWATCH_KAFKA_CLIENT_ID": ("kafka", "client_id"),
-    "PEERWATCH_KAFKA_SECURITY_PROTOCOL": ("kafka", "security_protocol"),
-    "PEERWATCH_KAFKA_SASL_MECHANISM": ("kafka", "sasl_mechanism"),
-    "PEERWATCH_KAFKA_SASL_USERNAME": ("kafka", "sasl_username"),
-    "PEERWATCH_KAFKA_SASL_PASSWORD": ("kafka", "sasl_password"),
-    "PEERWATCH_KAFKA_SSL_CA_LOCATION": ("kafka", "ssl_ca_location"),
-    "PEERWATCH_KAFKA_SSL_CERTIFICATE_LOCATION": ("kafka", "ssl_certificate_location"),
-    "PEERWATCH_KAFKA_SSL_KEY_LOCATION": ("kafka", "ssl_key_location"),
-    "PEERWATCH_KAFKA_SSL_KEY_PASSWORD": ("kafka", "ssl_key_password"),
-    "PEERWATCH_SCHEMA_REGISTRY_URL": ("kafka", "schema_registry_url"),
-    "PEERWATCH_SPOOL_DIR": ("", "spool_dir"),
-    "PEERWATCH_CACHE_DIR": ("", "cache_dir"),
-    "PEERWATCH_STATE_DIR": ("", "state_dir"),
-    "PEERWATCH_TOPIC_PREFIX": ("", "topic_prefix"),
+#: Table name -> its class, in the order of the printed tree.
+TABLES: dict[str, type] = {
+    "kafka": KafkaSettings,
+    "stream": StreamSettings,
+    "detector": DetectorSettings,
+    "policy": PolicySettings,
+    "drain": DrainSettings,
+    "export": ExportSettings,
+    "agent": AgentSettings,
 }
+ROOT_KEYS = ("spool_dir", "cache_dir", "state_dir", "topic_prefix")
 CONFIG_FILE_ENV = "PEERWATCH_CONFIG"
-_SECRETS = {"sasl_password", "ssl_key_password"}
+#: The flat drain-controller file of earlier releases; its keys are the ``[drain]`` table's.
+DRAIN_FILE_ENV = "PEERWATCH_DRAIN_CONFIG"
+#: Documented short names kept working; the derived name wins when both are set.
+ENV_ALIASES: dict[str, str] = {
+    "PEERWATCH_KAFKA_BOOTSTRAP": "kafka.bootstrap_servers",
+    "PEERWATCH_SCHEMA_REGISTRY_URL": "kafka.schema_registry_url",
+}
 
 
-def _convert(section: str, name: str, value: Any) -> Any:
-    where = f"{section}.{name}" if section else name
-    if name == "librdkafka_extra":
-        if not isinstance(value, Mapping):
-            raise ConfigError(where, "must be a table of librdkafka property = string")
-        return {str(k): str(v) for k, v in value.items()}
-    if not isinstance(value, str):
-        raise ConfigError(where, f"must be a string, got {type(value).__name__}")
-    return Secret(value) if name in _SECRETS else value
+def env_name(table: str, name: str) -> str:
+    """The environment variable of a setting: ``PEERWATCH_<TABLE>_<FIELD>``."""
+    return "_".join(p.upper() for p in ("PEERWATCH", table, name) if p)
 
 
-def _apply(obj: Any, section: str, values: Mapping[str, Any]) -> Any:
-    known = {f.name for f in fields(obj)}
-    changes = {}
-    for name, value in values.items():
-        if name not in known:
-            where = f"{section}.{name}" if section else name
-            raise ConfigError(where, "unknown setting")
-        changes[name] = _convert(section, name, value)
-    return replace(obj, **changes)
+def catalogue() -> Iterator[tuple[str, str, Any]]:
+    """Every setting as ``(table, name, field)``; the table is ``""`` for top-level keys."""
+    for f in fields(Settings):
+        if f.name in ROOT_KEYS:
+            yield "", f.name, f
+    for table, cls in TABLES.items():
+        for f in fields(cls):
+            yield table, f.name, f
+
+
+def _type_of(table: str, name: str) -> Any:
+    return hints(TABLES[table] if table else Settings)[name]
+
+
+def _read_toml(path: str | os.PathLike[str], where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(where, f"cannot read {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(where, f"{path} is not valid TOML: {exc}") from exc
+
+
+def from_tree(doc: Mapping[str, Any], base: Settings | None = None) -> Settings:
+    """``base`` (or the defaults) with the values of a TOML-shaped mapping. Raises ConfigError
+    naming an unknown table or key, or a bad value."""
+    base = base or Settings()
+    changes: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key in TABLES:
+            if not isinstance(value, Mapping):
+                raise ConfigError(key, "must be a table")
+            changes[key] = from_mapping(TABLES[key], key, value, getattr(base, key))
+        elif key in ROOT_KEYS:
+            if not isinstance(value, str):
+                raise ConfigError(key, f"must be a string, got {type(value).__name__}")
+            changes[key] = value
+        else:
+            raise ConfigError(key, f"unknown setting (tables: {', '.join(TABLES)})")
+    return replace(base, **changes)
+
+
+def _env_values(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    named = {env_name(t, n): (t, n) for t, n, _ in catalogue()}
+    for var, dotted in ENV_ALIASES.items():
+        table, _, name = dotted.partition(".")
+        if env.get(var) and not env.get(env_name(table, name)):
+            named[var] = (table, name)
+    for var, (table, name) in named.items():
+        text = env.get(var)
+        if text:  # an empty variable counts as unset
+            where = f"{table}.{name}" if table else name
+            out.setdefault(table, {})[name] = parse_text(_type_of(table, name), text, where)
+    return out
 
 
 def load_settings(
-    config_file: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+    config_file: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    drain_file: str | os.PathLike[str] | None = None,
 ) -> Settings:
-    """Build the process settings: env ``PEERWATCH_*`` > TOML config file > defaults.
-
-    The config file is ``config_file`` or ``$PEERWATCH_CONFIG``; its ``[kafka]`` table holds the Kafka
-    fields, top-level keys the others. Raises :class:`ConfigError` naming the field at fault.
-    """
+    """The process settings: defaults < TOML config file (``config_file`` or
+    ``$PEERWATCH_CONFIG``; a flat drain file, ``drain_file`` or ``$PEERWATCH_DRAIN_CONFIG``, is
+    read as its ``[drain]`` table) < environment. Raises :class:`ConfigError` naming the field."""
     env = os.environ if env is None else env
+    doc: dict[str, Any] = {}
     path = config_file or env.get(CONFIG_FILE_ENV)
-    file_values: dict[str, Any] = {}
     if path:
-        try:
-            file_values = tomllib.loads(Path(path).read_text())
-        except OSError as exc:
-            raise ConfigError(CONFIG_FILE_ENV, f"cannot read {path}: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(CONFIG_FILE_ENV, f"{path} is not valid TOML: {exc}") from exc
-    kafka_values = file_values.pop("kafka", {})
-    if not isinstance(kafka_values, Mapping):
-        raise ConfigError("kafka", "must be a table")
-    env_kafka: dict[str, str] = {}
-    env_top: dict[str, str] = {}
-    for var, (section, name) in ENV_VARS.items():
-        if env.get(var):
-            (env_kafka if section == "kafka" else env_top)[name] = env[var]
-    kafka = _apply(KafkaSettings(), "kafka", {**kafka_values, **env_kafka}).validate()
-    settings: Settings = _apply(Settings(kafka=kafka), "", {**file_values, **env_top})
-    return settings
+        doc = _read_toml(path, CONFIG_FILE_ENV)
+    drain_path = drain_file or env.get(DRAIN_FILE_ENV)
+    if drain_path:
+        drain = doc.get("drain", {})
+        if not isinstance(drain, Mapping):
+            raise ConfigError("drain", "must be a table")
+        doc["drain"] = {**drain, **_read_toml(drain_path, DRAIN_FILE_ENV)}
+    for table, values in _env_values(env).items():
+        if table:
+            section = doc.get(table, {})
+            if not isinstance(section, Mapping):
+                raise ConfigError(table, "must be a table")
+            doc[table] = {**section, **values}
+        else:
+            doc.update(values)
+    # Build once from everything: cross-field checks (SASL needs a user) see the final values.
+    return from_tree(doc)
+
+
+def with_overrides(settings: Settings, overrides: Mapping[str, Any]) -> Settings:
+    """``settings`` with ``{"table.field": value}`` overrides (CLI flags) applied; None values are
+    skipped (a flag not given). Validated like the file; raises ConfigError naming the field."""
+    doc: dict[str, Any] = {}
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        table, dot, name = dotted.partition(".")
+        if dot:
+            doc.setdefault(table, {})[name] = value
+        else:
+            doc[table] = value
+    return from_tree(doc, settings) if doc else settings
 
 
 def expand(path: str) -> Path:

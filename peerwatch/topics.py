@@ -66,6 +66,11 @@ ACTIONS = TopicSpec(
     "peerwatch.drain.actions", "node", "DrainAction", 6, "delete", 365 * DAY_MS,
     "What the drain controller did or refused, and why (the audit trail).",
 )  # fmt: skip
+STREAM_SETTINGS = TopicSpec(
+    "peerwatch.stream.settings", "app_id|started_ms", None, 1, "compact", 365 * DAY_MS,
+    "The [stream], [detector] and [policy] settings each stream worker started with, JSON "
+    "(replay uses the ones live for its range).",
+)  # fmt: skip
 DEADLETTER = TopicSpec(
     "peerwatch.deadletter", "original key", None, 3, "delete", 14 * DAY_MS,
     "Records a stage could not decode or process: original bytes, reason in headers.",
@@ -73,7 +78,7 @@ DEADLETTER = TopicSpec(
 
 TOPICS: tuple[TopicSpec, ...] = (
     SAMPLES, JOB_EVENTS, NODE_EVENTS, HEALTH, STEP_TIMES,
-    JOB_WINDOWS, STRAGGLERS, RECOMMENDATIONS, ACTIONS, DEADLETTER,
+    JOB_WINDOWS, STRAGGLERS, RECOMMENDATIONS, ACTIONS, STREAM_SETTINGS, DEADLETTER,
 )  # fmt: skip
 BY_NAME: dict[str, TopicSpec] = {t.name: t for t in TOPICS}
 

@@ -15,14 +15,12 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pynvml
 
 from peerwatch.clock import SystemClock
 from peerwatch.commands import settings_of
-from peerwatch.errors import ConfigError
 from peerwatch.producers.agent import JsonLinesSink, NodeAgent, NoGpuSampler, new_run_id
 from peerwatch.producers.delivery import Delivery, DeliverySettings
 from peerwatch.producers.health.run import append_xid_event
@@ -43,19 +41,20 @@ nvml_factory: Callable[[], NvmlApi] = load_nvml
 
 def register(sub: Any) -> None:
     p = sub.add_parser("agent", help="sample this node's GPUs (NVML) and publish to Kafka")
-    p.add_argument("--interval-s", type=float, default=1.0, help="sampling interval (default 1.0)")
+    p.add_argument("--interval-s", type=float, help="sampling interval (agent.interval_s)")
     p.add_argument("--node", help="node name (default: short hostname)")
     p.add_argument("--count", type=int, help="stop after N regular ticks (tests, smoke runs)")
     p.add_argument("--dry-run", action="store_true", help="print decoded records as JSON lines")
     p.add_argument(
         "--allow-no-gpu",
         action="store_true",
-        help="without NVML, publish records with no GPUs instead of exiting 2",
+        default=None,
+        help="without NVML, publish records with no GPUs instead of exiting 2 (agent.allow_no_gpu)",
     )
     p.add_argument(
         "--xid-state",
-        type=Path,
-        help="also append each XID to this JSON-lines file (read by `peerwatch health --xid-state`)",
+        help="also append each XID to this JSON-lines file (agent.xid_state; read by "
+        "`peerwatch health --xid-state`)",
     )
     p.set_defaults(func=run)
 
@@ -78,10 +77,11 @@ def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = settings_of(args)
-    interval_ms = round(args.interval_s * 1000)
-    if interval_ms <= 0:
-        raise ConfigError("--interval-s", f"must be positive, got {args.interval_s}")
+    settings = settings_of(args, {"agent.interval_s": args.interval_s,
+                                  "agent.allow_no_gpu": args.allow_no_gpu,
+                                  "agent.xid_state": args.xid_state and str(args.xid_state)})  # fmt: skip
+    cfg = settings.agent
+    interval_ms = round(cfg.interval_s * 1000)
     node = args.node or short_hostname()
     clock = SystemClock()
     run_id = new_run_id()
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         assert nvml is not None
         init_nvml(nvml)
     except NvmlUnavailableError as exc:
-        if not args.allow_no_gpu:
+        if not cfg.allow_no_gpu:
             print(f"peerwatch agent: {exc} (use --allow-no-gpu on a CPU node)", file=sys.stderr)
             return 2
         log.warning("agent: %s; publishing records without GPUs (--allow-no-gpu)", exc)
@@ -118,9 +118,10 @@ def run(args: argparse.Namespace) -> int:
         delivery = Delivery(settings.kafka, DeliverySettings(spool_dir=spool_dir)).start()
         sink = delivery
     listeners: list[XidCallback] = []
-    if args.xid_state:
-        args.xid_state.parent.mkdir(parents=True, exist_ok=True)
-        listeners.append(functools.partial(append_xid_event, args.xid_state))
+    if cfg.xid_state:
+        xid_state = expand(cfg.xid_state)
+        xid_state.parent.mkdir(parents=True, exist_ok=True)
+        listeners.append(functools.partial(append_xid_event, xid_state))
     agent = NodeAgent(
         sampler=sampler,
         sink=sink,

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from peerwatch.producers.sim.publish import publish_to_kafka
     from peerwatch.producers.sim.scenario import load_scenario, with_fleet
     from peerwatch.settings import expand
-    from peerwatch.streams.live.app import StreamSettings, internal_topics
+    from peerwatch.streams.live.app import internal_topics
     from peerwatch.topic_admin import ensure_topics
     from peerwatch.topics import catalogue
 
@@ -116,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
             settings, kafka=replace(settings.kafka, bootstrap_servers=kafka.bootstrap)
         )
     prefix = f"demo{int(time.time())}."
-    settings = replace(settings, topic_prefix=prefix)
-    stream_settings = StreamSettings(app_id="demo-stream")
-    ensure_topics(settings.kafka, [*catalogue(prefix), *internal_topics(settings, stream_settings)])
+    settings = replace(
+        settings, topic_prefix=prefix, stream=replace(settings.stream, app_id="demo-stream")
+    )
+    ensure_topics(settings.kafka, [*catalogue(prefix), *internal_topics(settings)])
     now_ms = int(time.time() * 1000)
     scenario = load_scenario(_scenario_path(args))
     interval_ms = int(args.interval_s * 1000)
@@ -142,8 +143,9 @@ def run(args: argparse.Namespace) -> int:
     log_path = state / f"{prefix}stream.log"
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "peerwatch.cli", "stream", "--app-id", "demo-stream",
-             "--loglevel", "warning"],
+            [sys.executable, "-m", "peerwatch.cli",
+             *(["--config", args.config] if args.config else []),
+             "stream", "--app-id", "demo-stream", "--loglevel", "warning"],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
     view, lock = DemoView(), threading.Lock()

@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, Producer
 from peerwatch.clock import SYSTEM_CLOCK
 from peerwatch.commands import settings_of
 from peerwatch.errors import ServiceError
-from peerwatch.exporters.drain.config import DrainSettings, load_drain_settings
+from peerwatch.exporters.drain.config import DrainSettings
 from peerwatch.exporters.drain.controller import AuditPublisher, DrainController, Topics
 from peerwatch.exporters.drain.operations import describe, reset_breaker, resume_node
 from peerwatch.exporters.drain.slurm_ops import ScontrolSlurm
@@ -37,7 +37,8 @@ def register(sub: Any) -> None:
                    help="change Slurm (default: shadow mode, or PEERWATCH_DRAIN_ENFORCE)")  # fmt: skip
     p.add_argument("--state-file", help="controller state (default: PEERWATCH_DRAIN_STATE_FILE)")
     p.add_argument("--slurm-bin", help="folder of scontrol and sinfo (default: PATH)")
-    p.add_argument("--drain-config", help="drain TOML file (default: $PEERWATCH_DRAIN_CONFIG)")
+    p.add_argument("--drain-config",
+                   help="flat TOML file of [drain] settings (default: $PEERWATCH_DRAIN_CONFIG)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -69,9 +70,9 @@ def _deliver_now(settings: Settings, drain: DrainSettings, store: StateStore) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = settings_of(args)
-    drain = load_drain_settings(args.drain_config, enforce=args.enforce,
-                                state_file=args.state_file, slurm_bin=args.slurm_bin)  # fmt: skip
+    settings = settings_of(args, {"drain.enforce": args.enforce, "drain.state_file": args.state_file,
+                                  "drain.slurm_bin": args.slurm_bin})  # fmt: skip
+    drain = settings.drain
     store = StateStore(expand(drain.state_file))
     slurm = ScontrolSlurm(drain.slurm_bin or None, drain.slurm_timeout_s)
     if args.action == "status":

@@ -1,7 +1,8 @@
 """``peerwatch eval --suite quick|full [--json] [--set detector.NAME=VALUE ...]``.
 
-Runs the labelled simulated scenarios through the offline pipeline and checks the targets;
-exit status 1 when a target fails.
+Runs the labelled simulated scenarios through the offline pipeline with the settings tree
+(``--config``, ``PEERWATCH_*``: the settings a live worker would run with) and ``--set``
+overrides, and checks the targets; exit status 1 when a target fails.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from peerwatch.commands import settings_of
 from peerwatch.streams.tools.eval_suites import suite
 from peerwatch.streams.tools.evaluation import evaluate, format_report, parse_overrides
 
@@ -23,15 +25,16 @@ def register(sub: Any) -> None:
         "--set",
         action="append",
         default=[],
-        metavar="SECTION.NAME=VALUE",
-        help="override a setting, e.g. detector.mad_floor_clk_rel=0.009 (repeatable)",
+        metavar="TABLE.NAME=VALUE",
+        help="override a setting of the detector, policy or stream table, e.g. "
+        "detector.mad_floor_clk_rel=0.009 (repeatable)",
     )
     p.add_argument("--only", help="run only scenarios whose name contains this text")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = parse_overrides(args.set)
+    settings = parse_overrides(args.set, settings_of(args))
     scenarios = [s for s in suite(args.suite) if not args.only or args.only in s.name]
     results, total, checks = evaluate(scenarios, settings)
     if args.json:

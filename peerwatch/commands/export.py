@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from peerwatch.commands import settings_of
+from peerwatch.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -24,36 +25,15 @@ def register(sub: Any) -> None:
     targets = p.add_subparsers(dest="target", metavar="TARGET", required=True)
 
     otlp = targets.add_parser("otlp", help="OTLP metrics and events to a collector")
+    # Each flag overrides the [export] setting of the same name (settings tree, --config).
+    otlp.add_argument("--endpoint", help="collector URL (HTTP usually :4318)")
+    otlp.add_argument("--protocol", choices=["grpc", "http"])
+    otlp.add_argument("--interval-s", type=float, help="metric export interval")
+    otlp.add_argument("--timeout-s", type=float, help="per-export deadline, retries included")
+    otlp.add_argument("--max-series", type=int, help="cap on exported GPU-in-job series")
+    otlp.add_argument("--stale-after-s", type=float, help="drop a series after this long idle")
     otlp.add_argument(
-        "--endpoint",
-        default="http://127.0.0.1:4317",
-        help="collector URL (default: %(default)s; HTTP usually :4318)",
-    )
-    otlp.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
-    otlp.add_argument("--interval-s", type=float, default=10.0, help="metric export interval")
-    otlp.add_argument(
-        "--timeout-s",
-        type=float,
-        default=10.0,
-        help="per-export deadline, retries included; then the batch is dropped",
-    )
-    otlp.add_argument(
-        "--max-series",
-        type=int,
-        default=100_000,
-        help="cap on exported GPU-in-job series (oldest dropped, counted)",
-    )
-    otlp.add_argument(
-        "--stale-after-s",
-        type=float,
-        default=900.0,
-        help="drop a series after this long without a window",
-    )
-    otlp.add_argument(
-        "--max-queued-events",
-        type=int,
-        default=2048,
-        help="events held while the collector is down (oldest dropped)",
+        "--max-queued-events", type=int, help="events held while the collector is down"
     )
     otlp.add_argument("--group-id", default="peerwatch-export-otlp")
     otlp.set_defaults(func=run)
@@ -63,32 +43,30 @@ def register(sub: Any) -> None:
     stdout.set_defaults(func=run)
 
 
-def _sink(args: argparse.Namespace) -> Any:
+def _sink(args: argparse.Namespace, settings: Settings) -> Any:
     if args.target == "stdout":
         from peerwatch.exporters.stdout import StdoutSink
 
         return StdoutSink()
-    from peerwatch.exporters.otlp_sdk import OtlpConfig, otlp_sink
+    from peerwatch.exporters.otlp_sdk import otlp_sink
 
-    return otlp_sink(
-        OtlpConfig(
-            endpoint=args.endpoint,
-            protocol=args.protocol,
-            interval_s=args.interval_s,
-            timeout_s=args.timeout_s,
-            max_series=args.max_series,
-            stale_after_s=args.stale_after_s,
-            max_queued_events=args.max_queued_events,
-            event_batch_size=min(512, args.max_queued_events),
-        ).validate()
-    )
+    return otlp_sink(settings.export)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``[export]`` settings the otlp flags override (None: flag not given)."""
+    if args.target != "otlp":
+        return {}
+    names = ("endpoint", "protocol", "interval_s", "timeout_s", "max_series", "stale_after_s",
+             "max_queued_events")  # fmt: skip
+    return {f"export.{name}": getattr(args, name) for name in names}
 
 
 def run(args: argparse.Namespace) -> int:
     from peerwatch.exporters.consume import kafka_export_loop
 
-    settings = settings_of(args)
-    sink = _sink(args)
+    settings = settings_of(args, _overrides(args))
+    sink = _sink(args, settings)
     loop, consumer, deadletter = kafka_export_loop(
         settings.kafka, sink, group_id=args.group_id, topic_prefix=settings.topic_prefix
     )

@@ -1,6 +1,7 @@
 """``peerwatch replay --from T --to T (--kafka | --archive DIR)`` — run a time range through the
-same stages as the live stream, offline and deterministically, with the live stream's settings
-(see :mod:`peerwatch.streams.offline.replay`). ``--findings`` writes findings and recommendations as
+same stages as the live stream, offline and deterministically, with the settings tree's
+``[stream]``, ``[detector]`` and ``[policy]`` tables (``--config``, ``PEERWATCH_*``; see
+:mod:`peerwatch.streams.offline.replay`). ``--findings`` writes findings and recommendations as
 JSON lines; ``--report`` an incident report (HTML). Prints a JSON summary on stdout."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from peerwatch.commands import settings_of
-from peerwatch.errors import ConfigError
+from peerwatch.errors import ConfigError, ServiceError
+from peerwatch.settings import Settings, with_overrides
 
 
 def parse_time_ms(text: str) -> int:
@@ -41,9 +43,14 @@ def register(sub: Any) -> None:
     p.add_argument("--node", help="keep only outputs of this node")
     p.add_argument("--findings", metavar="FILE", help="write findings + recommendations (JSONL)")
     p.add_argument("--report", metavar="FILE", help="write an incident report (HTML)")
-    p.add_argument("--window-s", type=int, default=30, help="as the live stream's --window-s")
-    p.add_argument("--lateness-s", type=float, default=5.0, help="as the live stream's")
-    p.add_argument("--job-grace-s", type=float, default=30.0, help="as the live stream's")
+    p.add_argument("--window-s", type=int, help="overrides detector.window_s (as `stream`)")
+    p.add_argument("--lateness-s", type=float, help="overrides stream.lateness_s")
+    p.add_argument("--job-grace-s", type=float, help="overrides stream.job_grace_s")
+    p.add_argument("--settings-from", choices=["live", "config"],
+                   help="live: the [stream]/[detector]/[policy] settings the stream worker "
+                        "published for the start of the range (topic peerwatch.stream.settings); "
+                        "config: the settings tree. Default: live with --kafka, config with "
+                        "--archive. Flags such as --window-s override either")  # fmt: skip
     p.add_argument("--lookback-s", type=float, default=86400.0,
                    help="read job events this far before --from (jobs that started earlier)")  # fmt: skip
     p.add_argument("--workers", type=int, default=1,
@@ -65,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--to", "must be after --from")
     if not args.kafka and not Path(args.archive).is_dir():
         raise ConfigError("--archive", f"{args.archive} is not a directory")
-    pipeline = live_equivalent_settings(args.window_s, args.lateness_s, args.job_grace_s)
     extra: dict[str, Any] = {}
+    tree = with_overrides(_replay_settings(args, span, extra), _overrides(args))
+    pipeline = live_equivalent_settings(tree)
     keep = _scope(args, span, extra)
     progress = None if args.no_progress else Progress(span, sys.stderr)
     extra["path"] = "columns"
@@ -82,6 +90,47 @@ def run(args: argparse.Namespace) -> int:
         Path(args.report).write_text(page)
     print(json.dumps({**result.summary(), **extra}))
     return 0
+
+
+def _replay_settings(args: argparse.Namespace, span: Any, extra: dict[str, Any]) -> Settings:
+    """The tree, with the live worker's published tables where ``--settings-from live`` (the
+    default with ``--kafka``) finds a record for the start of the range; else the config's.
+    Raises ServiceError when the settings topic cannot be read."""
+    tree = settings_of(args)
+    extra["settings_from"] = "config"
+    if (args.settings_from or ("live" if args.kafka else "config")) != "live":
+        return tree
+    from confluent_kafka import KafkaException
+
+    from peerwatch.streams.live.published_settings import (
+        read_published,
+        settings_at,
+        with_published,
+    )
+    from peerwatch.topics import STREAM_SETTINGS
+
+    try:
+        records = read_published(tree.kafka, tree.topic_prefix + STREAM_SETTINGS.name)
+    except KafkaException as exc:
+        raise ServiceError(f"cannot read the published stream settings: {exc}") from exc
+    record = settings_at(records, tree.stream.app_id, span.from_ms)
+    if record is None:
+        logging.getLogger(__name__).warning(
+            "replay: no settings published by %s before the range; using the config's",
+            tree.stream.app_id,
+        )
+        return tree
+    extra["settings_from"] = f"live {record['digest']} from {record['effective_from_ms']}"
+    return with_published(tree, record)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The tree settings this command's flags override (None: flag not given)."""
+    return {
+        "detector.window_s": args.window_s,
+        "stream.lateness_s": args.lateness_s,
+        "stream.job_grace_s": args.job_grace_s,
+    }
 
 
 def _scope(args: argparse.Namespace, span: Any, extra: dict[str, Any]) -> frozenset[str] | None:

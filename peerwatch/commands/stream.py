@@ -1,8 +1,12 @@
-"""``peerwatch stream`` — run one stream-processor worker (faust). Start more for more partitions."""
+"""``peerwatch stream`` — run one stream-processor worker (faust). Start more for more partitions.
+
+Every detector and policy number comes from the settings tree (``--config``, ``PEERWATCH_*``);
+the flags below override the tree's ``[stream]`` and ``detector.window_s`` values."""
 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from peerwatch.commands import settings_of
@@ -10,43 +14,49 @@ from peerwatch.commands import settings_of
 
 def register(sub: Any) -> None:
     p = sub.add_parser("stream", help="run a stream worker: attribution, detection, drain policy")
-    p.add_argument("--window-s", type=int, default=30, help="event-time window (default 30)")
-    p.add_argument("--lateness-s", type=float, default=5.0, help="allowed lateness of samples")
-    p.add_argument("--job-grace-s", type=float, default=30.0,
-                   help="how long past a window's end a job waits for nodes still missing")  # fmt: skip
-    p.add_argument("--batch-max", type=int, default=2000, help="samples per hot-path batch")
-    p.add_argument("--app-id", default="peerwatch-stream", help="consumer group / app id")
+    p.add_argument("--window-s", type=int, help="event-time window (detector.window_s)")
+    p.add_argument(
+        "--lateness-s", type=float, help="allowed lateness of samples (stream.lateness_s)"
+    )
+    p.add_argument("--job-grace-s", type=float,
+                   help="how long past a window's end a job waits for nodes still missing "
+                        "(stream.job_grace_s)")  # fmt: skip
+    p.add_argument("--batch-max", type=int, help="samples per hot-path batch (stream.batch_max)")
+    p.add_argument("--app-id", help="consumer group / app id (stream.app_id)")
     p.add_argument("--loglevel", default="info")
     p.add_argument("--counters-file", metavar="FILE",
-                   help="write the worker's counters as JSON to FILE (benchmarks, tests)")  # fmt: skip
-    p.add_argument("--counters-interval-s", type=float, default=5.0,
-                   help="how often --counters-file is rewritten (default 5)")  # fmt: skip
+                   help="write the worker's counters as JSON to FILE (stream.counters_path)")  # fmt: skip
+    p.add_argument("--counters-interval-s", type=float,
+                   help="how often --counters-file is rewritten (stream.counters_interval_s)")  # fmt: skip
     p.set_defaults(func=run)
+
+
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The tree settings this command's flags override (None: flag not given)."""
+    return {
+        "detector.window_s": args.window_s,
+        "stream.lateness_s": args.lateness_s,
+        "stream.job_grace_s": args.job_grace_s,
+        "stream.batch_max": args.batch_max,
+        "stream.app_id": args.app_id,
+        "stream.counters_path": args.counters_file,
+        "stream.counters_interval_s": args.counters_interval_s,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     import faust
 
-    from peerwatch.streams.core.settings import DetectorSettings
-    from peerwatch.streams.live.app import StreamSettings, build_app, internal_topics
+    from peerwatch.streams.live.app import build_app, internal_topics
+    from peerwatch.streams.live.published_settings import publish_settings
     from peerwatch.topic_admin import ensure_topics
     from peerwatch.topics import catalogue
 
-    settings = settings_of(args)
-    stream = StreamSettings(
-        app_id=args.app_id,
-        window_s=args.window_s,
-        lateness_s=args.lateness_s,
-        job_grace_s=args.job_grace_s,
-        batch_max=args.batch_max,
-        counters_path=args.counters_file,
-        counters_interval_s=args.counters_interval_s,
-        detector=DetectorSettings(window_s=args.window_s),
-    )
-    ensure_topics(
-        settings.kafka, [*catalogue(settings.topic_prefix), *internal_topics(settings, stream)]
-    )
-    app = build_app(settings, stream)
+    settings = settings_of(args, overrides(args))
+    ensure_topics(settings.kafka, [*catalogue(settings.topic_prefix), *internal_topics(settings)])
+    # What this worker runs with, for replays of its time (peerwatch replay --settings-from live).
+    publish_settings(settings, int(time.time() * 1000))
+    app = build_app(settings)
     worker = faust.Worker(app, loglevel=args.loglevel, redirect_stdouts=False)
     worker.execute_from_commandline()
     return 0

@@ -29,8 +29,8 @@ from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.policy import apply as policy_apply
 from peerwatch.streams.core.policy_state import DrainPolicyState
-from peerwatch.streams.core.settings import DetectorSettings, PolicySettings
-from peerwatch.streams.core.windows import DEFAULT_LATENESS_S, JobWindowBatch, WindowAggregator
+from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
+from peerwatch.streams.core.windows import JobWindowBatch, WindowAggregator
 
 WINDOW = "window"
 FINDING = "finding"
@@ -41,26 +41,26 @@ _FAR_FUTURE_MS = 1 << 62
 #: Allocations and detector states are pruned at most this often (in event time); both are
 #: kept for an hour after their end, so a minute more changes nothing.
 PRUNE_EVERY_MS = 60_000
+#: The tree's ``[stream]`` defaults, the defaults of :class:`PipelineSettings`.
+_STREAM = StreamSettings()
 
 
 @dataclass(frozen=True)
 class PipelineSettings:
     """Settings of the composed pipeline; the window length is ``detector.window_s``.
 
-    ``lateness_s``: allowed lateness of samples (see :mod:`peerwatch.streams.core.windows`).
-    ``job_grace_s``: how long past a window's end stage 3 waits for GPUs still missing (0
-    offline, where one aggregator sees every node; live, other partitions lag a little).
-    ``fan_out_job_wide``: copy a JOB_WIDE finding to every node of the job before the policy
-    (one INFO ALERT per node) instead of keeping it job-level only.
-    ``max_batch``: most sample records handed to the aggregator at once.
+    ``lateness_s``, ``job_grace_s``, ``fan_out_job_wide``, ``allocation_retention_s``: as the
+    tree's ``[stream]`` table, whose defaults they take (so the defaults replay what the live
+    worker does; see :class:`~peerwatch.streams.core.settings.StreamSettings`).
+    ``max_batch``: most sample records handed to the aggregator at once (offline only).
     """
 
     detector: DetectorSettings = field(default_factory=DetectorSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
-    lateness_s: float = DEFAULT_LATENESS_S
-    job_grace_s: float = 0.0
-    fan_out_job_wide: bool = False
-    allocation_retention_s: int = 3600
+    lateness_s: float = _STREAM.lateness_s
+    job_grace_s: float = _STREAM.job_grace_s
+    fan_out_job_wide: bool = _STREAM.fan_out_job_wide
+    allocation_retention_s: int = _STREAM.allocation_retention_s
     max_batch: int = 1024
 
 

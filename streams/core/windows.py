@@ -10,7 +10,7 @@ and accumulated per (job, node, GPU, window) for windows of ``window_s`` aligned
 Readings of GPUs no job owns go to the node's pseudo job ``idle:<node>`` (``idle_jobs``) or are
 counted and dropped.
 
-Time: the watermark is the highest sample time seen minus ``lateness_s`` (default 10 s: node
+Time: the watermark is the highest sample time seen minus ``lateness_s`` (the setting ``stream.lateness_s``, 5 s: node
 clocks are skewed by 1-2 s and agents publish at their tick). :meth:`close_ready` emits every
 window whose end is at or before the watermark, grouped per (job, window). A sample older than
 the last closed window boundary is *late*: it is not accumulated, it is counted and returned so
@@ -40,13 +40,15 @@ from peerwatch.schemas.columns import Table, table_spec, tables_from_records
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.model import IDLE_JOB_PREFIX
+from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
 
 #: Clocks-event reasons that count as throttling: HW slowdown, SW thermal, HW thermal, brake.
 THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80
 #: SW power cap, kept apart from throttling.
 POWER_CAP_BIT = 0x4
-DEFAULT_WINDOW_S = 30
-DEFAULT_LATENESS_S = 10
+#: The settings tree's defaults (``detector.window_s``, ``stream.lateness_s``).
+DEFAULT_WINDOW_S = DetectorSettings().window_s
+DEFAULT_LATENESS_S = StreamSettings().lateness_s
 #: Sample times and counter values must lie in [0, this).
 VALUE_LIMIT = 1 << 53
 #: A gap between two samples counts at most this long in throttle-time denominators (~99 days).

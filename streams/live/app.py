@@ -33,7 +33,6 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import faust
@@ -47,32 +46,11 @@ from peerwatch.streams.core.job_stage import JobReleaser, PendingEntry, Released
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import PolicyStage
 from peerwatch.streams.core.policy_state import NodePolicyState
-from peerwatch.streams.core.settings import DetectorSettings, PolicySettings
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.hot_stage import HotStage, HotTopics
 from peerwatch.topics import TopicSpec, catalogue
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StreamSettings:
-    """Settings of the live stream app (the detector and policy have their own)."""
-
-    app_id: str = "peerwatch-stream"
-    window_s: int = 30
-    lateness_s: float = 5.0
-    #: How long past a window's end stage 3 waits for nodes still missing (other partitions lag).
-    job_grace_s: float = 30.0
-    batch_max: int = 2000
-    batch_within_s: float = 0.2
-    allocation_retention_s: int = 3600
-    fan_out_job_wide: bool = True
-    #: Write the counters as JSON to this file every ``counters_interval_s`` (benchmarks, tests).
-    counters_path: str | None = None
-    counters_interval_s: float = 30.0
-    detector: DetectorSettings = field(default_factory=DetectorSettings)
-    policy: PolicySettings = field(default_factory=PolicySettings)
 
 
 def _samples_partition(node: str, partitions: int) -> int:
@@ -104,10 +82,10 @@ def _credentials(settings: Settings) -> Any:
     return faust.SSLCredentials(kw["ssl_context"])
 
 
-def internal_topics(settings: Settings, stream: StreamSettings | None = None) -> list[TopicSpec]:
+def internal_topics(settings: Settings) -> list[TopicSpec]:
     """The app's repartition topics: created up front (with the catalogue's partition counts) so
     that faust never auto-creates them with other counts and every agent finds them at start."""
-    cfg = stream or StreamSettings()
+    cfg = settings.stream
     app_id = settings.topic_prefix + cfg.app_id
     by_schema = {t.value_schema: t for t in catalogue(settings.topic_prefix)}
     nodes, jobs = by_schema["NodeGpuSample"].partitions, by_schema["JobEvent"].partitions
@@ -120,9 +98,10 @@ def internal_topics(settings: Settings, stream: StreamSettings | None = None) ->
     ]  # fmt: skip
 
 
-def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust.App:
-    """The faust app with its topics, tables and agents (nothing connects until it runs)."""
-    cfg = stream or StreamSettings()
+def build_app(settings: Settings) -> faust.App:
+    """The faust app with its topics, tables and agents (nothing connects until it runs); its
+    settings are the tree's ``[stream]``, ``[detector]`` and ``[policy]`` tables."""
+    cfg = settings.stream
     prefix = settings.topic_prefix
     topics = {t.value_schema or "deadletter": t for t in catalogue(prefix)}
     app_id = prefix + cfg.app_id
@@ -202,7 +181,7 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
             job_partitions=job_partitions,
         ),
         counters,
-        window_s=cfg.window_s, lateness_s=cfg.lateness_s, batch_max=cfg.batch_max,
+        window_s=settings.detector.window_s, lateness_s=cfg.lateness_s, batch_max=cfg.batch_max,
         batch_within_s=cfg.batch_within_s, allocation_retention_s=cfg.allocation_retention_s,
     )  # fmt: skip
 
@@ -221,7 +200,7 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
     # -- stage 3: per-job peer comparison (the pure JobReleaser; here decode, call, produce) -----
     job_meta = AllocationTable(cfg.allocation_retention_s * 1000)
     stage3 = JobReleaser(
-        cfg.detector, job_meta, grace_ms=int(cfg.job_grace_s * 1000),
+        settings.detector, job_meta, grace_ms=int(cfg.job_grace_s * 1000),
         fan_out_job_wide=cfg.fan_out_job_wide,
         partition_of=lambda node: _samples_partition(node, node_partitions),
     )  # fmt: skip
@@ -320,7 +299,7 @@ def build_app(settings: Settings, stream: StreamSettings | None = None) -> faust
                 await dead(event, "invalid", str(exc))
 
     # -- stage 4: the drain policy, keyed by node -----------------------------------------------------
-    policy = PolicyStage(cfg.policy)
+    policy = PolicyStage(settings.policy)
     loaded_nodes: set[str] = set()
 
     @app.agent(app.topic(findings_t.get_topic_name(), health_t.get_topic_name(), node_events_t.get_topic_name(),

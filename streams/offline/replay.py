@@ -45,6 +45,7 @@ from peerwatch.exporters.archive_files import (
     split_file,
 )
 from peerwatch.schemas.registry import current_schema
+from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import (
     FINDING,
     INVALID,
@@ -55,7 +56,6 @@ from peerwatch.streams.core.pipeline import (
     Pipeline,
     PipelineSettings,
 )
-from peerwatch.streams.core.settings import DetectorSettings, PolicySettings
 from peerwatch.topics import HEALTH, JOB_EVENTS, NODE_EVENTS, SAMPLES, STEP_TIMES, TopicSpec
 
 #: Pipeline stream -> topic. Order = tie-break rank at equal event time.
@@ -77,23 +77,18 @@ _KEY_FIELD = {
 Record = tuple[str, str, dict[str, Any]]
 
 
-def live_equivalent_settings(
-    window_s: int = 30,
-    lateness_s: float = 5.0,
-    job_grace_s: float = 30.0,
-    fan_out_job_wide: bool = True,
-    detector: DetectorSettings | None = None,
-    policy: PolicySettings | None = None,
-) -> PipelineSettings:
-    """Pipeline settings equal to the live stream's (``StreamSettings`` defaults; pass the live
-    values when a worker was started with others). Raises ConfigError from DetectorSettings."""
-    det = detector or DetectorSettings(window_s=window_s)
+def live_equivalent_settings(settings: Settings | None = None) -> PipelineSettings:
+    """Pipeline settings equal to a live worker's with the settings tree ``settings`` (default:
+    the tree's defaults): its ``[stream]``, ``[detector]`` and ``[policy]`` tables."""
+    tree = settings or Settings()
+    stream = tree.stream
     return PipelineSettings(
-        detector=det,
-        policy=policy or PolicySettings(),
-        lateness_s=lateness_s,
-        job_grace_s=job_grace_s,
-        fan_out_job_wide=fan_out_job_wide,
+        detector=tree.detector,
+        policy=tree.policy,
+        lateness_s=stream.lateness_s,
+        job_grace_s=stream.job_grace_s,
+        fan_out_job_wide=stream.fan_out_job_wide,
+        allocation_retention_s=stream.allocation_retention_s,
     )
 
 

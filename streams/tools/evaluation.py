@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from peerwatch.producers.sim import Fleet, parse_scenario
+from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
 from peerwatch.streams.tools.eval_suites import EvalScenario
 
@@ -326,38 +327,50 @@ def targets(total: Score, window_s: int) -> list[Target]:
     ]
 
 
-def parse_overrides(items: Sequence[str]) -> PipelineSettings:
-    """``detector.mad_floor_clk_rel=0.009``, ``policy.x=y`` or ``pipeline.lateness_s=5`` into
-    settings. Values are JSON (numbers, true/false, lists), else strings. Raises ConfigError."""
+def parse_overrides(items: Sequence[str], base: Settings | None = None) -> PipelineSettings:
+    """The pipeline of the settings tree ``base`` (default: the tree's defaults, as a live worker
+    runs) with ``table.NAME=VALUE`` overrides (``detector``, ``policy``, ``stream``; ``pipeline``
+    is ``stream``, plus ``pipeline.max_batch``). Values are JSON (numbers, true/false, lists),
+    else strings. Raises ConfigError naming the setting."""
     import json
+    from dataclasses import replace
 
     from peerwatch.errors import ConfigError
-    from peerwatch.streams.core.settings import DetectorSettings, PolicySettings
+    from peerwatch.settings import with_overrides
+    from peerwatch.streams.offline.replay import live_equivalent_settings
 
-    groups: dict[str, dict[str, Any]] = {"detector": {}, "policy": {}, "pipeline": {}}
+    tree: dict[str, Any] = {}
+    max_batch: Any = None
     for item in items:
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().partition(".")
-        if not sep or not dot or section not in groups or not name:
+        if not sep or not dot or not name or section not in _OVERRIDABLE:
             raise ConfigError(
-                key or item,
-                "expected detector.NAME=VALUE, policy.NAME=VALUE or pipeline.NAME=VALUE",
+                key or item, "expected detector.NAME=VALUE, policy.NAME=VALUE or stream.NAME=VALUE"
             )
         try:
             value: Any = json.loads(raw)
         except ValueError:
             value = raw
-        groups[section][name] = value
-    pipeline = groups["pipeline"]
-    allowed = {"lateness_s", "job_grace_s", "fan_out_job_wide", "max_batch"}
-    for name in pipeline:
-        if name not in allowed:
-            raise ConfigError(f"pipeline.{name}", f"unknown setting (one of {sorted(allowed)})")
-    return PipelineSettings(
-        detector=DetectorSettings.from_dict(groups["detector"]),
-        policy=PolicySettings.from_dict(groups["policy"]),
-        **pipeline,
-    )
+        if section == "pipeline" and name == "max_batch":
+            max_batch = value
+        else:
+            tree[f"{_OVERRIDABLE[section]}.{name}"] = value
+    pipeline = live_equivalent_settings(with_overrides(base or Settings(), tree))
+    if max_batch is not None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError("pipeline.max_batch", f"must be an integer >= 1, got {max_batch!r}")
+        pipeline = replace(pipeline, max_batch=max_batch)
+    return pipeline
+
+
+#: Sections ``--set`` accepts -> their table in the settings tree.
+_OVERRIDABLE = {
+    "detector": "detector",
+    "policy": "policy",
+    "stream": "stream",
+    "pipeline": "stream",
+}
 
 
 def evaluate(

@@ -23,10 +23,10 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from peerwatch.exporters.consume import kafka_export_loop
-from peerwatch.exporters.otlp_sdk import OtlpConfig, otlp_sink
+from peerwatch.exporters.otlp_sdk import otlp_sink
 from peerwatch.kafka_config import consumer_config, producer_config
 from peerwatch.schemas.codec import codec_for
-from peerwatch.settings import KafkaSettings
+from peerwatch.settings import ExportSettings, KafkaSettings
 from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import (
     ACTIONS,
@@ -168,7 +168,7 @@ def library_exporter(
     collector: OtelCollector, settings: KafkaSettings, prefix: str, instance: str
 ) -> Iterator[None]:
     """The library loop over OTLP/HTTP in a thread."""
-    sink = otlp_sink(OtlpConfig(endpoint=collector.http_endpoint, protocol="http", interval_s=1.0),
+    sink = otlp_sink(ExportSettings(endpoint=collector.http_endpoint, protocol="http", interval_s=1.0),
                      resource_attributes={"service.instance.id": instance})  # fmt: skip
     loop, consumer, deadletter = kafka_export_loop(
         settings, sink, group_id=f"{prefix}export", topic_prefix=prefix
@@ -334,7 +334,7 @@ def test_collector_down_retries_then_drops_with_counters(protocol: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: connection refused from here on
-    config = OtlpConfig(endpoint=f"http://127.0.0.1:{port}", protocol=protocol,  # type: ignore[arg-type]
+    config = ExportSettings(endpoint=f"http://127.0.0.1:{port}", protocol=protocol,
                         interval_s=60.0, timeout_s=1.0, max_queued_events=4, event_batch_size=2,
                         event_delay_s=60.0)  # fmt: skip
     sink = otlp_sink(config)

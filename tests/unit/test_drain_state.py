@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from peerwatch.errors import ConfigError
-from peerwatch.exporters.drain.config import DrainSettings, load_drain_settings
+from peerwatch.exporters.drain.config import DrainSettings
 from peerwatch.exporters.drain.decide import ClusterView, NodeFacts, Outcome, apply_decision, decide
 from peerwatch.exporters.drain.state import ControllerState, DrainedNode, StateStore
+from peerwatch.settings import load_settings, with_overrides
 
 NOW_MS = 1_795_000_000_000
 HOUR_MS = 3_600_000
@@ -116,11 +117,12 @@ def test_settings_env_over_file_over_defaults(tmp_path: Path) -> None:
     cfg = tmp_path / "drain.toml"
     cfg.write_text("breaker_pct = 10.0\npartition_sizes = { gpu = 64 }\nenforce = true\n")
     env = {"PEERWATCH_DRAIN_BREAKER_PCT": "7.5", "PEERWATCH_DRAIN_CONFIG": str(cfg)}
-    s = load_drain_settings(env=env)
+    s = load_settings(env=env).drain
     assert s.breaker_pct == 7.5 and s.enforce is True and s.partition_sizes == {"gpu": 64}
-    s = load_drain_settings(env={"PEERWATCH_DRAIN_PARTITION_SIZES": "gpu=100,cpu=20"}, enforce=None)
+    tree = load_settings(env={"PEERWATCH_DRAIN_PARTITION_SIZES": "gpu=100,cpu=20"})
+    s = with_overrides(tree, {"drain.enforce": None}).drain
     assert s.partition_sizes == {"gpu": 100, "cpu": 20} and s.enforce is False
-    assert load_drain_settings(env={}) == DrainSettings()
+    assert load_settings(env={}).drain == DrainSettings()
 
 
 @pytest.mark.parametrize(
@@ -135,5 +137,5 @@ def test_settings_env_over_file_over_defaults(tmp_path: Path) -> None:
 )
 def test_bad_settings_name_the_field(env: dict[str, str], field: str) -> None:
     with pytest.raises(ConfigError) as info:
-        load_drain_settings(env=env)
+        load_settings(env=env)
     assert info.value.field == field

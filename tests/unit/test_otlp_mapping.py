@@ -16,7 +16,8 @@ from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Sum
 from peerwatch.errors import ConfigError
 from peerwatch.exporters.base import ExportError
 from peerwatch.exporters.otlp import METRICS, event_for, gpu_attributes, window_points
-from peerwatch.exporters.otlp_sdk import OtlpConfig, OtlpSink, signal_url
+from peerwatch.exporters.otlp_sdk import OtlpSink, signal_url
+from peerwatch.settings import ExportSettings
 
 T0_MS = 1_795_000_000_000
 WINDOW_MS = 60_000
@@ -64,7 +65,7 @@ def log_exporter() -> InMemoryLogRecordExporter:
 def sink(
     reader: InMemoryMetricReader, log_exporter: InMemoryLogRecordExporter, clock: FakeClock
 ) -> Iterator[OtlpSink]:
-    config = OtlpConfig(max_series=5, stale_after_s=600.0, event_delay_s=0.05)
+    config = ExportSettings(max_series=5, stale_after_s=600.0, event_delay_s=0.05)
     s = OtlpSink(config, metric_exporter=None, log_exporter=log_exporter,
                  metric_readers=[reader], clock=clock)  # fmt: skip
     yield s
@@ -294,13 +295,13 @@ def test_unmappable_record_raises_export_error(sink: OtlpSink, records: dict[str
 
 @pytest.mark.parametrize(
     ("changes", "field"),
-    [({"protocol": "udp"}, "otlp.protocol"), ({"endpoint": "127.0.0.1:4317"}, "otlp.endpoint"),
-     ({"interval_s": 0}, "otlp.interval_s"), ({"max_series": 0}, "otlp.max_series"),
-     ({"event_batch_size": 4096}, "otlp.event_batch_size")],
+    [({"protocol": "udp"}, "export.protocol"), ({"endpoint": "127.0.0.1:4317"}, "export.endpoint"),
+     ({"interval_s": 0}, "export.interval_s"), ({"max_series": 0}, "export.max_series"),
+     ({"event_batch_size": 4096}, "export.event_batch_size")],
 )  # fmt: skip
 def test_config_validation_names_the_field(changes: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as info:
-        OtlpConfig(**changes).validate()
+        ExportSettings(**changes)
     assert info.value.field == field
 
 

@@ -143,7 +143,7 @@ def test_job_wide_fan_out_alerts_every_node_of_the_job() -> None:
     doc["fleet"]["duration_s"] = 500
     fleet = Fleet(parse_scenario(doc))
     records = [r for batch in fleet.ticks() for r in batch]
-    plain = list(Pipeline().run(records))
+    plain = list(Pipeline(PipelineSettings(fan_out_job_wide=False)).run(records))
     fanned = list(Pipeline(PipelineSettings(fan_out_job_wide=True)).run(records))
     assert of(plain, FINDING) == of(fanned, FINDING)
     assert [f["status"] for f in of(plain, FINDING)] == ["JOB_WIDE"]
