@@ -87,12 +87,10 @@ def _branch(t: Any) -> tuple[Any, bool]:
 
 
 def _type_name(t: Any) -> str:
-    return t.get("type") if isinstance(t, dict) else t  # type: ignore[no-any-return]
+    return str(t.get("type")) if isinstance(t, dict) else str(t)
 
 
-def table_spec(
-    schema: Mapping[str, Any], selection: Mapping[str, Any], path: str = ""
-) -> TableSpec:
+def table_spec(schema: Any, selection: Mapping[str, Any], path: str = "") -> TableSpec:
     """The spec of ``selection`` over a record ``schema`` (a wire schema: no named-type
     references inside the selected fields). ``selection`` maps field names to True (the field as
     its own kind) or, for an array of records, to a nested selection. Fields missing from the
@@ -174,7 +172,7 @@ class ColumnDecoder:
     (:func:`tables_from_records`) are tested equal. Raises :class:`Unsupported` when the C
     module is not in use or the schema does not fit the spec."""
 
-    def __init__(self, spec: TableSpec, wire_schema: Mapping[str, Any]) -> None:
+    def __init__(self, spec: TableSpec, wire_schema: Any) -> None:
         from peerwatch.schemas import native
 
         if native.native is None:

@@ -24,7 +24,6 @@ HOUR_S = 3600
 DAY_S = 24 * HOUR_S
 
 
-
 @dataclass(frozen=True)
 class DrainSettings:
     """``[drain]``: limits and wiring of the drain controller (times in seconds, shares in

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import sys
 import time
 from pathlib import Path

@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
+from peerwatch.schemas.records import GpuWindow
 from peerwatch.streams.core.allocation import JobMeta
 from peerwatch.streams.core.detector import DetectionResult, detect_job_window
 from peerwatch.streams.core.detector_state import JobDetectorState
@@ -136,7 +137,9 @@ class JobStage:
                 state = self.states[job_id] = JobDetectorState(job_id=job_id)
             windows = [have[k] for k in sorted(have)]
             self._with_steps(job_id, start, windows)
-            out.append((start, detect_job_window(ctx, windows, state, self.settings)))
+            # the aggregator's dicts are GpuWindow records (typed at the detector's door)
+            typed = cast(list[GpuWindow], windows)
+            out.append((start, detect_job_window(ctx, typed, state, self.settings)))
         if not starts:
             del self.pending[job_id]
         return out

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from peerwatch.schemas.records import DrainRecommendation
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.model import InvalidRecordError
@@ -87,7 +88,7 @@ class PolicyStage:
         self.settings = settings
         self.state = DrainPolicyState()
 
-    def apply(self, record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def apply(self, record: Mapping[str, Any]) -> list[DrainRecommendation]:
         """Recommendations for one record. Raises InvalidRecordError for a record the policy
         rejects."""
         return policy_apply(record, self.state, self.settings)
@@ -207,9 +208,9 @@ class Pipeline:
         for r in released.releases:
             job_id = r.context.job_id
             for w in r.result.windows:
-                out.append(Output(WINDOW, job_id, w, self._stream_ms))
+                out.append(Output(WINDOW, job_id, dict(w), self._stream_ms))
             for f, copies in zip(r.result.findings, r.to_nodes, strict=True):
-                out.append(Output(FINDING, job_id, f, self._stream_ms))
+                out.append(Output(FINDING, job_id, dict(f), self._stream_ms))
                 for copy in copies:
                     out += self._recommend(copy)
         return out
@@ -219,7 +220,7 @@ class Pipeline:
             recs = self.policy.apply(record)
         except InvalidRecordError as exc:
             return [self._invalid("policy", str(record.get("node")), record, exc)]
-        return [Output(RECOMMENDATION, r["node"], r, self._stream_ms) for r in recs]
+        return [Output(RECOMMENDATION, r["node"], dict(r), self._stream_ms) for r in recs]
 
     def _invalid(self, stream: str, key: str, value: Mapping[str, Any], exc: Exception) -> Output:
         return Output(

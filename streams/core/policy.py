@@ -52,7 +52,6 @@ from peerwatch.streams.core.recommendations import (
     emit,
     feature_summary,
     hw_evidence,
-    sanitize_reason,
 )
 from peerwatch.streams.core.settings import PolicySettings
 
@@ -63,7 +62,6 @@ __all__ = [
     "apply_health",
     "apply_node_event",
     "record_kind",
-    "sanitize_reason",
 ]
 
 DEFAULT_POLICY = PolicySettings()

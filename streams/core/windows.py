@@ -152,7 +152,7 @@ class _Bucket:
             grown[: len(self.slot_of_gid)] = self.slot_of_gid
             self.slot_of_gid = grown
         a = self.accs.arrays
-        slot = self.slot_of_gid[gid]
+        slot: np.ndarray = self.slot_of_gid[gid]
         new = slot < 0
         if new.any():
             first_gid, first = np.unique(gid[new], return_index=True)
@@ -194,7 +194,8 @@ class _Bucket:
 
 def _delta(new: np.ndarray, old: np.ndarray) -> np.ndarray:
     """Counter increase; a counter that went down was reset and restarts at zero."""
-    return np.where(new >= old, new - old, new)
+    out: np.ndarray = np.where(new >= old, new - old, new)
+    return out
 
 
 class WindowAggregator:
@@ -360,6 +361,7 @@ class WindowAggregator:
         a = self._node.arrays
         cached = keep & (a["version"][node] >= 0) & (ts >= a["lo"][node]) & (ts < a["hi"][node])
 
+        assert gpus.parent is not None
         rows = np.flatnonzero(keep[gpus.parent]) if gpus.n else np.empty(0, np.int64)
         parent = gpus.parent[rows] if gpus.n else rows
         index = gpus.values["index"][rows]

@@ -12,8 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from windowgen import WINDOW_MS, run, window, with_overrides
 
+from peerwatch.reasons import sanitize_reason
 from peerwatch.streams.core.model import InvalidRecordError, JobContext, stable_id
-from peerwatch.streams.core.policy import apply, record_kind, sanitize_reason
+from peerwatch.streams.core.policy import apply, record_kind
 from peerwatch.streams.core.policy_state import DrainPolicyState
 from peerwatch.streams.core.settings import PolicySettings
 
