@@ -276,3 +276,74 @@ class MessageColumns:
         refused = {i for i, _ in bad}
         rows = np.fromiter((i for i in range(len(values)) if i not in refused), np.int64)
         return tables, rows, bad
+
+
+def concat_tables(parts: Sequence[Mapping[str, Table]]) -> dict[str, Table]:
+    """Tables of several batches one after the other (parents renumbered); one nesting level."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    out: dict[str, Table] = {}
+    tops = [p[""].n for p in parts]
+    offsets = np.concatenate([[0], np.cumsum(tops)[:-1]]).astype(np.int64)
+    for path, first in parts[0].items():
+        tables = [p[path] for p in parts]
+        parent = None
+        if first.parent is not None:
+            parent = np.concatenate(
+                [
+                    t.parent + off
+                    for t, off in zip(tables, offsets, strict=True)
+                    if t.parent is not None
+                ]
+            )
+        out[path] = Table(
+            sum(t.n for t in tables),
+            {k: np.concatenate([t.values[k] for t in tables]) for k in first.values},
+            {k: np.concatenate([t.valid[k] for t in tables]) for k in first.valid},
+            parent,
+        )
+    return out
+
+
+def take_rows(tables: Mapping[str, Table], order: Int64s) -> dict[str, Table]:
+    """The records ``order`` (top-level row numbers, each at most once) in that order, nested
+    rows following their record; one nesting level."""
+    out: dict[str, Table] = {}
+    top_n = next(t.n for t in tables.values() if t.parent is None)
+    for path, t in tables.items():
+        if t.parent is None:
+            rows = order
+            parent = None
+        else:
+            counts = np.bincount(t.parent, minlength=top_n) if t.n else np.zeros(top_n, np.int64)
+            starts = np.cumsum(counts) - counts
+            took = counts[order]
+            new_starts = np.cumsum(took) - took
+            rows = np.repeat(starts[order] - new_starts, took) + np.arange(int(took.sum()))
+            parent = np.repeat(np.arange(len(order), dtype=np.int64), took)
+        out[path] = Table(
+            len(rows),
+            {k: v[rows] for k, v in t.values.items()},
+            {k: v[rows] for k, v in t.valid.items()},
+            parent,
+        )
+    return out
+
+
+def slice_rows(tables: Mapping[str, Table], lo: int, hi: int) -> dict[str, Table]:
+    """Top-level rows ``[lo, hi)`` and their nested rows, as views (nested rows must be in
+    record order, as every decoder and :func:`take_rows` leave them); one nesting level."""
+    out: dict[str, Table] = {}
+    for path, t in tables.items():
+        if t.parent is None:
+            a, b, parent = lo, hi, None
+        else:
+            a, b = (int(x) for x in np.searchsorted(t.parent, [lo, hi], side="left"))
+            parent = t.parent[a:b] - lo
+        out[path] = Table(
+            b - a,
+            {k: v[a:b] for k, v in t.values.items()},
+            {k: v[a:b] for k, v in t.valid.items()},
+            parent,
+        )
+    return out

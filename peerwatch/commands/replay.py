@@ -56,6 +56,9 @@ def register(sub: Any) -> None:
                    help="read job events this far before --from (jobs that started earlier)")  # fmt: skip
     p.add_argument("--workers", type=int, default=1,
                    help="processes decoding archive files")  # fmt: skip
+    p.add_argument("--reorder-s", type=float, default=30.0,
+                   help="how far samples of an archive may be out of event-time order for it "
+                        "to be read as a stream (default 30; beyond it, whole hours are sorted)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -71,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     span = TimeRange(parse_time_ms(args.from_), parse_time_ms(args.to), int(args.lookback_s * 1000))
     if span.to_ms <= span.from_ms:
         raise ConfigError("--to", "must be after --from")
+    if args.reorder_s < 0:
+        raise ConfigError("--reorder-s", "must be >= 0")
     if not args.kafka and not Path(args.archive).is_dir():
         raise ConfigError("--archive", f"{args.archive} is not a directory")
     extra: dict[str, Any] = {}
@@ -78,8 +83,12 @@ def run(args: argparse.Namespace) -> int:
     pipeline = live_equivalent_settings(tree)
     keep = _scope(args, span, extra)
     progress = None if args.no_progress else Progress(span, sys.stderr)
-    extra["path"] = "columns"
-    result = _replay(args, span, pipeline, keep, progress, extra)
+    result = None
+    if not args.kafka and args.workers <= 1:
+        result = _column_replay(args, span, pipeline, keep, progress, extra)
+    if result is None:
+        extra["path"] = "decoded"
+        result = _replay(args, span, pipeline, keep, progress, extra)
     if args.findings:
         with open(args.findings, "w") as fh:
             fh.writelines(output_lines(result))
@@ -182,3 +191,41 @@ def _replay(
                     keep_windows=bool(args.report), progress=progress)  # fmt: skip
     result.wall_s += read_s
     return result
+
+
+def _column_replay(
+    args: argparse.Namespace, span: Any, settings: Any, keep: Any, progress: Any,
+    extra: dict[str, Any],
+) -> Any:  # fmt: skip
+    """An archive replay with the samples read as columns by the C decoder, block by block
+    (the same outputs as the decoded path, several times faster); None where it cannot run
+    (no C module, sample files of another schema version): then the decoded path runs. An
+    archive out of order by more than ``--reorder-s`` is replayed again by whole hours."""
+    from peerwatch.schemas.compiled import Unsupported
+    from peerwatch.streams.core.pipeline import Pipeline
+    from peerwatch.streams.offline.replay import column_archive_records, replay
+    from peerwatch.streams.offline.sample_runs import ArchiveUnordered
+
+    prefix = settings_of(args).topic_prefix
+    kept = {"job": args.job, "node": args.node, "keep_windows": bool(args.report)}
+    reorder: int | None = int(args.reorder_s * 1000)
+    while True:
+        pipeline = Pipeline(settings)
+        try:
+            records = column_archive_records(
+                Path(args.archive), span, pipeline.aggregator.strings, prefix, keep, reorder
+            )
+            result = replay(records, settings, progress=progress, pipeline=pipeline, **kept)
+        except ArchiveUnordered as exc:
+            if reorder is None:
+                raise
+            logging.getLogger(__name__).warning(
+                "replay: %s; replaying again with whole hours sorted", exc
+            )
+            reorder = None
+            continue
+        except Unsupported as exc:
+            logging.getLogger(__name__).warning("replay: columns not used (%s)", exc)
+            return None
+        extra["path"] = "columns"
+        return result

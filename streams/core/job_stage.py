@@ -21,7 +21,7 @@ consumed before this channel's batches and would release them early.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple, Protocol, cast
@@ -226,11 +226,30 @@ class Release:
 class Released:
     """What one call released: ``releases`` in (job id, window start) order; ``retired``, the
     pending entries they consumed (to delete from a changelog); ``saved``, job -> the state to
-    keep for each job that released (:meth:`JobReleaser.saved_state`)."""
+    keep for each job that released (:meth:`JobReleaser.saved_state`, serialised only when read:
+    read it before the next call; offline nobody does)."""
 
     releases: list[Release] = field(default_factory=list)
     retired: list[PendingEntry] = field(default_factory=list)
-    saved: dict[str, dict[str, Any]] = field(default_factory=dict)
+    saved: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class _SavedStates(Mapping[str, dict[str, Any]]):
+    """Job -> :meth:`JobReleaser.saved_state`, computed when read."""
+
+    def __init__(self, releaser: JobReleaser, jobs: list[str]) -> None:
+        self._releaser, self._jobs = releaser, jobs
+
+    def __getitem__(self, job_id: str) -> dict[str, Any]:
+        if job_id not in self._jobs:
+            raise KeyError(job_id)
+        return self._releaser.saved_state(job_id)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
 
 
 def route_finding(
@@ -323,6 +342,7 @@ class JobReleaser:
     def release(self, *job_ids: str) -> Released:
         """Release what is complete or past its watermark for ``job_ids`` (in that order)."""
         out = Released()
+        saved_jobs: list[str] = []
         for job_id in job_ids:
             meta = self.jobs.job(job_id)
             ctx = meta.context() if meta is not None else JobContext(job_id=job_id)
@@ -332,7 +352,8 @@ class JobReleaser:
                 srcs = self.sources.pop((job_id, start), ())
                 out.retired += [PendingEntry(job_id, start, src) for src in sorted(srcs)]
             if got:
-                out.saved[job_id] = self.saved_state(job_id)
+                saved_jobs.append(job_id)
+        out.saved = _SavedStates(self, saved_jobs)
         return out
 
     def _routes(self, job_id: str, result: DetectionResult) -> list[list[dict[str, Any]]]:

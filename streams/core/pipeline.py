@@ -24,6 +24,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from peerwatch.schemas.columns import Table, slice_rows, tables_from_records
 from peerwatch.schemas.records import DrainRecommendation
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.job_stage import JobReleaser
@@ -31,7 +34,7 @@ from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.policy import apply as policy_apply
 from peerwatch.streams.core.policy_state import DrainPolicyState
 from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
-from peerwatch.streams.core.windows import JobWindowBatch, WindowAggregator
+from peerwatch.streams.core.windows import SAMPLE_SPEC, JobWindowBatch, WindowAggregator
 
 WINDOW = "window"
 FINDING = "finding"
@@ -112,6 +115,8 @@ class Pipeline:
         self.policy = PolicyStage(settings.policy)
         self.step_times = 0
         self._batch: list[Mapping[str, Any]] = []
+        self._pending = 0  # samples of column runs aggregated since the last drain
+        self._refused: list[tuple[str, dict[str, Any]]] = []  # their late and invalid ones
         self._next_close_ms = -_FAR_FUTURE_MS
         self._next_prune_ms = -_FAR_FUTURE_MS
         self._stream_ms = -_FAR_FUTURE_MS
@@ -160,17 +165,60 @@ class Pipeline:
         return out
 
     # -- stages ---------------------------------------------------------------------------------
-    def _drain(self) -> list[Output]:
-        if not self._batch:
-            return []
-        batch, self._batch = self._batch, []
-        late = self.aggregator.add_batch(batch)
-        return self._after_batch(late)
+    def feed_columns(self, tables: Mapping[str, Table]) -> list[Output]:
+        """A run of samples as columns (:data:`~peerwatch.streams.core.windows.SAMPLE_SPEC`,
+        string codes of ``aggregator.strings``), in replay order: the same outputs, at the same
+        points, as feeding them one by one to :meth:`feed`."""
+        out = self._drain() if self._batch else []
+        n = tables[""].n
+        ts = tables[""].values["ts_ms"]
+        start = 0
+        while start < n:
+            end = min(n, start + self.settings.max_batch - self._pending)
+            # the first sample at or past the next closing time ends the batch (it is in it)
+            hits = np.flatnonzero(ts[start:end] >= self._next_close_ms)
+            if hits.size:
+                end = start + int(hits[0]) + 1
+            part = slice_rows(tables, start, end)
+            result = self.aggregator.add_columns(part)
+            for kind, rows in ((LATE_SAMPLE, result.late), (INVALID, result.invalid)):
+                self._refused += [(kind, self._sample_of(part, r)) for r in rows.tolist()]
+            self._pending += end - start
+            start = end
+            if hits.size or self._pending >= self.settings.max_batch:
+                out += self._drain()
+        return out
 
-    def _after_batch(self, late: list[Mapping[str, Any]]) -> list[Output]:
+    def _sample_of(self, tables: Mapping[str, Table], row: int) -> dict[str, Any]:
+        """What a late or invalid sample of a column batch is reported as: node and time."""
+        top = tables[""]
+        return {
+            "node": self.aggregator.name(int(top.values["node"][row])),
+            "ts_ms": int(top.values["ts_ms"][row]),
+        }
+
+    def _drain(self) -> list[Output]:
+        if self._batch:  # decoded dicts (the evaluation, the decoded replay path)
+            batch, self._batch = self._batch, []
+            tables = tables_from_records(SAMPLE_SPEC, batch, self.aggregator.strings)
+            result = self.aggregator.add_columns(tables)
+            for kind, rows in ((LATE_SAMPLE, result.late), (INVALID, result.invalid)):
+                self._refused += [(kind, dict(batch[r])) for r in rows.tolist()]
+        elif not self._pending:
+            return []
+        self._pending = 0
+        refused, self._refused = self._refused, []
+        out = [
+            Output(kind, str(s.get("node")), s, self._stream_ms)
+            if kind == LATE_SAMPLE
+            else self._invalid("samples", str(s.get("node")), s, ValueError("time out of range"))
+            for kind, s in sorted(refused, key=lambda r: r[0] != LATE_SAMPLE)
+        ]
+        return self._after_batch(out)
+
+    def _after_batch(self, out: list[Output]) -> list[Output]:
         """After a batch went through the aggregator: late samples out, windows closed and
         detected, state pruned."""
-        out = [Output(LATE_SAMPLE, str(s.get("node")), dict(s), self._stream_ms) for s in late]
         if self.aggregator.max_ts_ms is not None:
             self._stream_ms = max(self._stream_ms, self.aggregator.max_ts_ms)
         watermark = self.aggregator.watermark_ms

@@ -265,6 +265,11 @@ class WindowAggregator:
         refused = np.sort(np.concatenate([result.late, result.invalid]))
         return [samples[i] for i in refused.tolist()]
 
+    def name(self, code: int) -> str:
+        """The string of a code of :attr:`strings` (a node name, a UUID)."""
+        self._sync_names()
+        return self._names[code]
+
     def _job_code(self, job_id: str) -> int:
         code = self._jobs.get(job_id)
         if code is None:

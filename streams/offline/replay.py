@@ -31,6 +31,7 @@ import gc
 import io
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,16 @@ from peerwatch.streams.core.pipeline import (
     Output,
     Pipeline,
     PipelineSettings,
+)
+from peerwatch.streams.offline.sample_runs import (
+    DEFAULT_REORDER_MS,
+    FAR_FUTURE_MS,
+    SAMPLE_RUN,
+    SampleRuns,
+    file_tables,
+    in_scope,
+    merge,
+    sample_decoder,
 )
 from peerwatch.topics import HEALTH, JOB_EVENTS, NODE_EVENTS, SAMPLES, STEP_TIMES, TopicSpec
 
@@ -239,6 +250,36 @@ def archive_records(
             yield from admitted
 
 
+def column_archive_records(
+    root: Path,
+    span: TimeRange,
+    strings: dict[str, int],
+    topic_prefix: str = "",
+    keep_nodes: frozenset[str] | None = None,
+    reorder_ms: int | None = DEFAULT_REORDER_MS,
+) -> Iterator[Record]:
+    """The replay input under ``root`` in ``span``, hour by hour: the other streams' records
+    decoded, the samples as ``(SAMPLE_RUN, "", tables)`` runs in between (string codes of
+    ``strings``: the pipeline aggregator's). Samples are read block by block and released once
+    ``reorder_ms`` older than the newest read (None: each hour once it is all read). Raises
+    ArchiveUnordered (see :mod:`~peerwatch.streams.offline.sample_runs`), and Unsupported
+    without the C decoder or for sample files of another schema version."""
+    decoder = sample_decoder()
+    for files in (v for _, v in sorted(archive_hours(root, span, topic_prefix).items())):
+        decoded = [r for s, p in files if s != "samples" for r in _decode_task((s, str(p), None))]
+        waiting = deque(_admitted(decoded, span))
+        del decoded
+        runs = SampleRuns(strings)
+        paths = [p for s, p in files if s == "samples"]
+        for tables in file_tables(paths, decoder, strings):
+            runs.add(in_scope(tables, span.from_ms, span.to_ms, strings, keep_nodes))
+            if reorder_ms is not None and runs.newest is not None:
+                below = runs.newest - reorder_ms
+                if below > runs.released_below:
+                    yield from merge(waiting, runs.release(below), below)
+        yield from merge(waiting, runs.release(FAR_FUTURE_MS), FAR_FUTURE_MS)
+
+
 def _admitted(decoded: list[tuple[str, dict[str, Any]]], span: TimeRange) -> list[Record]:
     return sort_records((s, v) for s, v in decoded if span.admits(s, record_time_ms(v)))
 
@@ -364,6 +405,14 @@ def replay(
         collect(result, outputs, job, node, keep_windows)
 
     for stream, key, value in records:
+        if stream == SAMPLE_RUN:  # samples as columns (column_archive_records)
+            n = value[""].n
+            result.records += n
+            result.node_records += n
+            take(pipeline.feed_columns(value))
+            if progress is not None and n:
+                progress.update(int(value[""].values["ts_ms"][-1]), result.records)
+            continue
         result.records += 1
         if stream == "samples":
             result.node_records += 1

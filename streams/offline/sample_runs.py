@@ -1,0 +1,187 @@
+"""Replay's samples as columns: archive blocks (or Kafka messages) decoded into column tables
+and released in replay order, as runs between the records of the other streams.
+
+The replay order of samples is (event time, node name, read order), as
+:func:`peerwatch.streams.offline.replay.sort_records` orders decoded records; a record of
+another stream at time T comes before the samples of T. :class:`SampleRuns` holds the samples
+read but not yet released; :meth:`SampleRuns.release` sorts those under a time and hands them
+out as one table set. Reading an archive as a stream, samples are released once they are
+``reorder_ms`` older than the newest read, so memory holds that span, not the hour; a sample
+older than what was already released raises :class:`ArchiveUnordered` (replay again releasing
+each hour whole).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastavro.schema import to_parsing_canonical_form
+
+from peerwatch.exporters.archive_files import raw_blocks, record_time_ms
+from peerwatch.schemas.columns import (
+    ColumnDecoder,
+    Table,
+    concat_tables,
+    select_rows,
+    slice_rows,
+    take_rows,
+)
+from peerwatch.schemas.compiled import Unsupported
+from peerwatch.schemas.registry import raw_schema, strip_logical_types
+from peerwatch.streams.core.windows import SAMPLE_SPEC
+
+log = logging.getLogger(__name__)
+
+#: The stream of a record that is a run of sample columns (value: the tables).
+SAMPLE_RUN = "sample-run"
+DEFAULT_REORDER_MS = 30_000
+FAR_FUTURE_MS = 1 << 62
+
+
+class ArchiveUnordered(Exception):
+    """Samples of an archive out of order by more than the streaming read allows."""
+
+
+@dataclass
+class _Part:
+    """One block's samples held: tables, read order numbers, lowest and highest time."""
+
+    tables: dict[str, Table]
+    seq: np.ndarray
+    lo: int
+    hi: int
+
+
+class SampleRuns:
+    """Samples read and not yet released (see the module docstring). ``strings`` are the codes
+    of the tables' strings: give the pipeline's aggregator's."""
+
+    def __init__(self, strings: dict[str, int]) -> None:
+        self.strings = strings
+        self._parts: list[_Part] = []
+        self._seq = 0
+        self.released_below = -(1 << 62)
+        self.newest: int | None = None
+        self._rank = np.empty(0, np.int64)
+
+    def add(self, tables: Mapping[str, Table]) -> None:
+        """Samples of one block or batch, in read order. Raises ArchiveUnordered for one older
+        than what was already released."""
+        n = tables[""].n
+        if not n:
+            return
+        ts = tables[""].values["ts_ms"]
+        lo, hi = int(ts.min()), int(ts.max())
+        if lo < self.released_below:
+            raise ArchiveUnordered(
+                f"a sample at {lo} ms after samples up to {self.released_below} ms were released"
+            )
+        seq = np.arange(self._seq, self._seq + n, dtype=np.int64)
+        self._parts.append(_Part(dict(tables), seq, lo, hi))
+        self._seq += n
+        self.newest = hi if self.newest is None else max(self.newest, hi)
+
+    def release(self, below_ms: int) -> dict[str, Table] | None:
+        """Every held sample before ``below_ms``, in replay order (None: none). Only the parts
+        that straddle ``below_ms`` are cut; the rest go out or stay whole."""
+        self.released_below = max(self.released_below, below_ms)
+        out: list[_Part] = []
+        kept: list[_Part] = []
+        for part in self._parts:
+            if part.hi < below_ms:
+                out.append(part)
+            elif part.lo >= below_ms:
+                kept.append(part)
+            else:
+                before = part.tables[""].values["ts_ms"] < below_ms
+                after = ~before
+                ts_after = part.tables[""].values["ts_ms"][after]
+                kept.append(_Part(select_rows(part.tables, after), part.seq[after],
+                                  int(ts_after.min()), part.hi))  # fmt: skip
+                out.append(_Part(select_rows(part.tables, before), part.seq[before], part.lo, 0))
+        self._parts = kept
+        if not out:
+            return None
+        tables = concat_tables([p.tables for p in out])
+        seq = np.concatenate([p.seq for p in out])
+        top = tables[""].values
+        order = np.lexsort((seq, self._name_rank()[top["node"]], top["ts_ms"]))
+        return take_rows(tables, order)
+
+    def _name_rank(self) -> np.ndarray:
+        """Per string code, its rank in name order (node names sort as strings)."""
+        if len(self._rank) != len(self.strings):
+            names = list(self.strings)
+            order = sorted(range(len(names)), key=names.__getitem__)
+            self._rank = np.empty(len(names), np.int64)
+            self._rank[order] = np.arange(len(names))
+        return self._rank
+
+
+def in_scope(tables: Mapping[str, Table], from_ms: int, to_ms: int, strings: Mapping[str, int],
+             keep_nodes: frozenset[str] | None) -> dict[str, Table]:  # fmt: skip
+    """The samples of ``[from_ms, to_ms)`` (of ``keep_nodes`` only, when given)."""
+    ts = tables[""].values["ts_ms"]
+    keep = (ts >= from_ms) & (ts < to_ms)
+    if keep_nodes is not None:
+        codes = np.fromiter((strings[n] for n in keep_nodes if n in strings), np.int64)
+        keep &= np.isin(tables[""].values["node"], codes)
+    return dict(tables) if keep.all() else select_rows(tables, keep)
+
+
+def merge(waiting: deque[tuple[str, str, Any]], run: dict[str, Table] | None,
+          below_ms: int) -> Iterator[tuple[str, str, Any]]:  # fmt: skip
+    """``run`` (released samples, replay order) cut into SAMPLE_RUN records around the records
+    of other streams from ``waiting`` under ``below_ms``: a record at T comes before the
+    samples of T."""
+    pos = 0
+    n = run[""].n if run is not None else 0
+    ts = run[""].values["ts_ms"] if run is not None else np.empty(0, np.int64)
+    while waiting and (record_time_ms(waiting[0][2]) or 0) < below_ms:
+        record = waiting.popleft()
+        cut = int(np.searchsorted(ts, record_time_ms(record[2]) or 0, side="left"))
+        if cut > pos:
+            yield SAMPLE_RUN, "", _rows(run, pos, cut)
+            pos = cut
+        yield record
+    if pos < n:
+        yield SAMPLE_RUN, "", _rows(run, pos, n)
+
+
+def _rows(tables: Any, lo: int, hi: int) -> dict[str, Table]:
+    return slice_rows(tables, lo, hi)
+
+
+def sample_decoder() -> ColumnDecoder:
+    """The C column decoder of the current NodeGpuSample. Raises Unsupported without it."""
+    return ColumnDecoder(SAMPLE_SPEC, strip_logical_types(raw_schema("NodeGpuSample")))
+
+
+def file_tables(paths: Sequence[Path], decoder: ColumnDecoder, strings: dict[str, int]
+                ) -> Iterator[dict[str, Table]]:  # fmt: skip
+    """The samples of archive files block by block, as tables. A bad record is skipped with a
+    warning (and the rest of its block when its bytes are cut); a file whose header is unreadable
+    is skipped with a warning. Raises Unsupported for a file of another schema version (read it
+    through the decoded path)."""
+    current = to_parsing_canonical_form(strip_logical_types(raw_schema("NodeGpuSample")))
+    for path in paths:
+        try:
+            writer_schema, blocks = raw_blocks(path)
+        except ValueError as exc:
+            if "codec" in str(exc):
+                raise Unsupported(str(exc)) from exc
+            log.warning("%s: unreadable header (%s), skipped", path, exc)
+            continue
+        if to_parsing_canonical_form(strip_logical_types(writer_schema)) != current:
+            raise Unsupported(f"{path}: written with another NodeGpuSample version")
+        for count, data in blocks:
+            tables, bad, _ = decoder.block(data, 0, count, strings)
+            for i, reason in bad:
+                log.warning("%s: sample %d of a block skipped (%s)", path, i, reason)
+            yield tables
