@@ -260,29 +260,46 @@ static int buf_reserve(Buf *b, Py_ssize_t more) {
 }
 
 typedef struct {
-    Py_ssize_t rows;
+    Py_ssize_t rows, cap; /* every buffer below holds cap rows, zero past rows */
     Py_ssize_t ncols;
     Buf parent;
     Buf *values; /* 8 bytes a row */
     Buf *valid;  /* 1 byte a row */
 } Tab;
 
+/* Recently coded short strings (node names, UUIDs recur in every batch): bytes -> code without
+   building a str and asking the dict. Valid for one call (codes only grow within it). */
+#define CACHE_SLOTS 4096
+#define CACHE_BYTES 56
+typedef struct {
+    int64_t code;
+    Py_ssize_t len; /* -1: empty */
+    unsigned char bytes[CACHE_BYTES];
+} CacheEntry;
+
 typedef struct {
     Tab *tabs;
     Py_ssize_t ntabs;
     PyObject *strings;
+    CacheEntry *cache;
 } Cols;
 
+static int grow_to(Buf *b, Py_ssize_t bytes) {
+    Py_ssize_t old = b->cap;
+    if (buf_reserve(b, bytes - b->len) < 0) return -1;
+    memset(b->data + old, 0, (size_t)(b->cap - old));
+    return 0;
+}
+
 static int add_row(Tab *t, int64_t parent) {
-    if (buf_reserve(&t->parent, 8) < 0) return -1;
-    memcpy(t->parent.data + t->parent.len, &parent, 8);
-    t->parent.len += 8;
-    for (Py_ssize_t c = 0; c < t->ncols; c++) {
-        if (buf_reserve(&t->values[c], 8) < 0 || buf_reserve(&t->valid[c], 1) < 0) return -1;
-        memset(t->values[c].data + t->values[c].len, 0, 8);
-        t->values[c].len += 8;
-        t->valid[c].data[t->valid[c].len++] = 0;
+    if (t->rows == t->cap) {
+        Py_ssize_t cap = t->cap ? 2 * t->cap : 64;
+        if (grow_to(&t->parent, cap * 8) < 0) return -1;
+        for (Py_ssize_t c = 0; c < t->ncols; c++)
+            if (grow_to(&t->values[c], cap * 8) < 0 || grow_to(&t->valid[c], cap) < 0) return -1;
+        t->cap = cap;
     }
+    memcpy(t->parent.data + t->rows * 8, &parent, 8);
     t->rows++;
     return 0;
 }
@@ -290,6 +307,16 @@ static int add_row(Tab *t, int64_t parent) {
 static int string_code(Cols *cols, Reader *r, Py_ssize_t len, int64_t *code) {
     const unsigned char *p = r->buf + r->pos;
     r->pos += len;
+    CacheEntry *slot = NULL;
+    if (len <= CACHE_BYTES) {
+        uint32_t h = 2166136261u;
+        for (Py_ssize_t i = 0; i < len; i++) h = (h ^ p[i]) * 16777619u;
+        slot = &cols->cache[h & (CACHE_SLOTS - 1)];
+        if (slot->len == len && memcmp(slot->bytes, p, (size_t)len) == 0) {
+            *code = slot->code;
+            return 0;
+        }
+    }
     if (!utf8_ok(p, len)) {
         *code = 0;
         return check_text(r, p, len);
@@ -308,7 +335,13 @@ static int string_code(Cols *cols, Reader *r, Py_ssize_t len, int64_t *code) {
         Py_XDECREF(v);
     }
     Py_DECREF(s);
-    return *code == -1 && PyErr_Occurred() ? -1 : 0;
+    if (*code == -1 && PyErr_Occurred()) return -1;
+    if (slot != NULL) {
+        memcpy(slot->bytes, p, (size_t)len);
+        slot->len = len;
+        slot->code = *code;
+    }
+    return 0;
 }
 
 /* The column program compiled once per call into C structs, so that the per-record walk reads
@@ -509,12 +542,14 @@ static int read_level(Cols *cols, Reader *r, const Prog *prog, Py_ssize_t ti, in
 static void rollback(Cols *cols, const Py_ssize_t *saved) {
     for (Py_ssize_t k = 0; k < cols->ntabs; k++) {
         Tab *t = &cols->tabs[k];
-        t->rows = saved[k];
-        t->parent.len = saved[k] * 8;
-        for (Py_ssize_t c = 0; c < t->ncols; c++) {
-            t->values[c].len = saved[k] * 8;
-            t->valid[c].len = saved[k];
+        Py_ssize_t from = saved[k], n = t->rows - saved[k];
+        if (n <= 0) continue;
+        memset(t->parent.data + from * 8, 0, (size_t)n * 8);
+        for (Py_ssize_t c = 0; c < t->ncols; c++) { /* rows past ``rows`` stay zero */
+            memset(t->values[c].data + from * 8, 0, (size_t)n * 8);
+            memset(t->valid[c].data + from, 0, (size_t)n);
         }
+        t->rows = from;
     }
 }
 
@@ -554,11 +589,11 @@ static PyObject *tables_out(Cols *cols) {
     for (Py_ssize_t k = 0; k < cols->ntabs; k++) {
         Tab *t = &cols->tabs[k];
         PyObject *values = PyList_New(t->ncols), *valid = PyList_New(t->ncols);
-        PyObject *parent = PyBytes_FromStringAndSize(t->parent.data, t->parent.len);
+        PyObject *parent = PyBytes_FromStringAndSize(t->parent.data, t->rows * 8);
         if (values == NULL || valid == NULL || parent == NULL) goto fail;
         for (Py_ssize_t c = 0; c < t->ncols; c++) {
-            PyObject *v = PyBytes_FromStringAndSize(t->values[c].data, t->values[c].len);
-            PyObject *f = PyBytes_FromStringAndSize(t->valid[c].data, t->valid[c].len);
+            PyObject *v = PyBytes_FromStringAndSize(t->values[c].data, t->rows * 8);
+            PyObject *f = PyBytes_FromStringAndSize(t->valid[c].data, t->rows);
             if (v == NULL || f == NULL) {
                 Py_XDECREF(v);
                 Py_XDECREF(f);
@@ -612,11 +647,17 @@ static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_TypeError, "decode_columns: bad arguments");
         return NULL;
     }
-    Cols cols = {NULL, PyTuple_GET_SIZE(ncols), strings};
+    Cols cols = {NULL, PyTuple_GET_SIZE(ncols), strings, NULL};
     Prog *prog = NULL;
     PyObject *result = NULL, *bad_list = NULL, *tables = NULL;
     Py_ssize_t *saved = NULL, end = offset;
     cols.tabs = PyMem_Calloc((size_t)cols.ntabs, sizeof(Tab));
+    cols.cache = PyMem_Malloc(CACHE_SLOTS * sizeof(CacheEntry));
+    if (cols.cache == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < CACHE_SLOTS; k++) cols.cache[k].len = -1;
     saved = PyMem_Calloc((size_t)cols.ntabs, sizeof(Py_ssize_t));
     if (cols.tabs == NULL || saved == NULL) {
         PyErr_NoMemory();
@@ -692,6 +733,7 @@ static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssi
 done:
     Py_XDECREF(bad_list);
     prog_free(prog);
+    PyMem_Free(cols.cache);
     cols_free(&cols);
     PyMem_Free(saved);
     return result;

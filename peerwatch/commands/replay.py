@@ -10,6 +10,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -56,6 +57,9 @@ def register(sub: Any) -> None:
                    help="read job events this far before --from (jobs that started earlier)")  # fmt: skip
     p.add_argument("--workers", type=int, default=1,
                    help="processes decoding archive files")  # fmt: skip
+    p.add_argument("--one-process", action="store_true",
+                   help="archive replay in one process (default: two where there are two "
+                        "cores: samples and windows in one, detector and policy in the other)")  # fmt: skip
     p.add_argument("--reorder-s", type=float, default=30.0,
                    help="how far samples of an archive may be out of event-time order for it "
                         "to be read as a stream (default 30; beyond it, whole hours are sorted)")  # fmt: skip
@@ -205,17 +209,23 @@ def _column_replay(
     from peerwatch.streams.core.pipeline import Pipeline
     from peerwatch.streams.offline.replay import column_archive_records, replay
     from peerwatch.streams.offline.sample_runs import ArchiveUnordered
+    from peerwatch.streams.offline.split import SplitReplay
 
     prefix = settings_of(args).topic_prefix
     kept = {"job": args.job, "node": args.node, "keep_windows": bool(args.report)}
     reorder: int | None = int(args.reorder_s * 1000)
+    two = not args.one_process and (os.cpu_count() or 1) >= 2
     while True:
-        pipeline = Pipeline(settings)
+        split = SplitReplay(settings, **kept) if two else None
+        pipeline = split.front if split is not None else Pipeline(settings)
         try:
             records = column_archive_records(
                 Path(args.archive), span, pipeline.aggregator.strings, prefix, keep, reorder
             )
-            result = replay(records, settings, progress=progress, pipeline=pipeline, **kept)
+            if split is not None:
+                result = split.run(records, progress)
+            else:
+                result = replay(records, settings, progress=progress, pipeline=pipeline, **kept)
         except ArchiveUnordered as exc:
             if reorder is None:
                 raise
@@ -227,5 +237,8 @@ def _column_replay(
         except Unsupported as exc:
             logging.getLogger(__name__).warning("replay: columns not used (%s)", exc)
             return None
-        extra["path"] = "columns"
+        finally:
+            if split is not None:
+                split.close()
+        extra["path"] = "columns" if split is None else "columns, two processes"
         return result

@@ -1,0 +1,183 @@
+"""Replay on two cores, the live topology offline: stage 2 in the reading process, stages 3 and
+4 in a forked second one. Same outputs, in the same order, as the one-process
+:class:`~peerwatch.streams.core.pipeline.Pipeline` (tested equal).
+
+:class:`FrontPipeline` reads and aggregates the samples and, wherever the one-process pipeline
+would close windows, sends the closed GpuWindow dicts instead of running the detector.
+:class:`BackPipeline` receives them with every other record, in order, and runs stage 3 (the
+detector) and stage 4 (the policy) exactly where the one-process pipeline runs them. Messages
+(tuples, the first item names them):
+
+* ``("feed", stream, key, value)``: a record of another stream than the samples;
+* ``("drain", refused, max_ts_ms, watermark_ms, closed)``: a batch ended: the outputs of its
+  late and invalid samples, the highest sample time aggregated, the watermark and the closed
+  ``(window start, job id, GpuWindow)`` triples (None: no watermark yet);
+* ``("finish", closed, counters)``: end of input, every open window.
+
+Both sides keep an allocation table (the front to attribute readings and fill a window's job
+metadata, the back for job contexts and nodes) and apply the same events and prunes at the same
+points.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
+from peerwatch.streams.offline.replay import Progress, Record, ReplayResult, collect, replay
+
+Message = tuple[Any, ...]
+_FAR_FUTURE_MS = 1 << 62
+
+
+class FrontPipeline(Pipeline):
+    """Stage 2 of a split replay; everything else goes to ``send``. Its own methods return no
+    outputs: the back pipeline makes them."""
+
+    def __init__(self, settings: PipelineSettings, send: Callable[[Message], Any]) -> None:
+        super().__init__(settings)
+        self.send = send
+
+    def feed(self, stream: str, key: str, value: Mapping[str, Any]) -> list[Output]:
+        if stream == "samples":
+            return super().feed(stream, key, value)
+        if stream != "step-times":  # as Pipeline.feed: step times do not end a batch
+            self._drain()
+            event_ts = value.get("ts_ms")
+            if isinstance(event_ts, int):  # the time of the refused samples' outputs
+                self._stream_ms = max(self._stream_ms, event_ts)
+            if stream == "job-events":
+                # the back pipeline applies it too, and reports a bad one
+                with contextlib.suppress(InvalidRecordError):
+                    self.allocations.apply_event(value)
+        self.send(("feed", stream, key, value))
+        return []
+
+    def _after_batch(self, out: list[Output]) -> list[Output]:
+        agg = self.aggregator
+        if agg.max_ts_ms is not None:
+            self._stream_ms = max(self._stream_ms, agg.max_ts_ms)
+        watermark = agg.watermark_ms
+        closed: list[Any] = []
+        if watermark is not None:
+            closed = agg.pop_ready(watermark)
+            self._closed_to(watermark)
+        self.send(("drain", out, agg.max_ts_ms, watermark, closed))
+        return []
+
+    def finish(self) -> list[Output]:
+        self._drain()
+        self.send(("finish", self.aggregator.pop_all(), self.counters()))
+        return []
+
+
+class BackPipeline(Pipeline):
+    """Stages 3 and 4 of a split replay: :meth:`handle` each message of the front, in order."""
+
+    def __init__(self, settings: PipelineSettings) -> None:
+        super().__init__(settings)
+        self.front_counters: dict[str, int] = {}
+
+    def handle(self, message: Message) -> list[Output]:
+        kind = message[0]
+        if kind == "feed":
+            _, stream, key, value = message
+            return self.feed(stream, key, value)
+        if kind == "drain":
+            _, refused, max_ts_ms, watermark, closed = message
+            out = list(refused)
+            if max_ts_ms is not None:
+                self._stream_ms = max(self._stream_ms, max_ts_ms)
+            if watermark is None:
+                return out
+            out += self._detect(self.aggregator.group(closed), watermark)
+            self._closed_to(watermark)
+            return out
+        if kind == "finish":
+            _, closed, counters = message
+            self.front_counters = dict(counters)
+            return self._detect(self.aggregator.group(closed), _FAR_FUTURE_MS)
+        raise ValueError(f"unknown message {kind!r}")
+
+    def counters(self) -> dict[str, int]:
+        """The front's stage-2 counters (after finish) and the step times seen here."""
+        return {**self.front_counters, "step_times": self.step_times}
+
+
+class SplitReplay:
+    """A replay on two cores (module docstring): the stages process starts here; feed
+    :attr:`front` through :meth:`run`; :meth:`close` (or the ``with`` block) stops it."""
+
+    def __init__(
+        self,
+        settings: PipelineSettings,
+        *,
+        job: str | None = None,
+        node: str | None = None,
+        keep_windows: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.kept = {"job": job, "node": node, "keep_windows": keep_windows}
+        ctx = multiprocessing.get_context("fork")
+        self._here, there = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_stages_main, args=(there, settings, job, node, keep_windows),
+            name="peerwatch-replay-stages", daemon=True,
+        )  # fmt: skip
+        self._proc.start()
+        there.close()
+        self._done = False
+        self.front = FrontPipeline(settings, self._here.send)
+
+    def run(self, records: Iterable[Record], progress: Progress | None = None) -> ReplayResult:
+        """Feed ``records`` to :attr:`front`; the result as the one-process replay gives it."""
+        t0 = time.perf_counter()
+        result = replay(records, self.settings, progress=progress, pipeline=self.front,
+                        **self.kept)  # type: ignore[arg-type]  # fmt: skip
+        try:
+            back: ReplayResult = self._here.recv()
+        except (EOFError, OSError) as exc:
+            raise RuntimeError(
+                f"the replay's stages process ended early (exit code {self._proc.exitcode})"
+            ) from exc
+        self._done = True
+        result.findings, result.recommendations = back.findings, back.recommendations
+        result.windows, result.late, result.invalid = back.windows, back.late, back.invalid
+        result.wall_s = time.perf_counter() - t0
+        return result
+
+    def close(self) -> None:
+        if not self._done:
+            self._proc.kill()
+        self._proc.join()
+        self._here.close()
+
+    def __enter__(self) -> SplitReplay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _stages_main(
+    conn: Any, settings: PipelineSettings, job: str | None, node: str | None, keep_windows: bool
+) -> None:
+    """The second process: every message through a BackPipeline, the kept outputs sent back
+    at the end."""
+    back = BackPipeline(settings)
+    result = ReplayResult()
+    try:
+        while True:
+            message = conn.recv()
+            collect(result, back.handle(message), job, node, keep_windows)
+            if message[0] == "finish":
+                break
+    except EOFError:  # the reading process stopped (an error there, reported there)
+        return
+    conn.send(result)
+    conn.close()
