@@ -93,17 +93,25 @@ def report(
 
 
 def test_verdicts_against_the_issue_targets() -> None:
-    good = report(60_000.0, 0.5, 700 << 20, 100_000, 900.0)["verdicts"]
+    good = report(60_000.0, 2.1, 700 << 20, 100_000, 900.0)["verdicts"]
     assert set(good.values()) == {"PASS"}
-    bad = report(30_000.0, 0.2, 1100 << 20, 100_000, 2500.0, replay_x=3.0)["verdicts"]
+    bad = report(30_000.0, 1.9, 1100 << 20, 100_000, 2500.0, replay_x=3.0)["verdicts"]
     assert set(bad.values()) == {"FAIL"}
+    # a replay under 10x a much faster worker passes at the last session's replay rate
+    fast = report(1_200_000.0, 2.5, 700 << 20, 100_000, 900.0, replay_x=0.94)
+    assert fast["replay"]["node_records_per_s"] >= 140_244
+    assert fast["verdicts"]["replay_over_worker"] == "PASS"
+    assert (
+        report(1_000_000.0, 2.5, None, 0, 900, replay_x=1.0)["verdicts"]["replay_over_worker"]
+        == "FAIL"
+    )
     # An RSS measured with fewer GPUs than the target's proves nothing either way.
     assert report(60_000.0, 0.5, 200 << 20, 50_000, 900.0)["verdicts"]["rss_100k_gpus"] == "N/A"
 
 
 def test_table_names_every_target_and_verdict() -> None:
-    table = format_table(report(30_000.0, 0.6, 700 << 20, 100_000, 900.0))
-    assert "30,000.0" in table and "0.600" in table
+    table = format_table(report(30_000.0, 2.6, 700 << 20, 100_000, 900.0))
+    assert "30,000.0" in table and "2.600" in table
     lines = {line.split("  ")[0]: line for line in table.splitlines()}
     assert lines["worker GPU samples/s"].endswith("FAIL")
     assert lines["processor / floor"].endswith("PASS")
