@@ -253,6 +253,11 @@ class ContainerWriter:
     file's schema) is copied, not decoded and encoded again (fastavro's writer costs about
     250 us per 8-GPU sample; a copy, nothing).
 
+    Why an own writer: no library here appends already-encoded bodies. fastavro's ``writer`` and
+    ``Writer`` take records and encode them; polars' and pyarrow's Avro support cannot write our
+    files (STACK.md). The container format is small (header, then count + size + body + sync per
+    block) and fastavro reads what this writes (tested for every codec).
+
     A new (empty) file gets its header: ``schema`` (a wire schema), ``codec``, ``sync_marker``
     (random when None). A file that has content is continued with its own header's codec and
     sync marker (a recovered ``.part``). ``encode``: ``record -> body`` for :meth:`write`.

@@ -110,7 +110,8 @@ def native_decoder(schema: Any) -> Any:
 
 def native_skipper(schema: Any) -> Any:
     """``(buffer, offset) -> end`` stepping over one value of ``schema`` without building it
-    (strings are not checked for UTF-8), or None when the C module is not in use."""
+    (refusing what decoding refuses, invalid UTF-8 included), or None when the C module is not
+    in use."""
     if native is None:
         return None
     return functools.partial(native.skip, plan_of(schema))

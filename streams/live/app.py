@@ -53,6 +53,10 @@ from peerwatch.topics import TopicSpec, catalogue
 log = logging.getLogger(__name__)
 
 
+#: How often stage 3 walks its pending table for jobs pending from before a restart.
+PENDING_SCAN_EVERY_S = 5.0
+
+
 def _samples_partition(node: str, partitions: int) -> int:
     """The samples partition of ``node``: Kafka's default keyed partitioner (murmur2), which the
     producers (librdkafka ``murmur2_random``) and faust (aiokafka) both use."""
@@ -204,6 +208,7 @@ def build_app(settings: Settings) -> faust.App:
         fan_out_job_wide=cfg.fan_out_job_wide,
         partition_of=lambda node: _samples_partition(node, node_partitions),
     )  # fmt: skip
+    pending_scan = [0.0]  # monotonic s of the next walk of the pending table (see jobs)
     # (job, window start) -> wall ms when the last samples partition closed it (latency only).
     closed_wall: dict[tuple[str, int], float] = {}
 
@@ -278,9 +283,14 @@ def build_app(settings: Settings) -> faust.App:
                     continue
                 b = json.loads(event.value)
                 if b.get("kind") == "watermark":
-                    # Jobs with windows pending from before a restart and no batch since.
-                    for key in list(pending_table.keys()):
-                        restore(PendingEntry.from_key(key.decode()).job_id)
+                    # Jobs with windows pending from before a restart (or a rebalance) and no
+                    # batch since: the table is walked every few seconds, not at every
+                    # heartbeat (there are several per batch, and the table can be large).
+                    now_s = time.monotonic()
+                    if now_s >= pending_scan[0]:
+                        pending_scan[0] = now_s + PENDING_SCAN_EVERY_S
+                        for key in list(pending_table.keys()):
+                            restore(PendingEntry.from_key(key.decode()).job_id)
                     until = int(b["closed_until_ms"])
                     await publish(stage3.heartbeat(int(b["src"]), until, channel=partition))
                     continue
