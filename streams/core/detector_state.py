@@ -8,7 +8,7 @@ Everything is plain JSON types (str keys, ints, floats, lists, None).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -41,7 +41,19 @@ class GpuDetectorState:
         self.since_emit = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Field by field (dataclasses.asdict deep-copies through every value: it was a tenth of
+        # a live worker's time, saving each job's state after each window).
+        return {
+            "status": self.status,
+            "episode_start_ms": self.episode_start_ms,
+            "history": list(self.history),
+            "cusum": self.cusum,
+            "clean_streak": self.clean_streak,
+            "since_emit": self.since_emit,
+            "baseline_clk": list(self.baseline_clk),
+            "hard_last_ms": dict(self.hard_last_ms),
+            "last_seen_ms": self.last_seen_ms,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GpuDetectorState:
@@ -84,9 +96,16 @@ class JobDetectorState:
         return state
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["gpus"] = {k: self.gpus[k].to_dict() for k in sorted(self.gpus)}
-        return out
+        return {
+            "job_id": self.job_id,
+            "windows_seen": self.windows_seen,
+            "last_window_start_ms": self.last_window_start_ms,
+            "anchor_ms": self.anchor_ms,
+            "max_gpus_seen": self.max_gpus_seen,
+            "job_wide_start_ms": self.job_wide_start_ms,
+            "job_wide_clean": self.job_wide_clean,
+            "gpus": {k: self.gpus[k].to_dict() for k in sorted(self.gpus)},
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobDetectorState:
