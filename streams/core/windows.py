@@ -464,17 +464,23 @@ class WindowAggregator:
         ts_a = np.empty(size, np.int64)
         ts_a[pos] = t[order]
         ts_a[head_pos] = g["ts"][groups]
-        grp = np.repeat(np.arange(len(heads)), np.diff(np.r_[head_pos, size]))
-        # running maximum of the clock within each group (ranks keep the keys small)
-        uniq, rank = np.unique(ts_a, return_inverse=True)
-        key = grp * (size + 1) + rank
-        run = uniq[np.maximum.accumulate(key) - grp * (size + 1)]
-        before = np.empty(size, np.int64)
-        before[1:] = run[:-1]
-        moves = np.zeros(size, np.bool_)
-        moves[pos] = ts_a[pos] > before[pos]
-        moves[head_pos] = True  # the memory itself
-        last = np.maximum.accumulate(np.where(moves, np.arange(size), 0))
+        if bool(np.all(ts_a[pos] > ts_a[pos - 1])):
+            # The usual case: every reading moves its GPU's clock on; each one's previous is the
+            # element before it.
+            moves = np.ones(size, np.bool_)
+            last = np.arange(size)
+        else:
+            grp = np.repeat(np.arange(len(heads)), np.diff(np.r_[head_pos, size]))
+            # running maximum of the clock within each group (ranks keep the keys small)
+            uniq, rank = np.unique(ts_a, return_inverse=True)
+            key = grp * (size + 1) + rank
+            run = uniq[np.maximum.accumulate(key) - grp * (size + 1)]
+            before = np.empty(size, np.int64)
+            before[1:] = run[:-1]
+            moves = np.zeros(size, np.bool_)
+            moves[pos] = ts_a[pos] > before[pos]
+            moves[head_pos] = True  # the memory itself
+            last = np.maximum.accumulate(np.where(moves, np.arange(size), 0))
         prev = np.empty(size, np.int64)
         prev[1:] = last[:-1]
 

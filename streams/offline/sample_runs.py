@@ -111,8 +111,10 @@ class SampleRuns:
         tables = concat_tables([p.tables for p in out])
         seq = np.concatenate([p.seq for p in out])
         top = tables[""].values
-        order = np.lexsort((seq, self._name_rank()[top["node"]], top["ts_ms"]))
-        return take_rows(tables, order)
+        ts, rank = top["ts_ms"], self._name_rank()[top["node"]]
+        if len(ts) < 2 or _in_order(ts, rank, seq):  # written in replay order (the usual case)
+            return tables
+        return take_rows(tables, np.lexsort((seq, rank, ts)))
 
     def _name_rank(self) -> np.ndarray:
         """Per string code, its rank in name order (node names sort as strings)."""
@@ -122,6 +124,12 @@ class SampleRuns:
             self._rank = np.empty(len(names), np.int64)
             self._rank[order] = np.arange(len(names))
         return self._rank
+
+
+def _in_order(ts: np.ndarray, rank: np.ndarray, seq: np.ndarray) -> bool:
+    """Whether rows already follow (time, node name, read order)."""
+    dt, dr = ts[1:] - ts[:-1], rank[1:] - rank[:-1]
+    return bool(np.all((dt > 0) | ((dt == 0) & ((dr > 0) | ((dr == 0) & (seq[1:] > seq[:-1]))))))
 
 
 def in_scope(tables: Mapping[str, Table], from_ms: int, to_ms: int, strings: Mapping[str, int],
