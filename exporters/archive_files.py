@@ -499,6 +499,8 @@ def raw_blocks(path: Path) -> tuple[Any, Iterator[tuple[int, bytes]]]:
         fh.close()
         raise ValueError(f"{path}: {exc}") from exc
     fh.seek(header_end)
+    file_bytes = fh.seek(0, io.SEEK_END)
+    fh.seek(header_end)
 
     def blocks() -> Iterator[tuple[int, bytes]]:
         with fh:
@@ -508,8 +510,15 @@ def raw_blocks(path: Path) -> tuple[Any, Iterator[tuple[int, bytes]]]:
                 if count is None and fh.tell() == at:
                     return  # the end of the file, between blocks
                 size = _file_varint(fh) if count is not None else None
-                payload = fh.read(size) if size is not None and size >= 0 else b""
-                if count is None or size is None or len(payload) != size or fh.read(16) != sync:
+                # A size or count no block of the file could have (negative, or beyond the
+                # bytes left: a corrupted varint) is a corrupt tail, never a read of that size.
+                fits = size is not None and 0 <= size <= file_bytes - fh.tell()
+                if count is None or count < 0 or not fits:
+                    log.warning("%s: corrupt block header, rest ignored", path)
+                    return
+                assert size is not None
+                payload = fh.read(size)
+                if len(payload) != size or fh.read(16) != sync:
                     log.warning("%s: truncated tail ignored", path)
                     return
                 try:

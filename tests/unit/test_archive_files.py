@@ -20,6 +20,7 @@ from peerwatch.exporters.archive_files import (
     record_time_ms,
     split_file,
 )
+from peerwatch.schemas.compiled import encode_long
 
 SCHEMA = fastavro.parse_schema(
     {"type": "record", "name": "R", "fields": [{"name": "ts_ms", "type": "long"}]}
@@ -130,6 +131,31 @@ def test_raw_blocks_match_the_decoding_reader_at_every_cut(tmp_path: Path, codec
                for count, b in blocks for i in _offsets(b, count)]  # fmt: skip
         assert schema["name"] == "R"
         assert got == list(read_file(part)), cut
+
+
+@pytest.mark.parametrize("size", [2**62, 2**63 - 1, -5, 10**9])
+def test_raw_blocks_end_at_a_block_size_no_file_could_hold(tmp_path: Path, size: int) -> None:
+    # A corrupted size varint: no read of that size, no error; the blocks before it are kept.
+    path = tmp_path / "f.avro"
+    with path.open("wb") as fh:
+        w = fastavro.write.Writer(fh, SCHEMA, codec="null")
+        for i in range(20):
+            w.write({"ts_ms": i})
+            if (i + 1) % 10 == 0:
+                w.flush()
+    data = path.read_bytes()
+    _, spans = block_spans(data)
+    second = spans[1][0]
+    count = 10
+    rest = data[second:]
+    assert rest.startswith(encode_long(count))
+    end = len(encode_long(count))  # the second block's size varint starts here
+    while rest[end] & 0x80:
+        end += 1
+    bad = tmp_path / "bad.avro"
+    bad.write_bytes(data[:second] + encode_long(count) + encode_long(size) + rest[end + 1 :])
+    _, blocks = raw_blocks(bad)
+    assert [count for count, _ in blocks] == [10]
 
 
 def _offsets(block: bytes, count: int) -> list[int]:
