@@ -57,6 +57,14 @@ log = logging.getLogger(__name__)
 PENDING_SCAN_EVERY_S = 5.0
 
 
+def _key_text(key: bytes | None) -> str:
+    """A record key as text. Raises ValueError for a missing or non-UTF-8 key (dead-lettered by
+    the agents, which go on)."""
+    if key is None:
+        raise ValueError("record without a key")
+    return key.decode()
+
+
 def _samples_partition(node: str, partitions: int) -> int:
     """The samples partition of ``node``: Kafka's default keyed partitioner (murmur2), which the
     producers (librdkafka ``murmur2_random``) and faust (aiokafka) both use."""
@@ -273,7 +281,7 @@ def build_app(settings: Settings) -> faust.App:
                     stage3.add_step(step)
                     continue
                 if event.message.topic == job_events_t.get_topic_name():
-                    job_id = event.key.decode()
+                    job_id = _key_text(event.key)
                     restore(job_id)
                     job = codecs["JobEvent"].decode(event.value)
                     job_meta.apply_event(job)
@@ -317,7 +325,11 @@ def build_app(settings: Settings) -> faust.App:
                name=f"{app_id}-policy")  # fmt: skip
     async def policy_agent(stream: Any) -> None:
         async for event in stream.events():
-            node = event.key.decode()
+            try:
+                node = _key_text(event.key)
+            except ValueError as exc:  # no key, or not UTF-8: nothing to key the node's state by
+                await dead(event, "invalid", str(exc))
+                continue
             if node not in loaded_nodes:
                 saved = policy_table.get(event.key)
                 if saved:
@@ -332,7 +344,7 @@ def build_app(settings: Settings) -> faust.App:
                 else:
                     record = codecs["NodeStateEvent"].decode(event.value)
                 recs = policy.apply(record)
-            except (CodecError, InvalidRecordError, KeyError, ValueError) as exc:
+            except (CodecError, InvalidRecordError, KeyError, ValueError, TypeError) as exc:
                 await dead(event, "invalid", str(exc))
                 continue
             if node in policy.state.nodes:

@@ -84,3 +84,14 @@ def test_settings_round_trip_through_json() -> None:
     assert DetectorSettings.from_dict(json.loads(json.dumps(d.to_dict()))) == d
     p = PolicySettings(drain_after_confirmed_s=300)
     assert PolicySettings.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+
+
+def test_a_record_key_that_is_missing_or_not_utf8_is_refused_by_name() -> None:
+
+    from peerwatch.streams.live.app import _key_text
+
+    assert _key_text(b"gpu00001") == "gpu00001"
+    with pytest.raises(ValueError, match="without a key"):
+        _key_text(None)
+    with pytest.raises(ValueError):  # UnicodeDecodeError is a ValueError: dead-lettered
+        _key_text(b"\xff\xfe")
