@@ -87,7 +87,6 @@ def test_settings_round_trip_through_json() -> None:
 
 
 def test_a_record_key_that_is_missing_or_not_utf8_is_refused_by_name() -> None:
-
     from peerwatch.streams.live.app import _key_text
 
     assert _key_text(b"gpu00001") == "gpu00001"
