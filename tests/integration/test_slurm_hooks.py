@@ -25,8 +25,10 @@ from tests.integration.slurm_kafka import PYTHON, TopicReader, peerwatch_env, ru
 
 pytestmark = pytest.mark.integration
 
-#: Generous: slurmd forks the wrapper on a loaded 2-core CI machine. Typical is ~100 ms.
-HOOK_BUDGET_MS = 400
+#: Not a speed budget (typical is ~100 ms; timings are printed, and speed belongs in a
+#: benchmark): a hook that waited on an unreachable broker would take librdkafka's timeouts
+#: (tens of seconds). This only tells "returned at once" from "blocked on Kafka".
+HOOK_BLOCKED_MS = 10_000
 
 
 def write_wrapper(path: Path, hook: str, bootstrap: str, prefix: str, work: Path) -> None:
@@ -126,14 +128,14 @@ def test_prolog_and_epilog_publish_started_and_ended(
     assert by[(failing, "ENDED")]["exit_code"] == 3
     assert len(by[(failing, "STARTED")]["allocations"][0]["gpu_indices"]) == 2
 
-    # Each hook exited 0 within the budget, as slurmd timed it through the wrapper.
+    # Each hook exited 0 without blocking, as slurmd timed it through the wrapper.
     for job in (ok_job, failing):
         for hook in ("prolog", "epilog"):
             [(rc, ms)] = hook_times(work, hook, job)
             print(f"hook wall time: {hook} job {job}: {ms} ms (Kafka up)")
-            assert rc == 0 and ms < HOOK_BUDGET_MS, (hook, job, ms)
+            assert rc == 0 and ms < HOOK_BLOCKED_MS, (hook, job, ms)
 
-    # Kafka unreachable: jobs still run and finish, hooks stay fast, events wait in the outbox.
+    # Kafka unreachable: jobs still run and finish, hooks do not wait, events wait in the outbox.
     for hook in ("prolog", "epilog"):
         write_wrapper(work / hook, hook, "127.0.0.1:1", topic_prefix, work)
     offline = cluster.sbatch(out, "--gres=gpu:1", "--wrap", "true")
@@ -142,7 +144,7 @@ def test_prolog_and_epilog_publish_started_and_ended(
     for hook in ("prolog", "epilog"):
         [(rc, ms)] = hook_times(work, hook, offline)
         print(f"hook wall time: {hook} job {offline}: {ms} ms (Kafka unreachable)")
-        assert rc == 0 and ms < HOOK_BUDGET_MS, (hook, ms)
+        assert rc == 0 and ms < HOOK_BLOCKED_MS, (hook, ms)
     env = peerwatch_env(kafka_settings, topic_prefix, tmp_path)
     # Kafka is back: flushing the outbox delivers the two waiting events.
     flushed = run_peerwatch(["slurm", "flush-outbox", "--outbox", str(work / "outbox")], env)
