@@ -52,8 +52,6 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
-import numpy as np
-
 from peerwatch.schemas import native, registry
 from peerwatch.schemas.compiled import compile_decoder, compile_encoder, encode_long
 from peerwatch.schemas.native import plan_of
@@ -146,26 +144,16 @@ def _resolved(tables: Any, spec: Any, names: list[str]) -> list[Any]:
 
 
 def _columns_native(mod: Any, wire: Any) -> Fn:
-    from peerwatch.schemas.columns import Table, table_spec
+    from peerwatch.schemas.columns import ColumnDecoder, table_spec
 
     spec = table_spec(wire, column_selection(wire))
-    program, ncols = native.column_program(spec, wire)
+    decoder = ColumnDecoder(spec, wire, module=mod)
 
     def run(buf: Any, offset: int) -> Any:
         strings: dict[str, int] = {}
-        raw, bad, _ = mod.decode_columns(program, ncols, [buf], offset, 0, strings)
+        tables, bad = decoder.messages([buf], offset, strings)
         if bad:
             raise ValueError(bad[0][1])
-        tables = {}
-        for t, (rows, parent, values, valid) in zip(spec.tables(), raw, strict=True):
-            table = Table(rows, {}, {}, None if not t.path else np.frombuffer(parent, np.int64))
-            for c, v, ok in zip(t.columns, values, valid, strict=True):
-                table.values[c.name] = np.frombuffer(
-                    v, np.float64 if c.kind == "float" else np.int64
-                )
-                if c.nullable:
-                    table.valid[c.name] = np.frombuffer(ok, np.bool_)
-            tables[t.path] = table
         return _resolved(tables, spec, list(strings))
 
     return run
