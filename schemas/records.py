@@ -85,6 +85,19 @@ class Evidence(TypedDict):
     gpu_index: int | None
 
 
+#: Named cause from the evidence.
+FindingCause = Literal[
+    "THERMAL",
+    "POWER",
+    "CLOCKS",
+    "LINK",
+    "HOST",
+    "HARDWARE",
+    "NO_SAMPLES",
+    "UNKNOWN",
+]
+
+
 class DrainRecommendation(TypedDict):
     """A recommendation to drain a node (or only alert), with evidence. Key: node."""
 
@@ -124,6 +137,9 @@ class DrainRecommendation(TypedDict):
 
     #: After this time the recommendation is stale and a controller may resume, ms (UTC).
     expires_ms: int | None
+
+    #: Cause named from the evidence (as the findings').
+    cause: FindingCause
 
 
 class GpuWindow(TypedDict):
@@ -592,7 +608,16 @@ class StepTime(TypedDict):
 
 
 #: Verdict.
-FindingStatus = Literal["SUSPECT", "CONFIRMED", "CLEARED", "JOB_WIDE", "HARD_ERROR", "UNKNOWN"]
+FindingStatus = Literal[
+    "SUSPECT",
+    "CONFIRMED",
+    "CLEARED",
+    "JOB_WIDE",
+    "HARD_ERROR",
+    "SILENT",
+    "FLEET_WIDE",
+    "UNKNOWN",
+]
 
 
 class FeatureEvidence(TypedDict):
@@ -633,7 +658,8 @@ class StragglerFinding(TypedDict):
     gpu_uuid: str | None
 
     #: SUSPECT (candidate), CONFIRMED (persistent), CLEARED, JOB_WIDE (abstained: shared cause),
-    #: HARD_ERROR.
+    #: HARD_ERROR, SILENT (a node's samples stopped), FLEET_WIDE (a shift shared by a partition or
+    #: the fleet). Readers of an older schema read new symbols as UNKNOWN.
     status: FindingStatus
 
     #: Start of the window that produced the finding, ms (UTC).
@@ -662,3 +688,13 @@ class StragglerFinding(TypedDict):
 
     #: Short human explanation.
     reason: str
+
+    #: Cause named from the evidence: THERMAL (HW thermal slowdown), POWER (power brake, SW power
+    #: cap), CLOCKS (application clocks lowered), LINK (PCIe/NVLink), HOST (low SM activity with
+    #: normal clocks: data loader, CPU), HARDWARE (a hard rule), NO_SAMPLES (the node went quiet),
+    #: UNKNOWN.
+    cause: FindingCause
+
+    #: Event time at which the detector had its evidence (the sample's time for a hard rule), ms
+    #: (UTC); null from older writers.
+    detected_ms: int | None

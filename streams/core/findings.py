@@ -59,6 +59,8 @@ def job_wide_finding(
         "first_flagged_ms": start_ms,
         "peer_group_size": group_n,
         "reason": reason,
+        "cause": "UNKNOWN",
+        "detected_ms": end_ms,
     }
 
 
@@ -99,4 +101,7 @@ def make_finding(
         "first_flagged_ms": gpu_state.episode_start_ms if gpu_state is not None else None,
         "peer_group_size": group_n,
         "reason": reason,
+        "cause": "HARDWARE" if rules else "UNKNOWN",
+        # A window-based verdict has its evidence when the window closes.
+        "detected_ms": int(window["window_end_ms"]),
     }

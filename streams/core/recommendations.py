@@ -108,5 +108,6 @@ def emit(
             "partition": ns.partition,
             "evidence": evidence or [],
             "expires_ms": expires_ms,
+            "cause": finding.get("cause", "UNKNOWN") if finding is not None else "UNKNOWN",
         }
     ]

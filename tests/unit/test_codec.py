@@ -168,7 +168,13 @@ def test_released_version_record_decodes_with_current_codec(name: str) -> None:
         buf = io.BytesIO()
         buf.write(MAGIC + registry.fingerprint(released))
         schemaless_writer(buf, released, REALISTIC[name])
-        assert AvroCodec(name).decode(buf.getvalue()) == REALISTIC[name]
+        # Fields added since that version read as their defaults.
+        released_fields = {f["name"] for f in released["fields"]}
+        expected = {
+            f["name"]: REALISTIC[name][f["name"]] if f["name"] in released_fields else f["default"]
+            for f in registry.raw_schema(name)["fields"]
+        }
+        assert AvroCodec(name).decode(buf.getvalue()) == expected
 
 
 def test_older_writer_is_resolved_into_current(monkeypatch: pytest.MonkeyPatch) -> None:
