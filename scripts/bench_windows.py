@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from peerwatch.producers.sim import Fleet, parse_scenario
-from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.schemas.columns import tables_from_records
+from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.windows import SAMPLE_SPEC, WindowAggregator
 
 
