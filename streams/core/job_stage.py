@@ -145,8 +145,9 @@ class JobStage:
         return out
 
     def prune(self, watermark_ms: int, idle_ms: int) -> None:
-        """Forget detector states of jobs with no window for ``idle_ms`` (ended jobs), and step
-        times that no window claimed for as long."""
+        """Forget detector states of jobs with no window for ``idle_ms`` (ended jobs), step
+        times that no window claimed for as long, and the newest released window of a job
+        forgotten so (a batch older still is later than any re-send)."""
         for job_id, starts in list(self.steps.items()):
             for start in [s for s in starts if s + idle_ms < watermark_ms]:
                 del starts[start]
@@ -156,6 +157,10 @@ class JobStage:
             last = state.last_window_start_ms
             if job_id not in self.pending and last is not None and last + idle_ms < watermark_ms:
                 del self.states[job_id]
+        for job_id, start in list(self.released.items()):
+            forgotten = job_id not in self.pending and job_id not in self.states
+            if forgotten and start + idle_ms < watermark_ms:
+                del self.released[job_id]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -359,6 +364,12 @@ class JobReleaser:
     def _routes(self, job_id: str, result: DetectionResult) -> list[list[dict[str, Any]]]:
         nodes = partial(self.jobs.nodes_of, job_id)  # asked only for a JOB_WIDE finding
         return [route_finding(f, nodes, self.fan_out_job_wide) for f in result.findings]
+
+    def low_watermark_ms(self) -> int | None:
+        """The slowest watermark of every source heard from (None before the first heartbeat):
+        the event time up to which everything was closed everywhere (pruning uses it)."""
+        marks = [m for per_channel in self.watermarks.values() for m in per_channel.values()]
+        return min(marks) if marks else None
 
     def watermark_ms(self, job_id: str) -> int:
         """How far the job's windows are complete: the watermark of the slowest source holding

@@ -299,6 +299,11 @@ def build_app(settings: Settings) -> faust.App:
                         pending_scan[0] = now_s + PENDING_SCAN_EVERY_S
                         for key in list(pending_table.keys()):
                             restore(PendingEntry.from_key(key.decode()).job_id)
+                        # Ended jobs are forgotten here as in replay (Pipeline._closed_to).
+                        low_ms = stage3.low_watermark_ms()
+                        if low_ms is not None:
+                            job_meta.prune(low_ms)
+                            stage3.prune(low_ms, cfg.allocation_retention_s * 1000)
                     until = int(b["closed_until_ms"])
                     await publish(stage3.heartbeat(int(b["src"]), until, channel=partition))
                     continue

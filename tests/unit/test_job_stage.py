@@ -226,3 +226,20 @@ def test_a_node_finding_goes_to_its_node_only() -> None:
     finding = {"status": "SUSPECT", "node": "a", "gpu_index": 1}
     assert route_finding(finding, nodes, True) == [finding]
     assert route_finding({"status": "SUSPECT", "node": None}, nodes, True) == []
+
+
+def test_prune_forgets_an_ended_job_entirely_released_window_included() -> None:
+    stage = releaser()
+    assert stage.low_watermark_ms() is None
+    stage.add(batch(0, "a", [0, 1]), src=0)
+    stage.add(batch(0, "b", [0, 1]), src=1)
+    assert starts(stage.release("7")) == [0]
+    stage.heartbeat(0, WINDOW_MS)
+    stage.heartbeat(1, 3 * WINDOW_MS)
+    assert stage.low_watermark_ms() == WINDOW_MS
+    idle_ms = 10 * WINDOW_MS
+    stage.prune(5 * WINDOW_MS, idle_ms)  # not idle long enough: everything kept
+    assert "7" in stage.stage.released and "7" in stage.stage.states
+    stage.prune(20 * WINDOW_MS, idle_ms)
+    assert stage.stage.released == {} and stage.stage.states == {} and stage.channel_of == {}
+    assert not stage.seen("7")
