@@ -31,6 +31,7 @@ from peerwatch.producers.sim import Fleet, parse_scenario
 from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
 from peerwatch.streams.tools.eval_suites import EvalScenario
+from peerwatch.streams.tools.soak import MAX_GPU_ALERTS_PER_100_NODE_DAYS, AlertCensus, census
 
 CLOCK_FAULTS = frozenset({"sm_clock_drop", "thermal_throttle", "power_brake"})
 RECALL_STATUSES = frozenset({"SUSPECT", "CONFIRMED"})
@@ -60,6 +61,8 @@ class Score:
     by_kind: dict[str, list[int]] = field(default_factory=dict)
     missed: list[dict[str, Any]] = field(default_factory=list)
     false_drain_records: list[dict[str, Any]] = field(default_factory=list)
+    #: Recommendations by what they cost on-call, per fleet time (see the soak suite).
+    alerts: AlertCensus = field(default_factory=AlertCensus)
 
     def add(self, other: Score) -> None:
         for name in (
@@ -76,6 +79,7 @@ class Score:
             mine[1] += hit
         self.missed += other.missed
         self.false_drain_records += other.false_drain_records
+        self.alerts.add(other.alerts)
 
     @property
     def recall(self) -> float | None:
@@ -107,6 +111,7 @@ class Score:
             },
             "missed": self.missed,
             "false_drain_records": self.false_drain_records,
+            "alerts": self.alerts.to_dict(),
         }
 
 
@@ -147,8 +152,10 @@ def score(
     window_ms: int = 30_000,
     slack_ms: int = DEFAULT_SLACK_MS,
     interval_ms: int = 0,
+    node_s: float = 0.0,
 ) -> Score:
     """Score one scenario. ``findings`` and ``recommendations`` are (record, stream_ms) pairs.
+    ``node_s``: the fleet time the scenario covers (nodes x seconds), for the alert census.
 
     ``interval_ms`` (the sampling interval) is added to the one-window allowance of hard
     errors: a fault between two ticks can only show in the next sample.
@@ -235,6 +242,12 @@ def score(
             and not _explained(faults, r["node"], None, ts - window_ms, ts, slack_ms)
         ):
             out.false_alerts += 1
+
+    def explained(r: Mapping[str, Any]) -> bool:
+        ts = int(r["ts_ms"])
+        return _explained(faults, r["node"], None, ts - window_ms, ts, slack_ms)
+
+    out.alerts = census((r for r, _ in recs), node_s, explained)
     return out
 
 
@@ -280,10 +293,16 @@ def run_scenario(scenario: EvalScenario, settings: PipelineSettings) -> Scenario
         elif out.kind == RECOMMENDATION:
             recs.append((out.value, out.stream_ms))
     labels = fleet.labels()
-    result = score(
-        labels, findings, recs, settings.detector.window_ms, interval_ms=fleet.interval_ms
-    )
     spec = fleet.spec
+    node_s = spec.nodes * spec.duration_ms / 1000.0
+    result = score(
+        labels,
+        findings,
+        recs,
+        settings.detector.window_ms,
+        interval_ms=fleet.interval_ms,
+        node_s=node_s,
+    )
     return ScenarioResult(
         scenario.name,
         spec.nodes * spec.gpus_per_node,
@@ -324,6 +343,21 @@ def targets(total: Score, window_s: int) -> list[Target]:
         ),
         Target("false drains", float(total.false_drains), "= 0", total.false_drains == 0),
         Target("median onset->finding (s)", med, "<= 60", med is not None and med <= 60.0),
+    ]
+
+
+def soak_targets(total: AlertCensus) -> list[Target]:
+    """The soak suite's targets on the summed alert census: no drain, and at most
+    ``MAX_GPU_ALERTS_PER_100_NODE_DAYS`` GPU-blaming alerts (data-loader stalls apart)."""
+    rate = total.per_100_node_days(total.gpu_alerts)
+    return [
+        Target("drains", float(total.drains), "= 0", total.drains == 0),
+        Target(
+            "GPU-blaming alerts per 100 node-days (data-loader stalls apart)",
+            rate,
+            f"<= {MAX_GPU_ALERTS_PER_100_NODE_DAYS:g}",
+            rate is not None and rate <= MAX_GPU_ALERTS_PER_100_NODE_DAYS,
+        ),
     ]
 
 
