@@ -173,9 +173,14 @@ def book_for(settings: AlertmanagerSettings) -> AlertBook:
 
 
 def assign_from(consumer: Any, topics: list[str], since_ms: int) -> ReplayProgress:
-    """Assign every partition of ``topics`` at the first offset at or after ``since_ms``;
-    returns the end offsets to reach. Raises ServiceError for a missing topic."""
-    from confluent_kafka import OFFSET_END, TopicPartition
+    """Assign every partition of ``topics`` at its first record stamped at or after ``since_ms``
+    (Kafka record timestamps); returns the end offsets to reach. Raises ServiceError for a
+    missing topic.
+
+    The end offsets are read before the time lookup: a partition with no record since
+    ``since_ms`` starts at that end offset, so a record produced meanwhile is read, not skipped
+    (as starting at "the end" would)."""
+    from confluent_kafka import TopicPartition
 
     metadata = consumer.list_topics(timeout=10)
     wanted: list[TopicPartition] = []
@@ -184,14 +189,19 @@ def assign_from(consumer: Any, topics: list[str], since_ms: int) -> ReplayProgre
         if meta is None or meta.error is not None or not meta.partitions:
             raise ServiceError(f"topic {topic} does not exist (create it: peerwatch topics create)")
         wanted += [TopicPartition(topic, p, since_ms) for p in sorted(meta.partitions)]
-    starts = consumer.offsets_for_times(wanted, timeout=10)
+    highs = {
+        (tp.topic, tp.partition): consumer.get_watermark_offsets(
+            TopicPartition(tp.topic, tp.partition), timeout=10
+        )[1]
+        for tp in wanted
+    }
     progress = ReplayProgress()
     assignment = []
-    for tp in starts:
-        _low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), 10)
-        start = tp.offset if tp.offset >= 0 else OFFSET_END
+    for tp in consumer.offsets_for_times(wanted, timeout=10):
+        high = highs[(tp.topic, tp.partition)]
+        start = tp.offset if 0 <= tp.offset < high else high
         assignment.append(TopicPartition(tp.topic, tp.partition, start))
-        if 0 <= tp.offset < high:
+        if start < high:
             progress.ends[(tp.topic, tp.partition)] = high
     consumer.assign(assignment)
     return progress
