@@ -355,3 +355,35 @@ def test_restart_resends_the_same_alerts_and_notifies_nobody_again(
         after = {a["fingerprint"]: a["startsAt"] for a in stack.alerts()}
         assert after == before
         assert len(stack.hook.notifications()) == notes_before, diagnose()
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (
+            {"alertname": "NodeDrainRecommended", "severity": "warning", "node": "n1"},
+            "oncall-pager",
+        ),
+        ({"alertname": "GpuHardError", "severity": "critical", "node": "n1"}, "oncall-pager"),
+        ({"alertname": "GpuStraggler", "severity": "warning", "job_id": "1"}, "gpu-team-email"),
+        ({"alertname": "JobWideSlowdown", "severity": "info", "job_id": "1"}, "slack-gpu"),
+    ],
+)
+def test_the_routing_example_in_the_operations_guide_is_valid(
+    labels: dict[str, str], receiver: str, tmp_path: Path
+) -> None:
+    """docs/operations.md's Alertmanager config passes ``amtool check-config`` and routes as the
+    guide says (amtool comes with Debian's prometheus-alertmanager)."""
+    doc = (REPO_ROOT / "docs" / "operations.md").read_text()
+    start = doc.index("# /etc/prometheus/alertmanager.yml")
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(doc[start : doc.index("```", start)])
+    check = subprocess.run(["amtool", "check-config", str(config)],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    route = subprocess.run(
+        ["amtool", "config", "routes", "test", f"--config.file={config}",
+         *(f"{k}={v}" for k, v in labels.items())],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert route.returncode == 0 and route.stdout.strip() == receiver, route.stdout + route.stderr
