@@ -141,12 +141,17 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 @contextmanager
 def exporter(
-    stack: Stack, kafka: KafkaSettings, prefix: str, log_path: Path, resend_s: float
+    stack: Stack,
+    kafka: KafkaSettings,
+    prefix: str,
+    log_path: Path,
+    resend_s: float,
+    **settings: str,
 ) -> Iterator[Callable[[], str]]:
-    """``peerwatch export alertmanager`` in a subprocess; yields a reader of its log. SIGTERM
-    must stop it cleanly."""
+    """``peerwatch export alertmanager`` in a subprocess (``settings``: more PEERWATCH_*
+    variables); yields a reader of its log. SIGTERM must stop it cleanly."""
     env = {**os.environ, "PEERWATCH_KAFKA_BOOTSTRAP": kafka.bootstrap_servers,
-           "PEERWATCH_TOPIC_PREFIX": prefix, "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
+           "PEERWATCH_TOPIC_PREFIX": prefix, "PYTHONPATH": str(REPO_ROOT), **settings}  # fmt: skip
     with log_path.open("a") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "peerwatch.cli", "export", "alertmanager", "--url", stack.am.url,
@@ -355,6 +360,31 @@ def test_restart_resends_the_same_alerts_and_notifies_nobody_again(
         after = {a["fingerprint"]: a["startsAt"] for a in stack.alerts()}
         assert after == before
         assert len(stack.hook.notifications()) == notes_before, diagnose()
+
+
+def test_alerts_wait_for_alertmanager_and_arrive_when_it_is_back(
+    stack: Stack, kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path
+) -> None:
+    """Alertmanager down: the exporter keeps the alert, logs each failed try and backs off; the
+    alert arrives once Alertmanager answers again (the loop did not die meanwhile)."""
+    records = Records(kafka_settings, topic_prefix)
+    stack.am.stop()
+    job = "4201"
+    with exporter(stack, kafka_settings, topic_prefix, tmp_path / "export.log", 1.0,
+                  PEERWATCH_ALERTMANAGER_RETRY_MAX_S="1") as log:  # fmt: skip
+
+        def diagnose() -> str:
+            return f"exporter log:\n{log()[-3000:]}\nalertmanager log:\n{stack.am.log_tail()}"
+
+        wait_for("the replay", lambda: "caught up after 0 records" in log(), diagnose)
+        records.finding(finding("CONFIRMED", job, "gpu00031", 1, now_ms()))
+        wait_for("two failed tries", lambda: log().count("unreachable") >= 2, diagnose)
+        assert "1 alerts kept" in log()
+        stack.am.start()
+        alerts = wait_for("the alert", stack.alerts, diagnose)
+        assert [a["labels"]["job_id"] for a in alerts] == [job]
+        wait_for("its notification", lambda: stack.hook.notifications(job), diagnose)
+        assert "answers again" in log()
 
 
 @pytest.mark.parametrize(
