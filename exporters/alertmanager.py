@@ -180,6 +180,15 @@ def assign_from(consumer: Any, topics: list[str], since_ms: int) -> ReplayProgre
     The end offsets are read before the time lookup: a partition with no record since
     ``since_ms`` starts at that end offset, so a record produced meanwhile is read, not skipped
     (as starting at "the end" would)."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return _assign_from(consumer, topics, since_ms)
+    except KafkaException as exc:
+        raise ServiceError(f"Kafka: cannot assign the alert topics: {exc}") from exc
+
+
+def _assign_from(consumer: Any, topics: list[str], since_ms: int) -> ReplayProgress:
     from confluent_kafka import TopicPartition
 
     metadata = consumer.list_topics(timeout=10)
@@ -246,6 +255,8 @@ def run_alert_export(
     while not stop.is_set():
         loop.run_once(poll_timeout_s)
         if not progress.check(positions(consumer, progress)):
+            # End what ran out meanwhile, as it would have ended live: keeps the book small.
+            sender.book.expire(sender.clock.now_ms())
             continue
         if not replayed:
             replayed = True

@@ -334,9 +334,9 @@ def test_restart_resends_the_same_alerts_and_notifies_nobody_again(
         return (f"exporter log:\n{log_path.read_text()[-3000:]}\n"
                 f"webhook: {json.dumps(stack.hook.notifications())[-2500:]}")  # fmt: skip
 
-    # resend 5 s: Alertmanager holds a firing alert for 4 resends (20 s) without news, longer
-    # than the restart takes, as Prometheus's 1 min resend gives 4 min.
-    with exporter(stack, kafka_settings, topic_prefix, log_path, 5.0) as log:
+    # resend 15 s: Alertmanager holds a firing alert for 4 resends (60 s) without news, longer
+    # than the restart takes on a loaded machine, as Prometheus's 1 min resend gives 4 min.
+    with exporter(stack, kafka_settings, topic_prefix, log_path, 15.0) as log:
         # Live this time: the records arrive after the (empty) replay.
         wait_for("the replay", lambda: "caught up after 0 records" in log(), diagnose)
         t = now_ms()
@@ -350,7 +350,7 @@ def test_restart_resends_the_same_alerts_and_notifies_nobody_again(
     notes_before = len(stack.hook.notifications())
     received = stack.received_total()
 
-    with exporter(stack, kafka_settings, topic_prefix, log_path, 5.0) as log:
+    with exporter(stack, kafka_settings, topic_prefix, log_path, 15.0) as log:
         # The restarted exporter replays the topic and sends the same two alerts again...
         wait_for("the re-sent alerts", lambda: stack.received_total() >= received + 2, diagnose)
         assert log().count("replay caught up after 2 records: 2 alerts firing") == 1
