@@ -12,7 +12,7 @@ replaying the topics after a restart rebuilds the same alerts with the same labe
   (a candidate; the drain policy turns one worth telling into an ALERT recommendation). A later
   finding of the same kind refreshes it (CONFIRMED is re-emitted as a heartbeat); it ends at
   the CLEARED finding of the same job, node and GPU, when the job ENDED, or ``finding_ttl``
-  after its last refresh. Its labels are fixed when it opens; later evidence updates the
+  after its last refresh; a hard error (the GPU's, not the job's) only by the TTL. Its labels are fixed when it opens; later evidence updates the
   annotations only (a changed label set would be a second alert).
 * A recommendation opens ``NodeDrainRecommended`` (DRAIN) or ``NodeAlert`` (ALERT) with the
   record's severity; the same labels again extend it; it ends at ``expires_ms``.
@@ -47,8 +47,9 @@ FINDING_ALERTS: dict[str, tuple[str, str]] = {
     "JOB_WIDE": (JOB_WIDE_SLOWDOWN, "info"),
     "FLEET_WIDE": (FLEET_WIDE_SHIFT, "info"),
 }
-#: What a CLEARED finding ends (a hard error has no episode to clear: its alert times out).
-CLEARED_ENDS = frozenset({GPU_STRAGGLER, NODE_SILENT, JOB_WIDE_SLOWDOWN, FLEET_WIDE_SHIFT})
+#: Alerts of an episode in a job, ended by a CLEARED finding or the job's end. A hard error is
+#: the GPU's, not the job's: it has no episode to clear and outlives the job (it times out).
+EPISODIC = frozenset({GPU_STRAGGLER, NODE_SILENT, JOB_WIDE_SLOWDOWN, FLEET_WIDE_SHIFT})
 SEVERITIES: dict[str, str] = {"INFO": "info", "WARNING": "warning", "CRITICAL": "critical"}
 
 #: The runbook line of each cause (annotation ``runbook``).
@@ -250,17 +251,17 @@ class AlertBook:
         gpu = "" if record.get("gpu_index") is None else str(int(record["gpu_index"]))
         at_ms = _event_ms(record)
         if status == "CLEARED":
-            for name in CLEARED_ENDS:
+            for name in EPISODIC:
                 self._end_finding((name, job, node, gpu), at_ms)
             return
         if status not in FINDING_ALERTS:
             self.stats.ignored += 1  # SUSPECT and UNKNOWN open nothing
             return
+        alertname, severity = FINDING_ALERTS[status]
         ended_ms = self._ended.get(job)
-        if ended_ms is not None and at_ms <= ended_ms:
+        if alertname in EPISODIC and ended_ms is not None and at_ms <= ended_ms:
             self.stats.ignored += 1  # read after the job's end, from before it
             return
-        alertname, severity = FINDING_ALERTS[status]
         key = (alertname, job, node, gpu)
         annotations = finding_annotations(record, alertname)
         current = self.alerts.get(self._findings.get(key, ()))
@@ -323,7 +324,7 @@ class AlertBook:
             return
         at_ms = int(record.get("end_ms") or _event_ms(record))
         self._ended[job] = max(at_ms, self._ended.get(job, at_ms))
-        for key in [k for k in self._findings if k[1] == job]:
+        for key in [k for k in self._findings if k[1] == job and k[0] in EPISODIC]:
             self._end_finding(key, at_ms)
 
     # -- time ------------------------------------------------------------------------------------

@@ -168,6 +168,15 @@ def test_job_end_resolves_the_jobs_alerts_and_its_late_findings_open_nothing() -
     assert len(b.alerts) == 2 and b.stats.ignored == 1
 
 
+def test_a_hard_error_outlives_its_job() -> None:
+    """The lost GPU that ended the job is still lost: only the TTL ends its alert."""
+    b = book()
+    b.apply("StragglerFinding", finding("HARD_ERROR", T0, cause="HARDWARE"))
+    b.apply("JobEvent", {"job_id": "1001", "kind": "ENDED", "ts_ms": T0 + MIN, "end_ms": T0 + MIN})
+    b.apply("StragglerFinding", finding("HARD_ERROR", T0 + 30_000, gpu=7, cause="HARDWARE"))
+    assert len(b.alerts) == 2 and all(a.firing for a in b.alerts.values())
+
+
 def test_due_sends_new_then_waits_for_resend_and_sends_changes_at_once() -> None:
     b = book()
     b.apply("StragglerFinding", finding("CONFIRMED", T0))
