@@ -6,7 +6,7 @@ Tables (each a frozen dataclass that validates itself, :mod:`peerwatch.settings_
 · ``[detector]`` :class:`~peerwatch.streams.core.settings.DetectorSettings` · ``[policy]``
 :class:`~peerwatch.streams.core.settings.PolicySettings` · ``[drain]``
 :class:`~peerwatch.exporters.drain.config.DrainSettings` · ``[export]`` :class:`ExportSettings` ·
-``[agent]`` :class:`AgentSettings`; the paths shared by every process are top-level keys.
+``[alertmanager]`` :class:`AlertmanagerSettings` · ``[agent]`` :class:`AgentSettings`; the paths shared by every process are top-level keys.
 
 The config file is TOML (``--config FILE`` or ``$PEERWATCH_CONFIG``). Environment names are
 derived from the fields: ``PEERWATCH_<TABLE>_<FIELD>`` (``PEERWATCH_<FIELD>`` for top-level keys),
@@ -38,7 +38,15 @@ from peerwatch.settings_base import (
 )
 from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
 
-__all__ = ["KafkaSettings", "Secret", "Settings", "expand", "load_settings", "with_overrides"]
+__all__ = [
+    "AlertmanagerSettings",
+    "KafkaSettings",
+    "Secret",
+    "Settings",
+    "expand",
+    "load_settings",
+    "with_overrides",
+]
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
@@ -123,6 +131,41 @@ class ExportSettings:
 
 
 @dataclass(frozen=True)
+class AlertmanagerSettings:
+    """``[alertmanager]``: ``peerwatch export alertmanager`` (findings and recommendations as
+    alerts through Alertmanager's v2 API) and the local Alertmanager of ``peerwatch
+    alertmanager start``."""
+
+    url: str = setting("http://127.0.0.1:9093", "Alertmanager base URL (http:// or https://)")
+    timeout_s: float = setting(5.0, "timeout of one POST to Alertmanager (s)")
+    resend_s: float = setting(
+        60.0, "active alerts are re-sent this often (Prometheus resend_delay)"
+    )
+    retry_max_s: float = setting(60.0, "longest wait between retries while Alertmanager fails (s)")
+    resolved_retention_s: float = setting(
+        900.0, "resolved alerts are re-sent for this long after they end (s)"
+    )
+    finding_ttl_s: float = setting(
+        3600.0, "a finding's alert ends this long after its last CONFIRMED heartbeat (s)"
+    )
+    lookback_s: float = setting(
+        7 * 86400.0, "on start, the topics are replayed from this far back to rebuild the alerts"
+    )
+    max_alerts: int = setting(10_000, "most alerts held; new ones beyond are counted and dropped")
+    port: int = setting(9093, "`peerwatch alertmanager start`: listen port on 127.0.0.1")
+
+    def __post_init__(self) -> None:
+        t = "alertmanager"
+        check_types(self, t)
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"{t}.url", f"{self.url!r} must start with http(s)://")
+        check_positive(self, t, "timeout_s", "resend_s", "retry_max_s", "resolved_retention_s")
+        check_positive(self, t, "finding_ttl_s", "lookback_s", "max_alerts")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"{t}.port", f"must be a TCP port, got {self.port!r}")
+
+
+@dataclass(frozen=True)
 class AgentSettings:
     """``[agent]``: the per-node GPU agent (``peerwatch agent``)."""
 
@@ -160,6 +203,7 @@ class Settings:
     policy: PolicySettings = field(default_factory=PolicySettings)
     drain: DrainSettings = field(default_factory=DrainSettings)
     export: ExportSettings = field(default_factory=ExportSettings)
+    alertmanager: AlertmanagerSettings = field(default_factory=AlertmanagerSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
 
     def __post_init__(self) -> None:
@@ -176,6 +220,7 @@ TABLES: dict[str, type] = {
     "policy": PolicySettings,
     "drain": DrainSettings,
     "export": ExportSettings,
+    "alertmanager": AlertmanagerSettings,
     "agent": AgentSettings,
 }
 ROOT_KEYS = ("spool_dir", "cache_dir", "state_dir", "topic_prefix")

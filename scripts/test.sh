@@ -26,6 +26,11 @@ bash scripts/slurm-up.sh
 if ! command -v chromium >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
+# The Alertmanager tests run Debian's Alertmanager (and its amtool) as a plain process.
+if ! command -v prometheus-alertmanager >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-alertmanager >/dev/null
+fi
 # The OpenTelemetry Collector the exporter tests talk to is built once from the Go module proxy.
 bash scripts/build-collector.sh >/dev/null
 

@@ -1,9 +1,12 @@
-"""``peerwatch export otlp|stdout`` — publish the output topics as OTLP or JSON lines.
+"""``peerwatch export otlp|stdout|alertmanager`` — publish the output topics as OTLP, JSON
+lines or Alertmanager alerts.
 
 ``otlp``: GpuWindows become OTLP metrics, findings/recommendations/health results/drain actions
 OTLP events, sent to a collector over gRPC (default ``http://127.0.0.1:4317``) or HTTP/protobuf
 (e.g. ``--protocol http --endpoint http://127.0.0.1:4318``). ``stdout``: the same mapping as JSON
-lines, for local debugging. Runs until SIGTERM/SIGINT, then flushes.
+lines, for local debugging. ``alertmanager``: findings and drain recommendations as alerts
+through Alertmanager's v2 API (``[alertmanager]`` settings; :mod:`peerwatch.exporters.alertmanager`).
+Runs until SIGTERM/SIGINT, then flushes.
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ def register(sub: Any) -> None:
     stdout = targets.add_parser("stdout", help="JSON lines on stdout, for debugging")
     stdout.add_argument("--group-id", default="peerwatch-export-stdout")
     stdout.set_defaults(func=run)
+
+    am = targets.add_parser("alertmanager", help="findings and recommendations as alerts")
+    am.add_argument("--url", help="Alertmanager base URL (overrides alertmanager.url)")
+    am.add_argument("--resend-s", type=float, help="re-send active alerts this often")
+    am.add_argument("--group-id", default="peerwatch-export-alertmanager")
+    am.set_defaults(func=run_alertmanager)
 
 
 def _sink(args: argparse.Namespace, settings: Settings) -> Any:
@@ -84,4 +93,35 @@ def run(args: argparse.Namespace) -> int:
         log.error("%d dead-letter records were not delivered", undelivered)
     extra = sink.stats() if hasattr(sink, "stats") else {}
     log.info("export %s stopped: %s %s", args.target, stats, extra)
+    return 0
+
+
+def run_alertmanager(args: argparse.Namespace) -> int:
+    from peerwatch.exporters.alertmanager import kafka_alert_export, run_alert_export
+
+    overrides = {"alertmanager.url": args.url, "alertmanager.resend_s": args.resend_s}
+    settings = settings_of(args, overrides)
+    loop, consumer, progress, sender, deadletter = kafka_alert_export(
+        settings.kafka,
+        settings.alertmanager,
+        group_id=args.group_id,
+        topic_prefix=settings.topic_prefix,
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    log.info(
+        "export alertmanager: %s, replaying %d partitions with records (prefix %r)",
+        sender.client.url,
+        len(progress.ends),
+        settings.topic_prefix,
+    )
+    try:
+        run_alert_export(loop, consumer, progress, sender, stop)
+    finally:
+        consumer.close()
+        undelivered = deadletter.flush()
+    if undelivered:
+        log.error("%d dead-letter records were not delivered", undelivered)
+    log.info("export alertmanager stopped: %s %s %s", loop.stats, sender.book.stats, sender.stats)
     return 0

@@ -1,0 +1,296 @@
+"""``peerwatch export alertmanager``: the thin edges around :mod:`peerwatch.exporters.alerts`.
+
+* :class:`AlertmanagerClient` POSTs alerts to ``/api/v2/alerts`` (urllib, a timeout per
+  request); any failure is a :class:`~peerwatch.errors.ServiceError`.
+* :class:`AlertSender` sends what the :class:`~peerwatch.exporters.alerts.AlertBook` says is
+  due; while Alertmanager fails it keeps the alerts and retries with exponential backoff (capped
+  at ``retry_max_s``), logging each failure: the loop never blocks on it and never dies of it.
+* :class:`AlertSink` is the exporter :class:`~peerwatch.exporters.base.Sink` feeding the book.
+* :class:`ReplayProgress` and :func:`run_alert_export`: on start the findings, recommendations
+  and job-events topics are read from ``lookback_s`` ago (no committed offsets), so the book is
+  rebuilt from the topics; nothing is sent until the replay reached the end offsets seen at
+  start. The alerts then sent carry the labels they had before the restart, so Alertmanager
+  merges them into the alerts it holds and notifies nobody again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from peerwatch.clock import SYSTEM_CLOCK, Clock
+from peerwatch.errors import ServiceError
+from peerwatch.exporters.alerts import AlertBook, BadAlertRecord, to_api
+from peerwatch.exporters.base import ExportError
+from peerwatch.exporters.consume import ExportLoop, MessageSource, deadletter_topic
+from peerwatch.settings import AlertmanagerSettings
+from peerwatch.topics import JOB_EVENTS, RECOMMENDATIONS, STRAGGLERS
+
+log = logging.getLogger(__name__)
+
+ALERT_TOPICS = (STRAGGLERS, RECOMMENDATIONS, JOB_EVENTS)
+#: Alerts per POST (Alertmanager takes any number; smaller bodies fail and retry cheaper).
+POST_BATCH = 500
+FIRST_RETRY_S = 0.5
+
+
+def alert_topics(prefix: str = "") -> list[str]:
+    return [prefix + t.name for t in ALERT_TOPICS]
+
+
+class AlertmanagerClient:
+    """``POST {url}/api/v2/alerts``. ``opener`` is ``urllib.request.urlopen``-shaped."""
+
+    def __init__(
+        self, url: str, timeout_s: float, opener: Callable[..., Any] = urllib.request.urlopen
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._open = opener
+
+    def post_alerts(self, alerts: Sequence[Mapping[str, Any]]) -> None:
+        """Send ``alerts`` (v2 JSON). Raises ServiceError on a refused or failed request."""
+        body = json.dumps(list(alerts)).encode()
+        # The scheme is http(s): AlertmanagerSettings refuses any other URL.
+        request = urllib.request.Request(  # noqa: S310
+            f"{self.url}/api/v2/alerts",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with self._open(request, timeout=self.timeout_s) as response:
+                response.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:300].decode(errors="replace")
+            raise ServiceError(f"Alertmanager {self.url} answered {exc.code}: {detail}") from exc
+        except (OSError, urllib.error.URLError) as exc:  # refused, timed out, reset
+            raise ServiceError(f"Alertmanager {self.url} unreachable: {exc}") from exc
+
+
+@dataclass
+class SendStats:
+    posts: int = 0
+    alerts_sent: int = 0
+    failures: int = 0
+
+
+class AlertSender:
+    """Sends the book's due alerts; on failure backs off (module doc)."""
+
+    def __init__(
+        self,
+        book: AlertBook,
+        client: AlertmanagerClient,
+        *,
+        retry_max_s: float,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.book = book
+        self.client = client
+        self.retry_max_s = retry_max_s
+        self.clock = clock
+        self.stats = SendStats()
+        self._retry_s = 0.0
+        self._next_try_s = 0.0
+
+    def tick(self) -> int:
+        """Send what is due (unless backing off); returns how many alerts were sent."""
+        if self.clock.monotonic_s() < self._next_try_s:
+            return 0
+        now_ms = self.clock.now_ms()
+        due = self.book.due(now_ms)
+        if not due:
+            return 0
+        payload = [to_api(a, now_ms, self.book.resend_ms) for a in due]
+        sent = 0
+        try:
+            for i in range(0, len(due), POST_BATCH):
+                self.client.post_alerts(payload[i : i + POST_BATCH])
+                self.book.mark_sent(due[i : i + POST_BATCH], now_ms)
+                self.stats.posts += 1
+                sent += len(payload[i : i + POST_BATCH])
+        except ServiceError as exc:
+            self.stats.failures += 1
+            self._retry_s = min(self.retry_max_s, max(FIRST_RETRY_S, 2 * self._retry_s))
+            self._next_try_s = self.clock.monotonic_s() + self._retry_s
+            log.warning("%s; %d alerts kept, retry in %.1f s", exc, len(due) - sent, self._retry_s)
+        else:
+            if self._retry_s:
+                log.info("Alertmanager %s answers again", self.client.url)
+            self._retry_s = 0.0
+        self.stats.alerts_sent += sent
+        return sent
+
+
+class AlertSink:
+    """The exporter Sink: decoded records into the book (a record it cannot use is an
+    ExportError, which the consume loop dead-letters)."""
+
+    def __init__(self, book: AlertBook) -> None:
+        self.book = book
+
+    def write(self, schema_name: str, record: Mapping[str, Any]) -> None:
+        try:
+            self.book.apply(schema_name, record)
+        except (BadAlertRecord, KeyError, TypeError, ValueError) as exc:
+            raise ExportError(f"{schema_name}: {exc}") from exc
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class ReplayProgress:
+    """End offsets seen at start, per (topic, partition); caught up once every partition's
+    position reached its end offset."""
+
+    ends: dict[tuple[str, int], int] = field(default_factory=dict)
+    done: bool = False
+
+    def check(self, positions: Mapping[tuple[str, int], int]) -> bool:
+        if not self.done:
+            self.done = all(positions.get(tp, -1) >= end for tp, end in self.ends.items())
+        return self.done
+
+
+def book_for(settings: AlertmanagerSettings) -> AlertBook:
+    return AlertBook(
+        finding_ttl_ms=round(settings.finding_ttl_s * 1000),
+        resend_ms=round(settings.resend_s * 1000),
+        resolved_retention_ms=round(settings.resolved_retention_s * 1000),
+        max_alerts=settings.max_alerts,
+    )
+
+
+def assign_from(consumer: Any, topics: list[str], since_ms: int) -> ReplayProgress:
+    """Assign every partition of ``topics`` at its first record stamped at or after ``since_ms``
+    (Kafka record timestamps); returns the end offsets to reach. Raises ServiceError for a
+    missing topic.
+
+    The end offsets are read before the time lookup: a partition with no record since
+    ``since_ms`` starts at that end offset, so a record produced meanwhile is read, not skipped
+    (as starting at "the end" would)."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return _assign_from(consumer, topics, since_ms)
+    except KafkaException as exc:
+        raise ServiceError(f"Kafka: cannot assign the alert topics: {exc}") from exc
+
+
+def _assign_from(consumer: Any, topics: list[str], since_ms: int) -> ReplayProgress:
+    from confluent_kafka import TopicPartition
+
+    metadata = consumer.list_topics(timeout=10)
+    wanted: list[TopicPartition] = []
+    for topic in topics:
+        meta = metadata.topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise ServiceError(f"topic {topic} does not exist (create it: peerwatch topics create)")
+        wanted += [TopicPartition(topic, p, since_ms) for p in sorted(meta.partitions)]
+    highs = {
+        (tp.topic, tp.partition): consumer.get_watermark_offsets(
+            TopicPartition(tp.topic, tp.partition), timeout=10
+        )[1]
+        for tp in wanted
+    }
+    progress = ReplayProgress()
+    assignment = []
+    for tp in consumer.offsets_for_times(wanted, timeout=10):
+        high = highs[(tp.topic, tp.partition)]
+        start = tp.offset if 0 <= tp.offset < high else high
+        assignment.append(TopicPartition(tp.topic, tp.partition, start))
+        if start < high:
+            progress.ends[(tp.topic, tp.partition)] = high
+    consumer.assign(assignment)
+    return progress
+
+
+class _NoCommit:
+    """The consumer as the ExportLoop's source, without commits: state comes from replay."""
+
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> Sequence[Any]:
+        messages: Sequence[Any] = self._consumer.consume(num_messages, timeout)
+        return messages
+
+    def commit(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def positions(consumer: Any, progress: ReplayProgress) -> dict[tuple[str, int], int]:
+    from confluent_kafka import TopicPartition
+
+    parts = [TopicPartition(t, p) for t, p in progress.ends]
+    return {(tp.topic, tp.partition): tp.offset for tp in consumer.position(parts)}
+
+
+def run_alert_export(
+    loop: ExportLoop,
+    consumer: Any,
+    progress: ReplayProgress,
+    sender: AlertSender,
+    stop: threading.Event,
+    *,
+    poll_timeout_s: float = 0.5,
+) -> None:
+    """Consume into the book; once the replay caught up, send what is due after every batch
+    (at least every ``poll_timeout_s``). Returns when ``stop`` is set."""
+    replayed = False
+    while not stop.is_set():
+        loop.run_once(poll_timeout_s)
+        if not progress.check(positions(consumer, progress)):
+            # End what ran out meanwhile, as it would have ended live: keeps the book small.
+            sender.book.expire(sender.clock.now_ms())
+            continue
+        if not replayed:
+            replayed = True
+            log.info(
+                "replay caught up after %d records: %d alerts firing, %d held",
+                loop.stats.records,
+                len(sender.book.firing()),
+                len(sender.book.alerts),
+            )
+        sender.tick()
+
+
+def kafka_alert_export(
+    kafka: Any,
+    settings: AlertmanagerSettings,
+    *,
+    group_id: str,
+    topic_prefix: str = "",
+    clock: Clock = SYSTEM_CLOCK,
+) -> tuple[ExportLoop, Any, ReplayProgress, AlertSender, Any]:
+    """The wired exporter on a real cluster: (loop, consumer, progress, sender, dead letters).
+    ``kafka`` is the process's KafkaSettings."""
+    from confluent_kafka import Consumer, Producer
+
+    from peerwatch.exporters.consume import KafkaDeadLetter
+    from peerwatch.kafka_config import consumer_config, producer_config
+
+    book = book_for(settings)
+    consumer = Consumer(consumer_config(kafka, group_id))
+    since_ms = clock.now_ms() - round(settings.lookback_s * 1000)
+    progress = assign_from(consumer, alert_topics(topic_prefix), since_ms)
+    deadletter = KafkaDeadLetter(Producer(producer_config(kafka)), deadletter_topic(topic_prefix))
+    source: MessageSource = _NoCommit(consumer)
+    loop = ExportLoop(source, AlertSink(book), deadletter=deadletter)
+    client = AlertmanagerClient(settings.url, settings.timeout_s)
+    sender = AlertSender(book, client, retry_max_s=settings.retry_max_s, clock=clock)
+    return loop, consumer, progress, sender, deadletter

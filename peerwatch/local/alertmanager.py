@@ -1,0 +1,166 @@
+"""A real Prometheus Alertmanager on loopback, from Debian's ``prometheus-alertmanager`` package.
+
+A plain process (no systemd): a config file, a data dir, the web API on ``127.0.0.1:port`` and
+HA clustering off. Config (unless one is given), data, the pid file and the log live in
+``<state>/alertmanager-<port>``. ``start`` reports ready only when ``/-/ready`` answers 200.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from peerwatch.errors import ServiceError
+from peerwatch.local.kafka import _CHILDREN, _alive, _port_in_use
+
+BINARIES = ("prometheus-alertmanager", "alertmanager")
+#: Used when no config file is given: every alert is accepted and grouped, and nobody notified.
+#: Operators give their own (routes to PagerDuty, Slack, ...; docs/operations.md).
+DEFAULT_CONFIG = """\
+route:
+  receiver: "null"
+  group_by: [alertname, job_id]
+receivers:
+  - name: "null"
+"""
+
+
+def find_binary() -> str:
+    """The Alertmanager executable. Raises ServiceError naming the package when missing."""
+    for name in BINARIES:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise ServiceError("Alertmanager not found: apt-get install prometheus-alertmanager")
+
+
+@dataclass(frozen=True)
+class LocalAlertmanager:
+    """Alertmanager on ``127.0.0.1:port`` with ``config_file`` (or :data:`DEFAULT_CONFIG`)."""
+
+    state_dir: Path
+    port: int = 9093
+    config_file: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def home(self) -> Path:
+        return self.state_dir / f"alertmanager-{self.port}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "alertmanager.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "alertmanager.log"
+
+    def _config(self) -> Path:
+        if self.config_file is not None:
+            if not self.config_file.is_file():
+                raise ServiceError(f"Alertmanager config {self.config_file} does not exist")
+            return self.config_file
+        path = self.home / "alertmanager.yml"
+        path.write_text(DEFAULT_CONFIG)
+        return path
+
+    def command(self, binary: str, config: Path) -> list[str]:
+        return [
+            binary,
+            f"--config.file={config}",
+            f"--storage.path={self.home / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            f"--web.external-url={self.url}",
+            "--cluster.listen-address=",  # no HA gossip port: a single local instance
+        ]
+
+    def pid(self) -> int | None:
+        """The pid our pid file names, if that process lives."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    def ready(self, timeout_s: float = 2.0) -> bool:
+        """True when ``/-/ready`` answers 200."""
+        try:
+            ready_url = f"{self.url}/-/ready"  # http://127.0.0.1: built here
+            with urllib.request.urlopen(ready_url, timeout=timeout_s) as response:  # noqa: S310
+                return bool(response.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        """Start it (idempotent); returns 'started' or 'running'. Raises ServiceError with the
+        log's tail when it exits or is not ready within ``timeout_s``."""
+        if self.pid() is not None and self.ready():
+            return "running"
+        if _port_in_use(self.port):
+            raise ServiceError(f"127.0.0.1:{self.port} is in use by another process; use --port")
+        binary = find_binary()
+        self.home.mkdir(parents=True, exist_ok=True)
+        config = self._config()
+        with self.log_file.open("ab") as log:
+            proc = subprocess.Popen(
+                self.command(binary, config),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        _CHILDREN[proc.pid] = proc
+        self.pid_file.write_text(f"{proc.pid}\n")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ServiceError(
+                    f"Alertmanager exited with {proc.returncode}:\n{self.log_tail()}"
+                )
+            if self.ready(timeout_s=1.0):
+                return "started"
+            time.sleep(0.1)
+        self.stop()
+        raise ServiceError(f"Alertmanager not ready within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 10.0) -> str:
+        """SIGTERM, then SIGKILL after ``timeout_s``. Returns what happened."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return "not running"
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                self.pid_file.unlink(missing_ok=True)
+                return "stopped"
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+        child = _CHILDREN.pop(pid, None)
+        if child is not None:
+            child.wait(10)
+        self.pid_file.unlink(missing_ok=True)
+        return "killed"
+
+    def status(self) -> str:
+        pid = self.pid()
+        if pid is None:
+            return "stopped"
+        return f"running (pid {pid}, {self.url})" if self.ready() else f"starting (pid {pid})"
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
