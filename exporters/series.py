@@ -21,7 +21,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from peerwatch.clock import SYSTEM_CLOCK, Clock
-from peerwatch.exporters.otlp import IDENTITY_ATTRIBUTES, Attributes, MetricPoint, SeriesKey
+from peerwatch.exporters.otlp import (
+    IDENTITY_ATTRIBUTES,
+    Attributes,
+    EventCount,
+    MetricPoint,
+    SeriesKey,
+)
 
 _PointKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -167,3 +173,65 @@ class SeriesStore:
         """Live series and the start (ms) of their latest window, for tests and debugging."""
         with self._lock:
             return {k: s.window_start_ms for k, s in self._series.items()}
+
+
+class EventCounts:
+    """Cumulative counts of events (findings, recommendations) behind observable counters.
+
+    Each event id is counted once (a redelivered record is not counted again; the last
+    ``max_ids`` ids are remembered). At most ``max_series`` attribute sets are kept (the least
+    recently counted goes first, counted in ``series_dropped_cap``), and a job's series go
+    when the job ends, like its window series. Thread-safe.
+    """
+
+    def __init__(self, *, max_series: int = 100_000, max_ids: int = 100_000) -> None:
+        if max_series < 1 or max_ids < 1:
+            raise ValueError("max_series and max_ids must be positive")
+        self.max_series = max_series
+        self._max_ids = max_ids
+        self._lock = threading.Lock()
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        # (name, sorted attributes) -> (count, attributes, job id)
+        self._counts: OrderedDict[
+            tuple[str, tuple[tuple[str, str], ...]], tuple[int, Attributes, str | None]
+        ] = OrderedDict()
+        self.duplicates = 0
+        self.series_dropped_cap = 0
+        self.series_evicted_ended = 0
+
+    def count(self, event: EventCount) -> bool:
+        """Count ``event`` unless its id was counted already; returns whether it counted."""
+        key = (event.name, tuple(sorted((k, repr(v)) for k, v in event.attributes.items())))
+        with self._lock:
+            if event.event_id in self._ids:
+                self.duplicates += 1
+                return False
+            self._ids[event.event_id] = None
+            while len(self._ids) > self._max_ids:
+                self._ids.popitem(last=False)
+            previous = self._counts.pop(key, None)
+            if previous is None and len(self._counts) >= self.max_series:
+                self._counts.popitem(last=False)
+                self.series_dropped_cap += 1
+            n = previous[0] if previous else 0
+            self._counts[key] = (n + 1, event.attributes, event.job_id)
+            return True
+
+    def job_ended(self, job_id: str) -> int:
+        """Remove the series of ``job_id``; returns how many went."""
+        with self._lock:
+            gone = [k for k, (_, _, job) in self._counts.items() if job == job_id]
+            for k in gone:
+                del self._counts[k]
+            self.series_evicted_ended += len(gone)
+            return len(gone)
+
+    def observe(self, name: str) -> list[tuple[int, Attributes]]:
+        """Every current ``(count, attributes)`` of counter ``name``."""
+        with self._lock:
+            return [(n, attrs) for (metric, _), (n, attrs, _) in self._counts.items()
+                    if metric == name]  # fmt: skip
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._counts)

@@ -16,6 +16,7 @@ from peerwatch.errors import PeerwatchError
 COMMANDS: dict[str, str] = {
     "config": "config",
     "kafka": "kafka",
+    "prometheus": "prometheus",
     "topics": "topics",
     "demo": "demo",
     "eval": "eval",
