@@ -129,7 +129,9 @@ class OtlpSink:
         self.store = SeriesStore(
             max_series=config.max_series, stale_after_s=config.stale_after_s, clock=clock
         )
-        self.event_counts = EventCounts(max_series=config.max_series)
+        self.event_counts = EventCounts(
+            max_series=config.max_series, linger_s=config.stale_after_s, clock=clock
+        )
         own: dict[str, str] = {"service.name": "peerwatch", "service.version": __version__}
         if "service.instance.id" not in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
             # Stable across restarts (the SDK's default is a random id): Prometheus's
@@ -282,8 +284,10 @@ class OtlpSink:
             # The next run keeps the job id: drop this run's series, accept the next one's.
             self.store.job_ended(job_id)
             self.store.job_started(job_id)
+            self.event_counts.job_started(job_id)
         elif kind == "STARTED":
             self.store.job_started(job_id)
+            self.event_counts.job_started(job_id)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export pending events and collect+export metrics now.

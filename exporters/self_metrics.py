@@ -86,7 +86,8 @@ AGENT: tuple[SelfMetric, ...] = (
        "Failed delivery attempts."),
     _g("peerwatch.agent.spool.depth", "{record}", "spool_depth",
        "Records waiting in the disk spool."),
-    _g("peerwatch.agent.breaker.open", "1", "breaker_open",
+    # Not unit "1": the Prometheus translation would append "_ratio" to a state.
+    _g("peerwatch.agent.breaker.open", "{state}", "breaker_open",
        "1 while the delivery breaker is open (spooling to disk), else 0."),
 )  # fmt: skip
 

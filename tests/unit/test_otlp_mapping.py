@@ -337,9 +337,7 @@ def test_findings_and_recommendations_are_counted_once_per_id(
     confirmed = (("gpu.index", 3), ("host.name", "gpu00005"),
                  ("peerwatch.finding.cause", "THERMAL"),
                  ("peerwatch.finding.status", "CONFIRMED"), ("slurm.job.id", "1001"))  # fmt: skip
-    cleared = tuple(
-        (k, "CLEARED" if k == "peerwatch.finding.status" else v) for k, v in confirmed
-    )
+    cleared = tuple((k, "CLEARED" if k == "peerwatch.finding.status" else v) for k, v in confirmed)
     assert event_points(findings) == {confirmed: 2, cleared: 1}
     recs = event_points(metrics["peerwatch.recommendations"])
     assert list(recs.values()) == [1]
@@ -351,18 +349,26 @@ def test_findings_and_recommendations_are_counted_once_per_id(
     assert sink.stats()["event_count_duplicate"] == 2
 
 
-def test_a_jobs_finding_counters_go_when_the_job_ends(
-    sink: OtlpSink, reader: InMemoryMetricReader, records: dict[str, Any]
+def test_a_jobs_finding_counters_linger_after_the_job_ends_then_go(
+    sink: OtlpSink, reader: InMemoryMetricReader, records: dict[str, Any], clock: FakeClock
 ) -> None:
     finding = {**records["StragglerFinding"], "job_id": "1001", "finding_id": "f-1"}
     sink.write("StragglerFinding", finding)
     sink.write("StragglerFinding", {**finding, "job_id": "1002", "finding_id": "f-2"})
     sink.write("JobEvent", {**records["JobEvent"], "job_id": "1001", "kind": "ENDED"})
-    jobs = {
-        (p.attributes or {})["slurm.job.id"]
-        for p in collected(reader)["peerwatch.findings"].data.data_points
-    }
-    assert jobs == {"1002"}
+
+    def jobs() -> set[str]:
+        return {
+            str((p.attributes or {})["slurm.job.id"])
+            for p in collected(reader)["peerwatch.findings"].data.data_points
+        }
+
+    # A job failing at once (its GPU fell off the bus) still has its findings counted ...
+    assert jobs() == {"1001", "1002"}
+    clock.ms += 599_000  # the sink's stale_after_s is 600
+    assert jobs() == {"1001", "1002"}
+    clock.ms += 2_000
+    assert jobs() == {"1002"}  # ... and they go after the linger time
 
 
 def test_series_per_gpu_window_counts_the_mapping(records: dict[str, Any]) -> None:
@@ -371,3 +377,14 @@ def test_series_per_gpu_window_counts_the_mapping(records: dict[str, Any]) -> No
     # A window with every field set produces one point per series of its GPU.
     full = {**records["GpuWindow"], "score": 1.0, "step_ms": 1500.0}
     assert len(window_points(full)) == series_per_gpu_window() == 13
+
+
+def test_the_series_estimate_in_the_docs_is_the_mapping_s() -> None:
+    from pathlib import Path
+
+    from peerwatch.exporters.otlp import series_per_gpu_window
+
+    doc = (Path(__file__).parents[2] / "docs" / "prometheus.md").read_text()
+    per_gpu = series_per_gpu_window()
+    assert f"{per_gpu}\nseries per GPU" in doc or f"{per_gpu} series per GPU" in doc
+    assert f"{100_000 * per_gpu:,} active series" in doc
