@@ -91,7 +91,45 @@ AGENT: tuple[SelfMetric, ...] = (
        "1 while the delivery breaker is open (spooling to disk), else 0."),
 )  # fmt: skip
 
-COMPONENTS: dict[str, tuple[SelfMetric, ...]] = {"stream": STREAM, "agent": AGENT}
+#: The archiver (``peerwatch archive``), from ArchiveStats.
+ARCHIVER: tuple[SelfMetric, ...] = (
+    _c("peerwatch.archiver.records", "{record}", "records", "Records written to the archive."),
+    _c("peerwatch.archiver.undecodable", "{record}", "undecodable",
+       "Undecodable records (dead-lettered, skipped)."),
+    _c("peerwatch.archiver.commits", "{commit}", "commits",
+       "Durable commits (files and state fsynced, then Kafka offsets)."),
+    _c("peerwatch.archiver.commit.time", "s", "commit_time_s",
+       "Wall time spent in commits (rate / commits rate = mean commit latency)."),
+    _c("peerwatch.archiver.consume_errors", "{error}", "consume_errors", "Consumer errors."),
+)  # fmt: skip
+
+#: The drain controller (``peerwatch drain-controller run``), from DrainStats.
+DRAIN: tuple[SelfMetric, ...] = (
+    _c("peerwatch.drain.recommendations", "{recommendation}", "recommendations",
+       "Recommendations decided."),
+    _c("peerwatch.drain.drained", "{decision}", "drained", "Nodes drained (enforce mode)."),
+    _c("peerwatch.drain.shadowed", "{decision}", "shadowed", "Drains decided in shadow mode."),
+    _c("peerwatch.drain.refused", "{decision}", "refused", "Drains refused (rate limits, "
+       "breaker, cooldown, ...)."),
+    _c("peerwatch.drain.duplicate", "{decision}", "duplicate", "Recommendations already decided."),
+    _c("peerwatch.drain.resumed", "{decision}", "resumed", "Nodes resumed after expiry."),
+    _c("peerwatch.drain.deadletter", "{record}", "deadletter", "Undecodable recommendations."),
+    _c("peerwatch.drain.node_events", "{event}", "node_events", "Node state events read."),
+    _c("peerwatch.drain.audit_failures", "{failure}", "audit_failures",
+       "Failed deliveries of the audit (DrainAction) records, retried."),
+    _c("peerwatch.drain.decision.time", "s", "decision_time_s",
+       "Wall time spent deciding (Slurm's node list, the policy, scontrol)."),
+    _g("peerwatch.drain.outbox.depth", "{record}", "outbox_depth",
+       "Audit records decided but not yet delivered."),
+    _g("peerwatch.drain.nodes.drained", "{node}", "drained_nodes",
+       "Nodes currently drained by peerwatch (in the active mode's ledger)."),
+    _g("peerwatch.drain.breaker.open", "{state}", "breaker_open",
+       "1 while the drain circuit breaker is open, else 0."),
+)  # fmt: skip
+
+COMPONENTS: dict[str, tuple[SelfMetric, ...]] = {
+    "stream": STREAM, "agent": AGENT, "archiver": ARCHIVER, "drain-controller": DRAIN,
+}  # fmt: skip
 
 
 def observations(specs: tuple[SelfMetric, ...], snapshot: Mapping[str, Any]) -> dict[str, float]:

@@ -39,8 +39,16 @@ from peerwatch.schemas.codec import AvroCodec, decode_any
 from peerwatch.settings import ExportSettings, KafkaSettings
 from peerwatch.streams.tools.bench_run import WorkerProcess, produce_raw, read_topic, wait_stable
 from peerwatch.topic_admin import ensure_topics
-from peerwatch.topics import JOB_EVENTS, JOB_WINDOWS, RECOMMENDATIONS, STRAGGLERS, catalogue
+from peerwatch.topics import (
+    ACTIONS,
+    JOB_EVENTS,
+    JOB_WINDOWS,
+    RECOMMENDATIONS,
+    STRAGGLERS,
+    catalogue,
+)
 from tests.integration.prometheus_fixture import PrometheusStack
+from tests.integration.slurm_fixture import SlurmCluster
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -77,6 +85,8 @@ class FleetRun:
     worker_counters: dict[str, Any]
     agent_records: int
     ended_jobs: set[str]
+    archived_records: int
+    drain_actions: int
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         return self.stack.prometheus.query(promql)
@@ -107,9 +117,31 @@ def _records(kafka: KafkaSettings, topic: str) -> list[dict[str, Any]]:
     return [decode_any(r.value)[1] for r in read_topic(kafka, topic)]
 
 
+def _cli(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "peerwatch.cli", *args],
+                                env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def _terminate(proc: subprocess.Popen[bytes], log: Path) -> int:
+    """SIGTERM and wait; the exit code (a process that ignores SIGTERM is killed and fails)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            pytest.fail(f"{proc.args} ignored SIGTERM:\n{log.read_text()[-3000:]}")
+    return int(proc.returncode)
+
+
 @pytest.fixture(scope="module")
 def fleet_run(
-    prometheus_stack: PrometheusStack, kafka_settings: KafkaSettings, tmp_path_factory: Any
+    prometheus_stack: PrometheusStack,
+    kafka_settings: KafkaSettings,
+    slurm_cluster: SlurmCluster,
+    tmp_path_factory: Any,
 ) -> Iterator[FleetRun]:
     tmp = tmp_path_factory.mktemp("prometheus-fleet")
     prefix = f"t{uuid.uuid4().hex[:10]}."
@@ -141,6 +173,16 @@ def fleet_run(
     stop = threading.Event()
     thread = threading.Thread(target=loop.run, args=(stop,), kwargs={"poll_timeout_s": 0.2})
     thread.start()
+    # The archiver and the drain controller (shadow mode: it reads Slurm's nodes, never drains)
+    # export their own metrics too.
+    env = {**telemetry_env, "PEERWATCH_KAFKA_BOOTSTRAP": kafka_settings.bootstrap_servers,
+           "PEERWATCH_TOPIC_PREFIX": prefix}  # fmt: skip
+    archive_log, drain_log = tmp / "archive.log", tmp / "drain.log"
+    archiver = _cli(["archive", "--dir", str(tmp / "archive"), "--group-id", f"{prefix}archive"],
+                    env, archive_log)  # fmt: skip
+    drain = _cli(["drain-controller", "run", "--state-file", str(tmp / "drain-state.json"),
+                  "--slurm-bin", str(slurm_cluster.bin_dir)],
+                 {**env, "PEERWATCH_DRAIN_GROUP_ID": f"{prefix}drain"}, drain_log)  # fmt: skip
     try:
 
         def poll() -> tuple[int, int, int]:
@@ -170,8 +212,26 @@ def fleet_run(
                                30.0, settle_s=3)  # fmt: skip
         ended = {e["job_id"] for e in _records(kafka_settings, prefix + JOB_EVENTS.name)
                  if e["kind"] == "ENDED"}  # fmt: skip
-        yield FleetRun(prometheus_stack, windows, findings, recommendations, counters, 4, ended)
+        actions = wait_stable(lambda: len(read_topic(kafka_settings, prefix + ACTIONS.name)),
+                              lambda n: n >= len({r["recommendation_id"] for r in recommendations}),
+                              60.0, settle_s=3)  # fmt: skip
+        assert drain.poll() is None, drain_log.read_text()[-3000:]
+        assert _terminate(archiver, archive_log) == 0, archive_log.read_text()[-3000:]
+        archived = json.loads(archive_log.read_text().strip().splitlines()[-1])
+        yield FleetRun(
+            prometheus_stack,
+            windows,
+            findings,
+            recommendations,
+            counters,
+            4,
+            ended,
+            archived_records=int(archived["records"]),
+            drain_actions=actions,
+        )
     finally:
+        _terminate(archiver, archive_log)
+        _terminate(drain, drain_log)
         stop.set()
         thread.join(30)
         sink.close()
@@ -296,6 +356,19 @@ def test_stream_worker_and_agent_export_their_own_metrics(fleet_run: FleetRun) -
     )
     assert [_value(s) for s in agent] == [fleet_run.agent_records]
     breaker = fleet_run.query('peerwatch_agent_breaker_open{job="peerwatch-agent"}')
+    assert [_value(s) for s in breaker] == [0.0]
+
+
+def test_archiver_and_drain_controller_export_their_own_metrics(fleet_run: FleetRun) -> None:
+    archived = fleet_run.wait_query('peerwatch_archiver_records_total{job="peerwatch-archiver"}',
+                                    lambda r: r and _value(r[0]) == fleet_run.archived_records)  # fmt: skip
+    assert fleet_run.archived_records > 0 and len(archived) == 1
+    decided = fleet_run.wait_query(
+        'peerwatch_drain_recommendations_total{job="peerwatch-drain-controller"}',
+        lambda r: r and _value(r[0]) == fleet_run.drain_actions,
+    )
+    assert len(decided) == 1
+    breaker = fleet_run.query('peerwatch_drain_breaker_open{job="peerwatch-drain-controller"}')
     assert [_value(s) for s in breaker] == [0.0]
 
 

@@ -7,7 +7,14 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Sum
 
 from peerwatch.commands.agent import agent_snapshot
-from peerwatch.exporters.self_metrics import AGENT, COMPONENTS, STREAM, observations
+from peerwatch.exporters.self_metrics import (
+    AGENT,
+    ARCHIVER,
+    COMPONENTS,
+    DRAIN,
+    STREAM,
+    observations,
+)
 from peerwatch.exporters.self_telemetry import SelfTelemetry, start_self_telemetry
 from peerwatch.producers.agent import AgentStats
 from peerwatch.settings import TelemetrySettings
@@ -87,4 +94,19 @@ def test_agent_snapshot_names_every_agent_key() -> None:
 
 def test_telemetry_is_off_without_an_endpoint() -> None:
     assert start_self_telemetry(TelemetrySettings(), "stream", dict) is None
-    assert set(COMPONENTS) == {"stream", "agent"}
+    assert set(COMPONENTS) == {"stream", "agent", "archiver", "drain-controller"}
+
+
+def test_archiver_and_drain_metrics_read_their_stats() -> None:
+    import dataclasses
+
+    from peerwatch.exporters.archive_loop import ArchiveStats
+    from peerwatch.exporters.drain.controller import DrainStats
+
+    for specs, stats in ((ARCHIVER, ArchiveStats()), (DRAIN, DrainStats())):
+        keys = set(dataclasses.asdict(stats))
+        assert {m.key for m in specs} <= keys, {m.key for m in specs} - keys
+    # A gauge not yet known (no decision yet) exports nothing rather than a zero.
+    assert "peerwatch.drain.breaker.open" not in observations(
+        DRAIN, dataclasses.asdict(DrainStats())
+    )
