@@ -67,6 +67,8 @@ class ArchiveStats:
     undecodable: int = 0
     commits: int = 0
     consume_errors: int = 0
+    #: Wall time spent in commits (fsync of the files and the state, then Kafka), s.
+    commit_time_s: float = 0.0
 
 
 class ArchiveLoop:
@@ -124,10 +126,12 @@ class ArchiveLoop:
 
     def commit(self) -> Offsets:
         """Durable first, then Kafka (see the module docstring)."""
+        started_s = time.monotonic()
         offsets = self._writer.commit()
         self._source.commit_offsets(offsets)
         self._last_commit_s = self._clock()
         self.stats.commits += 1
+        self.stats.commit_time_s += time.monotonic() - started_s
         return offsets
 
     def run_once(self, timeout_s: float = 1.0) -> int:

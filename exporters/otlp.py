@@ -22,6 +22,15 @@ name                                unit    kind    source (GpuWindow field)
 ``peerwatch.straggler.score``       1       gauge   ``score`` (absent when gated)
 =================================== ======= ======= =====================================
 
+Events counted (cumulative counters, each finding or recommendation id counted once):
+
+=================================== ======================= ==========================================
+``peerwatch.findings``              {finding}               StragglerFindings by status, cause, job,
+                                                            node and GPU
+``peerwatch.recommendations``       {recommendation}        DrainRecommendations by action, severity,
+                                                            cause, hard and node
+=================================== ======================= ==========================================
+
 Attributes: ``host.name``, ``hw.id`` (GPU UUID, else ``<node>/gpu<index>``), ``hw.type=gpu``,
 ``gpu.index``, ``slurm.job.id`` and, where known, ``slurm.user``, ``slurm.partition``,
 ``slurm.account``. The ``hw.*`` names follow the (development) hardware semantic conventions;
@@ -73,6 +82,20 @@ METRICS: tuple[MetricSpec, ...] = (
                "Straggler score: largest robust z in the slow direction (absent when gated)."),
 )  # fmt: skip
 METRICS_BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+#: Counters of events (not of windows): see :func:`event_count`.
+FINDINGS = MetricSpec(
+    "peerwatch.findings",
+    "{finding}",
+    "counter",
+    "StragglerFindings published, by status and cause.",
+)
+RECOMMENDATIONS = MetricSpec(
+    "peerwatch.recommendations",
+    "{recommendation}",
+    "counter",
+    "DrainRecommendations published, by action, severity and cause.",
+)
+EVENT_COUNTERS: tuple[MetricSpec, ...] = (FINDINGS, RECOMMENDATIONS)  # fmt: skip
 
 # (metric name, GpuWindow field, scale): the plain one-field gauges.
 _GAUGES: tuple[tuple[str, str, float], ...] = (
@@ -164,6 +187,53 @@ def window_points(window: Mapping[str, Any]) -> list[MetricPoint]:
                 MetricPoint("hw.errors", delta, {**attrs, "error.type": error_type}, "counter")
             )
     return points
+
+
+def series_per_gpu_window() -> int:
+    """The most series one GPU in one job exports (every gauge, energy, one ``hw.errors`` per
+    error type): the unit of the cardinality estimate in docs/prometheus.md."""
+    gauges = sum(m.kind == "gauge" for m in METRICS)
+    return gauges + 1 + len(ERROR_TYPES)
+
+
+@dataclass(frozen=True)
+class EventCount:
+    """One event to count once: ``event_id`` (the record's deterministic id), the counter and the
+    attributes of its series."""
+
+    event_id: str
+    name: str
+    attributes: Attributes
+    job_id: str | None
+
+
+def event_count(schema_name: str, record: Mapping[str, Any]) -> EventCount | None:
+    """The counter increment of a StragglerFinding or DrainRecommendation; None for other schemas.
+
+    Findings are counted per status, cause, job, node and GPU (a finding is about one GPU of one
+    job, so these series are at most the job-window series); recommendations per action,
+    severity, cause, hard and node (no job: they outlive jobs). Raises KeyError when a required
+    field is missing.
+    """
+    if schema_name == "StragglerFinding":
+        attrs: dict[str, AttrValue] = {
+            "peerwatch.finding.status": str(record["status"]),
+            "peerwatch.finding.cause": str(record.get("cause") or "UNKNOWN"),
+            "slurm.job.id": str(record["job_id"]),
+        }
+        _put(attrs, "host.name", record.get("node"))
+        _put(attrs, "gpu.index", record.get("gpu_index"))
+        return EventCount(str(record["finding_id"]), FINDINGS.name, attrs, str(record["job_id"]))
+    if schema_name == "DrainRecommendation":
+        attrs = {
+            "peerwatch.recommendation.action": str(record["action"]),
+            "peerwatch.recommendation.severity": str(record["severity"]),
+            "peerwatch.recommendation.cause": str(record.get("cause") or "UNKNOWN"),
+            "peerwatch.recommendation.hard": bool(record["hard"]),
+            "host.name": str(record["node"]),
+        }
+        return EventCount(str(record["recommendation_id"]), RECOMMENDATIONS.name, attrs, None)
+    return None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,9 @@ When the collector is down (documented behaviour, SDK 1.45):
   drops the oldest. After :meth:`OtlpSink.close` the exact number is
   ``events_dropped_queue_full`` (emitted - exported - failed).
 
+Findings and recommendations are also counted (``peerwatch.findings``,
+``peerwatch.recommendations``: each id once, see :class:`~peerwatch.exporters.series.EventCounts`).
+
 Own telemetry goes out with the data: ``peerwatch.exporter.series.active`` and
 ``peerwatch.exporter.discarded`` (attribute ``reason``).
 """
@@ -25,6 +28,8 @@ Own telemetry goes out with the data: ``peerwatch.exporter.series.active`` and
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -45,9 +50,16 @@ from opentelemetry.sdk.resources import Resource
 from peerwatch import __version__
 from peerwatch.clock import SYSTEM_CLOCK, Clock
 from peerwatch.exporters.base import ExportError
-from peerwatch.exporters.otlp import METRICS, event_for, series_key, window_points
+from peerwatch.exporters.otlp import (
+    EVENT_COUNTERS,
+    METRICS,
+    event_count,
+    event_for,
+    series_key,
+    window_points,
+)
 from peerwatch.exporters.otlp_counting import CountingLogExporter, CountingMetricExporter
-from peerwatch.exporters.series import SeriesStore
+from peerwatch.exporters.series import EventCounts, SeriesStore
 from peerwatch.settings import ExportSettings
 
 log = logging.getLogger(__name__)
@@ -61,31 +73,36 @@ def signal_url(endpoint: str, signal: Literal["metrics", "logs"]) -> str:
     return base if base.endswith(f"/v1/{signal}") else f"{base}/v1/{signal}"
 
 
-def otlp_exporters(config: ExportSettings) -> tuple[MetricExporter, LogRecordExporter]:
-    """The SDK's OTLP metric and log exporters for ``config`` (no connection is made here)."""
-    insecure = config.endpoint.startswith("http://")
-    if config.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+def otlp_metric_exporter(endpoint: str, protocol: str, timeout_s: float) -> MetricExporter:
+    """The SDK's OTLP metric exporter (no connection is made here)."""
+    if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        return (
-            OTLPMetricExporter(
-                endpoint=config.endpoint, insecure=insecure, timeout=config.timeout_s
-            ),
-            OTLPLogExporter(endpoint=config.endpoint, insecure=insecure, timeout=config.timeout_s),
-        )
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import (
-        OTLPLogExporter as HttpLogExporter,
-    )
+        insecure = endpoint.startswith("http://")
+        return OTLPMetricExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HttpMetricExporter,
     )
 
-    return (
-        HttpMetricExporter(
-            endpoint=signal_url(config.endpoint, "metrics"), timeout=config.timeout_s
-        ),
-        HttpLogExporter(endpoint=signal_url(config.endpoint, "logs"), timeout=config.timeout_s),
+    return HttpMetricExporter(endpoint=signal_url(endpoint, "metrics"), timeout=timeout_s)
+
+
+def otlp_exporters(config: ExportSettings) -> tuple[MetricExporter, LogRecordExporter]:
+    """The SDK's OTLP metric and log exporters for ``config`` (no connection is made here)."""
+    metrics = otlp_metric_exporter(config.endpoint, config.protocol, config.timeout_s)
+    if config.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+
+        insecure = config.endpoint.startswith("http://")
+        return metrics, OTLPLogExporter(
+            endpoint=config.endpoint, insecure=insecure, timeout=config.timeout_s
+        )
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import (
+        OTLPLogExporter as HttpLogExporter,
+    )
+
+    return metrics, HttpLogExporter(
+        endpoint=signal_url(config.endpoint, "logs"), timeout=config.timeout_s
     )
 
 
@@ -112,13 +129,15 @@ class OtlpSink:
         self.store = SeriesStore(
             max_series=config.max_series, stale_after_s=config.stale_after_s, clock=clock
         )
-        resource = Resource.create(
-            {
-                "service.name": "peerwatch",
-                "service.version": __version__,
-                **(resource_attributes or {}),
-            }
+        self.event_counts = EventCounts(
+            max_series=config.max_series, linger_s=config.stale_after_s, clock=clock
         )
+        own: dict[str, str] = {"service.name": "peerwatch", "service.version": __version__}
+        if "service.instance.id" not in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+            # Stable across restarts (the SDK's default is a random id): Prometheus's
+            # ``instance`` label is part of every series, so a new one would re-create them all.
+            own["service.instance.id"] = socket.gethostname()
+        resource = Resource.create({**own, **(resource_attributes or {})})
         readers = list(metric_readers)
         self._metric_exporter = None
         if metric_exporter is not None:
@@ -159,6 +178,11 @@ class OtlpSink:
             )
             create(spec.name, callbacks=[self._observer(spec.name)], unit=spec.unit,
                    description=spec.description)  # fmt: skip
+        for spec in EVENT_COUNTERS:
+            meter.create_observable_counter(
+                spec.name, callbacks=[self._event_observer(spec.name)], unit=spec.unit,
+                description=spec.description,
+            )  # fmt: skip
         meter.create_observable_gauge(
             "peerwatch.exporter.series.active",
             callbacks=[lambda _o: [Observation(len(self.store))]],
@@ -178,6 +202,12 @@ class OtlpSink:
 
         return observe
 
+    def _event_observer(self, name: str) -> Any:
+        def observe(_options: CallbackOptions) -> list[Observation]:
+            return [Observation(n, dict(attrs)) for n, attrs in self.event_counts.observe(name)]
+
+        return observe
+
     def _discarded(self, _options: CallbackOptions) -> list[Observation]:
         return [Observation(n, {"reason": reason}) for reason, n in self.discarded().items()]
 
@@ -190,6 +220,8 @@ class OtlpSink:
             "series_cap": s.series_dropped_cap,
             "window_out_of_order": s.windows_out_of_order,
             "window_of_ended_job": s.windows_of_ended_jobs,
+            "event_count_duplicate": self.event_counts.duplicates,
+            "event_series_cap": self.event_counts.series_dropped_cap,
             "metric_export_failed": self._metric_exporter.points_failed
             if self._metric_exporter
             else 0,
@@ -224,6 +256,9 @@ class OtlpSink:
             elif schema_name == "JobEvent":
                 self._job_event(record)
             else:
+                counted = event_count(schema_name, record)
+                if counted is not None:
+                    self.event_counts.count(counted)
                 event = event_for(schema_name, record)
                 if event is not None:
                     self._logger.emit(
@@ -244,12 +279,15 @@ class OtlpSink:
         kind, job_id = event["kind"], str(event["job_id"])
         if kind == "ENDED":
             self.store.job_ended(job_id)
+            self.event_counts.job_ended(job_id)
         elif kind == "REQUEUED":
             # The next run keeps the job id: drop this run's series, accept the next one's.
             self.store.job_ended(job_id)
             self.store.job_started(job_id)
+            self.event_counts.job_started(job_id)
         elif kind == "STARTED":
             self.store.job_started(job_id)
+            self.event_counts.job_started(job_id)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export pending events and collect+export metrics now.

@@ -21,7 +21,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from peerwatch.clock import SYSTEM_CLOCK, Clock
-from peerwatch.exporters.otlp import IDENTITY_ATTRIBUTES, Attributes, MetricPoint, SeriesKey
+from peerwatch.exporters.otlp import (
+    IDENTITY_ATTRIBUTES,
+    Attributes,
+    EventCount,
+    MetricPoint,
+    SeriesKey,
+)
 
 _PointKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -167,3 +173,95 @@ class SeriesStore:
         """Live series and the start (ms) of their latest window, for tests and debugging."""
         with self._lock:
             return {k: s.window_start_ms for k, s in self._series.items()}
+
+
+class EventCounts:
+    """Cumulative counts of events (findings, recommendations) behind observable counters.
+
+    Each event id is counted once (a redelivered record is not counted again; the last
+    ``max_ids`` ids are remembered). At most ``max_series`` attribute sets are kept (the least
+    recently counted goes first, counted in ``series_dropped_cap``). A job's series stay
+    ``linger_s`` (processing time) after the job ends, so that the findings of a job that ended
+    at once (a GPU that fell off the bus fails its job) are still exported, then go. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_series: int = 100_000,
+        max_ids: int = 100_000,
+        linger_s: float = 900.0,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        if max_series < 1 or max_ids < 1 or linger_s <= 0:
+            raise ValueError("max_series, max_ids and linger_s must be positive")
+        self.max_series = max_series
+        self._max_ids = max_ids
+        self.linger_s = linger_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        # (name, sorted attributes) -> (count, attributes, job id)
+        self._counts: OrderedDict[
+            tuple[str, tuple[tuple[str, str], ...]], tuple[int, Attributes, str | None]
+        ] = OrderedDict()
+        # job id -> monotonic s when its series go
+        self._ending: dict[str, float] = {}
+        self.duplicates = 0
+        self.series_dropped_cap = 0
+        self.series_evicted_ended = 0
+
+    def count(self, event: EventCount) -> bool:
+        """Count ``event`` unless its id was counted already; returns whether it counted."""
+        key = (event.name, tuple(sorted((k, repr(v)) for k, v in event.attributes.items())))
+        with self._lock:
+            if event.event_id in self._ids:
+                self.duplicates += 1
+                return False
+            self._ids[event.event_id] = None
+            while len(self._ids) > self._max_ids:
+                self._ids.popitem(last=False)
+            previous = self._counts.pop(key, None)
+            if previous is None and len(self._counts) >= self.max_series:
+                self._counts.popitem(last=False)
+                self.series_dropped_cap += 1
+            n = previous[0] if previous else 0
+            self._counts[key] = (n + 1, event.attributes, event.job_id)
+            return True
+
+    def job_ended(self, job_id: str) -> None:
+        """The series of ``job_id`` go ``linger_s`` from now (a requeue that starts it again
+        before then keeps them: :meth:`job_started`)."""
+        with self._lock:
+            self._ending[job_id] = self._clock.monotonic_s() + self.linger_s
+
+    def job_started(self, job_id: str) -> None:
+        with self._lock:
+            self._ending.pop(job_id, None)
+
+    def evict_ended(self) -> int:
+        """Remove the series of jobs ended more than ``linger_s`` ago; returns how many went."""
+        now_s = self._clock.monotonic_s()
+        with self._lock:
+            due = {job for job, at_s in self._ending.items() if at_s <= now_s}
+            if not due:
+                return 0
+            gone = [k for k, (_, _, job) in self._counts.items() if job in due]
+            for k in gone:
+                del self._counts[k]
+            for job in due:
+                del self._ending[job]
+            self.series_evicted_ended += len(gone)
+            return len(gone)
+
+    def observe(self, name: str) -> list[tuple[int, Attributes]]:
+        """Every current ``(count, attributes)`` of counter ``name`` (lingering ended jobs'
+        series evicted first)."""
+        self.evict_ended()
+        with self._lock:
+            return [(n, attrs) for (metric, _), (n, attrs, _) in self._counts.items()
+                    if metric == name]  # fmt: skip
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._counts)

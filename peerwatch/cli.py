@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "config": "config",
     "kafka": "kafka",
     "alertmanager": "alertmanager",
+    "prometheus": "prometheus",
     "topics": "topics",
     "demo": "demo",
     "eval": "eval",

@@ -6,7 +6,8 @@ Tables (each a frozen dataclass that validates itself, :mod:`peerwatch.settings_
 · ``[detector]`` :class:`~peerwatch.streams.core.settings.DetectorSettings` · ``[policy]``
 :class:`~peerwatch.streams.core.settings.PolicySettings` · ``[drain]``
 :class:`~peerwatch.exporters.drain.config.DrainSettings` · ``[export]`` :class:`ExportSettings` ·
-``[alertmanager]`` :class:`AlertmanagerSettings` · ``[agent]`` :class:`AgentSettings`; the paths shared by every process are top-level keys.
+``[alertmanager]`` :class:`AlertmanagerSettings` · ``[agent]`` :class:`AgentSettings` ·
+``[telemetry]`` :class:`TelemetrySettings`; the paths shared by every process are top-level keys.
 
 The config file is TOML (``--config FILE`` or ``$PEERWATCH_CONFIG``). Environment names are
 derived from the fields: ``PEERWATCH_<TABLE>_<FIELD>`` (``PEERWATCH_<FIELD>`` for top-level keys),
@@ -166,6 +167,26 @@ class AlertmanagerSettings:
 
 
 @dataclass(frozen=True)
+class TelemetrySettings:
+    """``[telemetry]``: peerwatch's own metrics (stream worker, agent, archiver, drain
+    controller: lag, rates, dead letters, spool...) over OTLP to a collector; off when
+    ``endpoint`` is empty."""
+
+    endpoint: str = setting("", "collector URL for peerwatch's own metrics; empty: not exported")
+    protocol: str = setting("grpc", "OTLP transport: grpc or http")
+    interval_s: float = setting(15.0, "export interval (s)")
+    timeout_s: float = setting(10.0, "timeout of one export (s)")
+
+    def __post_init__(self) -> None:
+        t = "telemetry"
+        check_types(self, t)
+        check_one_of(self, t, "protocol", OTLP_PROTOCOLS)
+        if self.endpoint and not self.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"{t}.endpoint", f"{self.endpoint!r} must start with http(s)://")
+        check_positive(self, t, "interval_s", "timeout_s")
+
+
+@dataclass(frozen=True)
 class AgentSettings:
     """``[agent]``: the per-node GPU agent (``peerwatch agent``)."""
 
@@ -205,6 +226,7 @@ class Settings:
     export: ExportSettings = field(default_factory=ExportSettings)
     alertmanager: AlertmanagerSettings = field(default_factory=AlertmanagerSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
 
     def __post_init__(self) -> None:
         for name in ROOT_KEYS:
@@ -222,6 +244,7 @@ TABLES: dict[str, type] = {
     "export": ExportSettings,
     "alertmanager": AlertmanagerSettings,
     "agent": AgentSettings,
+    "telemetry": TelemetrySettings,
 }
 ROOT_KEYS = ("spool_dir", "cache_dir", "state_dir", "topic_prefix")
 CONFIG_FILE_ENV = "PEERWATCH_CONFIG"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the minimal OpenTelemetry Collector used by peerwatch's integration tests
-# (docker/collector: OTLP receiver -> batch -> file/debug exporters).
+# (docker/collector: OTLP receiver -> batch -> file/Prometheus/debug exporters).
 #
 # The binary, the Go module cache and the Go build cache live OUTSIDE the repo, under
 #   ${PEERWATCH_CACHE_DIR:-$HOME/.cache/peerwatch}/otelcol/
@@ -22,7 +22,9 @@ if [[ -z "${version}" ]]; then
   echo "build-collector: cannot read the otelcol version from ${src_dir}/go.mod" >&2
   exit 2
 fi
-out_dir="${cache_root}/${version#v}"
+# The component set (main.go, go.mod) names it too: adding an exporter must not reuse an old binary.
+sources_hash="$(cat "${src_dir}/main.go" "${src_dir}/go.mod" | sha256sum | cut -c1-12)"
+out_dir="${cache_root}/${version#v}-${sources_hash}"
 binary="${out_dir}/peerwatch-otelcol"
 
 if [[ -x "${binary}" && "${force}" -eq 0 ]]; then

@@ -31,6 +31,12 @@ if ! command -v prometheus-alertmanager >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]];
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-alertmanager >/dev/null
 fi
+# Prometheus (and promtool) for the Prometheus tests: Debian's package, run as a plain process by
+# the tests through peerwatch.local.prometheus (the package's own service is not used).
+if ! command -v prometheus >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends prometheus >/dev/null
+fi
 # The OpenTelemetry Collector the exporter tests talk to is built once from the Go module proxy.
 bash scripts/build-collector.sh >/dev/null
 

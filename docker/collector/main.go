@@ -1,6 +1,7 @@
 // Command peerwatch-otelcol is a minimal OpenTelemetry Collector for peerwatch's tests and
-// local debugging: an OTLP receiver (gRPC + HTTP/protobuf), a batch processor, and the file
-// and debug exporters. It is built by scripts/build-collector.sh into a cache outside the repo.
+// local debugging: an OTLP receiver (gRPC + HTTP/protobuf), a batch processor, and the file,
+// Prometheus (a scrape endpoint for Prometheus 2.x, which has no OTLP receiver) and debug
+// exporters. It is built by scripts/build-collector.sh into a cache outside the repo.
 //
 // Wiring the factories by hand keeps the binary small (the full otelcorecol distribution
 // cannot be `go install`ed because of its replace directives).
@@ -10,6 +11,7 @@ import (
 	"log"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter"
+	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/prometheusexporter"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/confmap/provider/envprovider"
@@ -35,6 +37,7 @@ func components() (otelcol.Factories, error) {
 	}
 	if f.Exporters, err = otelcol.MakeFactoryMap(
 		fileexporter.NewFactory(),
+		prometheusexporter.NewFactory(),
 		debugexporter.NewFactory(),
 	); err != nil {
 		return f, err
@@ -46,7 +49,7 @@ func main() {
 	settings := otelcol.CollectorSettings{
 		BuildInfo: component.BuildInfo{
 			Command:     "peerwatch-otelcol",
-			Description: "Minimal OpenTelemetry Collector for peerwatch (OTLP in, file/debug out)",
+			Description: "Minimal OpenTelemetry Collector for peerwatch (OTLP in, file/Prometheus/debug out)",
 			Version:     version,
 		},
 		Factories: components,

@@ -44,6 +44,37 @@ RETRY_S = 2.0
 EXPIRY_CHECK_S = 30.0
 
 
+@dataclass
+class DrainStats:
+    """What the controller did (peerwatch's own telemetry reads it): recommendations by outcome,
+    node events, records dead-lettered, failed audit deliveries, decision time; and, as of the
+    latest decision, nodes drained by peerwatch and whether the breaker is open."""
+
+    recommendations: int = 0
+    drained: int = 0
+    shadowed: int = 0
+    refused: int = 0
+    duplicate: int = 0
+    resumed: int = 0
+    deadletter: int = 0
+    node_events: int = 0
+    audit_failures: int = 0
+    decision_time_s: float = 0.0
+    outbox_depth: int | None = None
+    drained_nodes: int | None = None
+    breaker_open: bool | None = None
+
+    def outcome(self, outcome: str) -> None:
+        name = outcome.lower()
+        if name in ("drained", "shadowed", "refused", "duplicate", "resumed"):
+            setattr(self, name, getattr(self, name) + 1)
+
+    def observe(self, state: ControllerState, enforce: bool) -> None:
+        self.outbox_depth = len(state.outbox)
+        self.drained_nodes = len(state.ledger(enforce).drained)
+        self.breaker_open = state.breaker.open
+
+
 @dataclass(frozen=True)
 class Topics:
     recommendations: str
@@ -129,6 +160,7 @@ class DrainController:
         self._rec_codec = AvroCodec("DrainRecommendation")
         self._event_codec = AvroCodec("NodeStateEvent")
         self._next_expiry_check_s = 0.0
+        self.stats = DrainStats()
 
     def run(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Consume until ``stop()`` is true. Raises ServiceError on a fatal Kafka error."""
@@ -167,6 +199,7 @@ class DrainController:
 
     def _on_recommendation(self, msg: Any) -> None:
         now_ms = self._clock.now_ms()
+        started_s = time.monotonic()
         source = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
         with self._store.transaction() as state:
             try:
@@ -176,6 +209,8 @@ class DrainController:
                                           self._settings.enforce, now_ms)  # fmt: skip
                 self._publisher.dead_letter(msg.key(), msg.value(), str(exc), source)
                 state.outbox.append(action_record(decision, source))
+                self.stats.deadletter += 1
+                self.stats.observe(state, self._settings.enforce)
                 return
             cluster = ClusterView.of(self._slurm.nodes(), self._settings.partition_sizes)
             self._reconcile(state, cluster, now_ms)
@@ -183,6 +218,10 @@ class DrainController:
             decision = self._carry_out(decision)
             apply_decision(state, decision, self._settings)
             state.outbox.append(action_record(decision, source))
+            self.stats.observe(state, self._settings.enforce)
+        self.stats.recommendations += 1
+        self.stats.outcome(str(decision.outcome))
+        self.stats.decision_time_s += time.monotonic() - started_s
         log.info("%s %s %s", decision.outcome, decision.node, decision.detail)
 
     def _carry_out(self, decision: Decision) -> Decision:
@@ -218,6 +257,7 @@ class DrainController:
             reason=event["reason"], reason_user=event["reason_user"],
             partitions=tuple(event["partitions"] or ()),
         )  # fmt: skip
+        self.stats.node_events += 1
         with self._store.transaction() as state:
             if observe_node(state, facts, event["ts_ms"]) == "operator_resume":
                 log.info("operator resumed %s (node event): cooldown starts", facts.name)
@@ -232,6 +272,7 @@ class DrainController:
             try:
                 self._publisher.deliver(pending)
             except ServiceError as exc:
+                self.stats.audit_failures += 1
                 log.error("audit delivery failed, retrying in %s s: %s", RETRY_S, exc)
                 if stop():
                     return False
@@ -240,6 +281,7 @@ class DrainController:
             delivered = {a["action_id"] for a in pending}
             with self._store.transaction() as state:
                 state.outbox = [a for a in state.outbox if a["action_id"] not in delivered]
+                self.stats.outbox_depth = len(state.outbox)
 
     def tick(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Housekeeping between messages: auto-resume expired drains, deliver a pending outbox."""
@@ -278,6 +320,7 @@ class DrainController:
                         partition=part, slurm_reason=facts.reason))  # fmt: skip
                     continue
                 forget_resumed(state, entry.node)
+                self.stats.resumed += 1
                 state.outbox.append(resume_record(
                     entry.node, now_ms, f"recommendation expired at {entry.expires_ms}: resumed",
                     recommendation_id=entry.recommendation_id, partition=part,

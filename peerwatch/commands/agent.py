@@ -8,6 +8,7 @@ empty ``gpus`` array so a CPU node still heartbeats.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import logging
 import signal
@@ -76,6 +77,17 @@ def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def agent_snapshot(agent: NodeAgent, delivery: Delivery | None) -> dict[str, Any]:
+    """The agent's counters for its own telemetry (see peerwatch.exporters.self_metrics.AGENT)."""
+    out: dict[str, Any] = {**dataclasses.asdict(agent.stats),
+                           "cpu_s": agent.stats.cpu_ms_total / 1000.0}  # fmt: skip
+    if delivery is not None:
+        out.update(dataclasses.asdict(delivery.stats))
+        out["spool_depth"] = delivery.spooled_records
+        out["breaker_open"] = delivery.spooling
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_of(args, {"agent.interval_s": args.interval_s,
                                   "agent.allow_no_gpu": args.allow_no_gpu,
@@ -134,10 +146,17 @@ def run(args: argparse.Namespace) -> int:
         xid_listeners=listeners,
     )
     log.info("agent: run %s, every %d ms to %s", run_id, interval_ms, agent.topic)
+    from peerwatch.exporters.self_telemetry import start_self_telemetry
+
+    telemetry = start_self_telemetry(
+        settings.telemetry, "agent", functools.partial(agent_snapshot, agent, delivery)
+    )
     try:
         with stop_on_signals(agent.stop):
             agent.run(args.count)
     finally:
+        if telemetry is not None:
+            telemetry.close()
         if delivery is not None:
             stats = delivery.close()
             log.info("agent: delivery %s; %d records in the spool", stats, delivery.spooled_records)

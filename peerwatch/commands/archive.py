@@ -64,11 +64,21 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    import dataclasses
+
+    from peerwatch.exporters.self_telemetry import start_self_telemetry
+
+    loop = ArchiveLoop(source, writer, topics, deadletter=deadletter)
+    telemetry = start_self_telemetry(
+        settings.telemetry, "archiver", lambda: dataclasses.asdict(loop.stats)
+    )
     try:
-        stats = ArchiveLoop(source, writer, topics, deadletter=deadletter).run(stop)
+        stats = loop.run(stop)
     finally:
         source.close()
         deadletter.flush()
+        if telemetry is not None:
+            telemetry.close()
     print(json.dumps({"records": stats.records, "undecodable": stats.undecodable,
                       "commits": stats.commits, "dir": args.dir}))  # fmt: skip
     return 0

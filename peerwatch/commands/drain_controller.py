@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -95,8 +96,15 @@ def run(args: argparse.Namespace) -> int:
     consumer = Consumer(consumer_config(settings.kafka, drain.group_id))
     controller = DrainController(consumer, _publisher(settings, drain), slurm, store, drain,
                                  _topics(settings))  # fmt: skip
+    from peerwatch.exporters.self_telemetry import start_self_telemetry
+
+    telemetry = start_self_telemetry(
+        settings.telemetry, "drain-controller", lambda: dataclasses.asdict(controller.stats)
+    )
     try:
         controller.run(stop=lambda: bool(stopping))
     finally:
         consumer.close()
+        if telemetry is not None:
+            telemetry.close()
     return 0

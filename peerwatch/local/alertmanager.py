@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peerwatch.errors import ServiceError
-from peerwatch.local.kafka import _CHILDREN, _alive, _port_in_use
+from peerwatch.local.process import CHILDREN as _CHILDREN
+from peerwatch.local.process import alive as _alive
+from peerwatch.local.process import port_in_use as _port_in_use
 
 BINARIES = ("prometheus-alertmanager", "alertmanager")
 #: Used when no config file is given: every alert is accepted and grouped, and nobody notified.

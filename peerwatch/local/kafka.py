@@ -20,6 +20,9 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from peerwatch.errors import ServiceError
+from peerwatch.local.process import CHILDREN as _CHILDREN
+from peerwatch.local.process import alive as _alive
+from peerwatch.local.process import port_in_use as _port_in_use
 
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.25.3"
@@ -242,9 +245,6 @@ class LocalKafka:
             return "(no log)"
 
 
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
-
 def metadata_ready(bootstrap: str, timeout_s: float = 2.0) -> bool:
     """True when a Kafka client can fetch cluster metadata with a broker in it."""
     host, _, port = bootstrap.split(",")[0].rpartition(":")
@@ -274,33 +274,3 @@ def _cluster_id() -> str:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cid.startswith("-"):
             return cid
-
-
-def _alive(pid: int) -> bool:
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        if child.poll() is None:
-            return True
-        del _CHILDREN[pid]
-        return False
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        if waited == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    import socket
-
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False

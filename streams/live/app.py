@@ -197,15 +197,25 @@ def build_app(settings: Settings) -> faust.App:
         batch_within_s=cfg.batch_within_s, allocation_retention_s=cfg.allocation_retention_s,
     )  # fmt: skip
 
+    telemetry: list[Any] = []
+
     class HotService(mode.Service):
         """Starts the hot stage's thread with the app; stops it (final commit) with the app.
+        Also peerwatch's own metrics (``[telemetry]``), read from the counters.
         (Defined here: importing mode's services at module level runs a subprocess.)"""
 
         async def on_started(self) -> None:
+            from peerwatch.exporters.self_telemetry import start_self_telemetry
+
             hot.start()
+            exporter = start_self_telemetry(settings.telemetry, "stream", counters.scalars)
+            if exporter is not None:
+                telemetry.append(exporter)
 
         async def on_stop(self) -> None:
             await asyncio.to_thread(hot.stop)
+            for exporter in telemetry:
+                await asyncio.to_thread(exporter.close)
 
     app.service(HotService())  # type: ignore[arg-type]
 

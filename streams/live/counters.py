@@ -38,6 +38,11 @@ class StreamCounters:
     deadletter: int = 0
     #: StepTime records taken by stage 3.
     step_times: int = 0
+    #: Wall time spent in hot batches, s; and the latest batch's.
+    batch_time_s: float = 0.0
+    last_batch_s: float | None = None
+    #: Samples not yet consumed on the hot stage's partitions (None until first measured).
+    consumer_lag: int | None = None
     #: GPU readings no job owned at their time (no allocation known): counted, not windowed.
     unattributed: int = 0
     first_batch_wall_s: float | None = None
@@ -62,6 +67,8 @@ class StreamCounters:
         )
         if len(self.batch_log) > 20_000:
             del self.batch_log[:1000]
+        self.last_batch_s = max(now_wall - start_wall_s, 0.0)
+        self.batch_time_s += self.last_batch_s
         self.samples += node_records
         self.gpu_samples += gpu_readings
         self.batches += 1
@@ -82,6 +89,11 @@ class StreamCounters:
         out["finding_latency_ms"] = list(self.finding_latency_ms)
         out["batch_log"] = list(self.batch_log)
         return out
+
+    def scalars(self) -> dict[str, Any]:
+        """The counters without the lists (what peerwatch's own telemetry exports)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("finding_latency_ms", "batch_log")}  # fmt: skip
 
     def write(self, path: str) -> None:
         """Replace ``path`` with the counters as JSON (atomically: readers never see half)."""

@@ -104,6 +104,7 @@ class HotStage:
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
         self._jobs: Any = None  # the job-events consumer
+        self._lag_due_s = 0.0
         self._admin: Any = None
         self._job_tps: list[Any] = []
         self._job_next: dict[int, int] = {}  # job-events partition -> next offset to apply
@@ -158,12 +159,34 @@ class HotStage:
                 if messages:
                     self._sync_job_events()
                     self._process(messages)
+                self._measure_lag()
                 self._producer.poll(0)
             self._commit(list(self.parts))
         finally:
             self._producer.flush(10)
             self._consumer.close()
             self._jobs.close()
+
+    def _measure_lag(self) -> None:
+        """``counters.consumer_lag``: high watermark - position over the assigned partitions, from
+        the consumer's cached watermarks (no broker request), at most once a second."""
+        now_s = time.monotonic()
+        if now_s < self._lag_due_s or not self.parts:
+            return
+        self._lag_due_s = now_s + 1.0
+        from confluent_kafka import KafkaException, TopicPartition
+
+        tps = [TopicPartition(self.topics.samples, p) for p in sorted(self.parts)]
+        try:
+            lag = 0
+            for tp in self._consumer.position(tps):
+                _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                if high >= 0 and tp.offset >= 0:
+                    lag += max(high - tp.offset, 0)
+        except KafkaException as exc:
+            log.debug("hot stage: lag not measured (%s)", exc)
+            return
+        self.counters.consumer_lag = lag
 
     # -- allocations -----------------------------------------------------------------------------
     def _sync_job_events(self, limit_s: float = 30.0) -> None:

@@ -20,6 +20,7 @@ from peerwatch.settings import KafkaSettings, expand
 
 # Fixture modules are imported here: pytest_plugins is not allowed below the rootdir.
 from tests.integration.collector_fixture import otel_collector  # noqa: F401
+from tests.integration.prometheus_fixture import prometheus_stack  # noqa: F401
 from tests.integration.slurm_fixture import slurm_cluster  # noqa: F401
 
 TEST_KAFKA_PORT = int(os.environ.get("PEERWATCH_TEST_KAFKA_PORT", "19092"))

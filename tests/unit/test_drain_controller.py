@@ -316,3 +316,16 @@ def test_argument_vectors_and_their_guard() -> None:
     for node, reason in [("n1 n2", "x"), ("n[1-2]", "x"), ("n1", "a\nb"), ("n1", "$(x)")]:
         with pytest.raises(ValueError):
             drain_argv("scontrol", node, reason)
+
+
+def test_stats_count_outcomes_dead_letters_and_the_ledger(tmp_path: Path) -> None:
+    """The numbers the controller exports about itself (telemetry) follow what it did."""
+    rig = Rig(tmp_path)
+    ctl, consumer = rig.controller([rec_msg("r1", 0), rec_msg("r2", 1, node="n2"),
+                                    rec_msg("r1", 2), Msg("recs", b"\xc3\x01", b"n3", 3)])  # fmt: skip
+    total, checks = 4, iter(range(100))
+    ctl.run(stop=lambda: len(consumer.commits) == total or next(checks, None) is None)
+    s = ctl.stats
+    assert (s.recommendations, s.drained, s.refused, s.duplicate) == (3, 1, 1, 1)
+    assert s.deadletter == 1 and s.drained_nodes == 1 and s.breaker_open is False
+    assert s.outbox_depth == 0 and s.decision_time_s > 0

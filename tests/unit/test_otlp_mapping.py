@@ -309,3 +309,82 @@ def test_http_signal_urls() -> None:
     assert signal_url("http://127.0.0.1:4318", "metrics") == "http://127.0.0.1:4318/v1/metrics"
     assert signal_url("http://h:4318/", "logs") == "http://h:4318/v1/logs"
     assert signal_url("http://h:4318/v1/logs", "logs") == "http://h:4318/v1/logs"
+
+
+# --- findings and recommendations as counters ---------------------------------------------------
+
+
+def event_points(metric: Any) -> dict[tuple[tuple[str, Any], ...], float]:
+    return {tuple(sorted((p.attributes or {}).items())): p.value for p in metric.data.data_points}
+
+
+def test_findings_and_recommendations_are_counted_once_per_id(
+    sink: OtlpSink, reader: InMemoryMetricReader, records: dict[str, Any]
+) -> None:
+    finding = {**records["StragglerFinding"], "job_id": "1001", "node": "gpu00005",
+               "gpu_index": 3, "status": "CONFIRMED", "cause": "THERMAL"}  # fmt: skip
+    sink.write("StragglerFinding", {**finding, "finding_id": "f-1"})
+    sink.write("StragglerFinding", {**finding, "finding_id": "f-1"})  # redelivered: not again
+    sink.write("StragglerFinding", {**finding, "finding_id": "f-2"})
+    sink.write("StragglerFinding", {**finding, "finding_id": "f-3", "status": "CLEARED"})
+    rec = {**records["DrainRecommendation"], "node": "gpu00005", "action": "DRAIN",
+           "severity": "CRITICAL", "hard": False, "cause": "THERMAL"}  # fmt: skip
+    sink.write("DrainRecommendation", {**rec, "recommendation_id": "r-1"})
+    sink.write("DrainRecommendation", {**rec, "recommendation_id": "r-1"})
+    metrics = collected(reader)
+    findings = metrics["peerwatch.findings"]
+    assert isinstance(findings.data, Sum) and findings.data.is_monotonic
+    confirmed = (("gpu.index", 3), ("host.name", "gpu00005"),
+                 ("peerwatch.finding.cause", "THERMAL"),
+                 ("peerwatch.finding.status", "CONFIRMED"), ("slurm.job.id", "1001"))  # fmt: skip
+    cleared = tuple((k, "CLEARED" if k == "peerwatch.finding.status" else v) for k, v in confirmed)
+    assert event_points(findings) == {confirmed: 2, cleared: 1}
+    recs = event_points(metrics["peerwatch.recommendations"])
+    assert list(recs.values()) == [1]
+    assert dict(next(iter(recs))) == {
+        "host.name": "gpu00005", "peerwatch.recommendation.action": "DRAIN",
+        "peerwatch.recommendation.severity": "CRITICAL",
+        "peerwatch.recommendation.cause": "THERMAL", "peerwatch.recommendation.hard": False,
+    }  # fmt: skip
+    assert sink.stats()["event_count_duplicate"] == 2
+
+
+def test_a_jobs_finding_counters_linger_after_the_job_ends_then_go(
+    sink: OtlpSink, reader: InMemoryMetricReader, records: dict[str, Any], clock: FakeClock
+) -> None:
+    finding = {**records["StragglerFinding"], "job_id": "1001", "finding_id": "f-1"}
+    sink.write("StragglerFinding", finding)
+    sink.write("StragglerFinding", {**finding, "job_id": "1002", "finding_id": "f-2"})
+    sink.write("JobEvent", {**records["JobEvent"], "job_id": "1001", "kind": "ENDED"})
+
+    def jobs() -> set[str]:
+        return {
+            str((p.attributes or {})["slurm.job.id"])
+            for p in collected(reader)["peerwatch.findings"].data.data_points
+        }
+
+    # A job failing at once (its GPU fell off the bus) still has its findings counted ...
+    assert jobs() == {"1001", "1002"}
+    clock.ms += 599_000  # the sink's stale_after_s is 600
+    assert jobs() == {"1001", "1002"}
+    clock.ms += 2_000
+    assert jobs() == {"1002"}  # ... and they go after the linger time
+
+
+def test_series_per_gpu_window_counts_the_mapping(records: dict[str, Any]) -> None:
+    from peerwatch.exporters.otlp import series_per_gpu_window
+
+    # A window with every field set produces one point per series of its GPU.
+    full = {**records["GpuWindow"], "score": 1.0, "step_ms": 1500.0}
+    assert len(window_points(full)) == series_per_gpu_window() == 13
+
+
+def test_the_series_estimate_in_the_docs_is_the_mapping_s() -> None:
+    from pathlib import Path
+
+    from peerwatch.exporters.otlp import series_per_gpu_window
+
+    doc = (Path(__file__).parents[2] / "docs" / "prometheus.md").read_text()
+    per_gpu = series_per_gpu_window()
+    assert f"{per_gpu}\nseries per GPU" in doc or f"{per_gpu} series per GPU" in doc
+    assert f"{100_000 * per_gpu:,} active series" in doc

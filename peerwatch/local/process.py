@@ -1,0 +1,124 @@
+"""A local service as a plain child process: pid file, log file, readiness poll, stop.
+
+Shared by the local Kafka, Prometheus and OpenTelemetry Collector (:mod:`peerwatch.local`). A
+service keeps its pid file and log under its own folder of ``<state>``; ``start`` is idempotent
+and reports ready only when the service's own readiness check passes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from peerwatch.errors import ServiceError
+
+#: Children started by this process, kept referenced (and reaped) while it lives.
+CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a child of ours that exited is reaped here)."""
+    child = CHILDREN.get(pid)
+    if child is not None:
+        if child.poll() is None:
+            return True
+        del CHILDREN[pid]
+        return False
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def read_pid(pid_file: Path) -> int | None:
+    """The pid in ``pid_file`` if it names a live process."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if alive(pid) else None
+
+
+def log_tail(log_file: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(log_file.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def launch(
+    name: str,
+    argv: Sequence[str],
+    *,
+    pid_file: Path,
+    log_file: Path,
+    ready: Callable[[], bool],
+    timeout_s: float,
+    cwd: Path | None = None,
+) -> None:
+    """Start ``argv`` (an argument vector, no shell) in its own session, logging to
+    ``log_file``, and wait until ``ready()``. Raises ServiceError with the log's tail when it
+    exits or is not ready within ``timeout_s`` (then it is stopped)."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("ab") as log:
+        proc = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=cwd,
+        )  # fmt: skip
+    CHILDREN[proc.pid] = proc
+    pid_file.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pid_file.unlink(missing_ok=True)
+            raise ServiceError(f"{name} exited with {proc.returncode}:\n{log_tail(log_file)}")
+        if ready():
+            return
+        time.sleep(0.2)
+    terminate(pid_file)
+    raise ServiceError(f"{name} was not ready within {timeout_s:.0f} s:\n{log_tail(log_file)}")
+
+
+def terminate(pid_file: Path, timeout_s: float = 30.0) -> str:
+    """Stop the process named by ``pid_file``: SIGTERM, then SIGKILL after ``timeout_s``.
+    Returns 'not running', 'stopped' or 'killed'."""
+    pid = read_pid(pid_file)
+    if pid is None:
+        pid_file.unlink(missing_ok=True)
+        return "not running"
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            pid_file.unlink(missing_ok=True)
+            return "stopped"
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    child = CHILDREN.pop(pid, None)
+    if child is not None:
+        child.wait(10)
+    pid_file.unlink(missing_ok=True)
+    return "killed"
