@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "slurm": "slurm",
     "archive": "archive",
     "replay": "replay",
+    "job": "job",
 }
 
 
