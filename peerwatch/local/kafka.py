@@ -250,11 +250,14 @@ def metadata_ready(bootstrap: str, timeout_s: float = 2.0) -> bool:
     host, _, port = bootstrap.split(",")[0].rpartition(":")
     if not _port_in_use(int(port), host):
         return False  # nothing listens yet: spare librdkafka's connection-refused log lines
+    from peerwatch.kafka_config import client_logger
+
     admin = AdminClient(
         {
             "bootstrap.servers": bootstrap,
             "socket.connection.setup.timeout.ms": 1000,
             "log_level": 0,
+            "logger": client_logger(),
         }
     )
     try:
