@@ -440,7 +440,8 @@ def render_job_report(
     flagged = "".join(
         f'<tr class="flagged-gpu" data-node="{_e(g.node)}" data-gpu="{g.gpu_index}">'
         f"<td>{_e(g.node)} GPU {g.gpu_index}</td><td>{_e(g.status)}</td><td>{_e(g.cause)}</td>"
-        f"<td>{_t(g.first_flagged_ms)[11:]} to {_t(g.last_flagged_ms)[11:]}</td>"
+        f"<td>{_t(g.first_flagged_ms)[11:]}"
+        f"{f' to {_t(g.cleared_ms)[11:]} (cleared)' if g.cleared_ms else ' (not cleared)'}</td>"
         f"<td>{'<br>'.join(_e(x) for x in g.evidence)}</td><td>{_e(g.node_outcome or '')}</td>"
         "</tr>"
         for g in s.flagged

@@ -101,11 +101,15 @@ def render_text(summary: JobSummary, *, colour: bool = False, all_gpus: bool = F
     if s.flagged:
         lines.append(c(BOLD, f"Flagged GPUs ({len(s.flagged)})"))
         for g in s.flagged:
-            cleared = f"cleared {fmt_time(g.cleared_ms)}" if g.cleared_ms else "not cleared"
+            when = (
+                f"flagged {fmt_time(g.first_flagged_ms)}, cleared {fmt_time(g.cleared_ms)}"
+                if g.cleared_ms
+                else f"flagged since {fmt_time(g.first_flagged_ms)} (latest finding "
+                f"{fmt_time(g.last_flagged_ms)}, not cleared)"
+            )
             lines.append(
                 c(RED, f"  {g.status:<10} {g.node} GPU {g.gpu_index}")
-                + f"  cause {c(YELLOW, g.cause)}  flagged {fmt_time(g.first_flagged_ms)}"
-                f" to {fmt_time(g.last_flagged_ms)} ({cleared})"
+                + f"  cause {c(YELLOW, g.cause)}  {when}"
             )
             lines += [f"      {e}" for e in g.evidence]
             if g.node_outcome:
