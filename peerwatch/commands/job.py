@@ -2,7 +2,8 @@
 peers, its flagged GPUs with cause and evidence, and a one-line verdict; from Kafka (default) or
 an archive directory. An archive that holds only the pipeline's inputs (``peerwatch simulate
 --archive``) is replayed for that job first, as ``peerwatch replay --job`` would.
-``--json`` prints the summary as JSON, ``--html FILE`` writes the job's report page."""
+``--json`` prints the summary as JSON, ``--html FILE`` writes the job's report page;
+``--admin-comment`` stores the verdict in the job's Slurm AdminComment."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ def register(sub: Any) -> None:
                    help="colours: auto = on a terminal unless NO_COLOR is set")  # fmt: skip
     p.add_argument("--no-replay", action="store_true",
                    help="never replay an archive's samples, only read its outputs")  # fmt: skip
+    p.add_argument("--admin-comment", action="store_true",
+                   help="store the verdict in the job's Slurm AdminComment (scontrol update; "
+                        "for an EpilogSlurmctld hook)")  # fmt: skip
+    p.add_argument("--slurm-bin", default="", help="folder of scontrol (default: PATH)")
+    p.add_argument("--quiet", action="store_true", help="print nothing (hooks)")
     p.set_defaults(func=run)
 
 
@@ -92,6 +98,11 @@ def run(args: argparse.Namespace) -> int:
     from peerwatch.job_view import render_text
     from peerwatch.streams.core.job_summary import summarize_job
 
+    if args.admin_comment:
+        from peerwatch.producers.slurm.job_comment import JOB_ID
+
+        if not JOB_ID.fullmatch(args.job_id):
+            raise ConfigError("JOBID", f"{args.job_id!r} is not a plain Slurm job id")
     records = load(args)
     summary = summarize_job(
         args.job_id, records.windows, records.findings, records.recommendations,
@@ -109,6 +120,13 @@ def run(args: argparse.Namespace) -> int:
             render_job_report(summary, records.windows, records.findings,
                               summary.recommendations, events)
         )  # fmt: skip
+    if args.admin_comment:
+        from peerwatch.producers.slurm.command import SlurmCommands
+        from peerwatch.producers.slurm.job_comment import set_admin_comment
+
+        set_admin_comment(SlurmCommands(args.slurm_bin or None), args.job_id, summary.verdict)
+    if args.quiet:
+        return 0
     if args.json:
         print(json.dumps(summary.to_json(), sort_keys=True))
     else:
