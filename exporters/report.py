@@ -15,6 +15,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from peerwatch.streams.core.robust import quantile
+
 HIGHLIGHT = "#d62728"
 BAND = "#c6dbef"
 MEDIAN = "#4a5568"
@@ -49,14 +51,6 @@ def _t(ms: int | None) -> str:
 
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile of an already sorted, non-empty sequence."""
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def downsample(points: Sequence[tuple[int, float]], max_points: int) -> list[tuple[int, float]]:

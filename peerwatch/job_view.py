@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from peerwatch.streams.core.job_summary import TABLE_SIGNALS, GpuRow, JobSummary
+from peerwatch.streams.core.job_inputs import TABLE_SIGNALS
+from peerwatch.streams.core.job_summary import GpuRow, JobSummary
 
 RED, GREEN, YELLOW, DIM, BOLD, RESET = (
     "\x1b[31m",

@@ -20,19 +20,22 @@ reason, never raised.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Signals of the per-GPU table: (GpuWindow field, short name, relative to the peers?).
-TABLE_SIGNALS: tuple[tuple[str, str, bool], ...] = (
-    ("clk_ratio", "clk", True),
-    ("sm_frac", "sm", True),
-    ("power_w", "power", True),
-    ("throttle_frac", "thr", False),
-    ("step_ms", "step", True),
+from peerwatch.streams.core.job_inputs import (
+    TABLE_SIGNALS,
+    Skips,
+    Window,
+    array,
+    findings_of,
+    number,
+    records_with_node,
+    windows_of,
 )
+from peerwatch.streams.core.robust import median, quantile
+
 #: Finding statuses that flag a GPU, worst first.
 FLAGGING: tuple[str, ...] = ("HARD_ERROR", "CONFIRMED", "SUSPECT")
 #: Finding statuses about the job as a whole (no GPU blamed).
@@ -118,111 +121,18 @@ class JobSummary:
         return out
 
 
-class _Bad(ValueError):
-    """A record of the wrong shape; the message is the counted reason."""
-
-
-def _str(record: Mapping[str, Any], name: str) -> str:
-    value = record.get(name)
-    if not isinstance(value, str) or not value:
-        raise _Bad(f"{name} missing")
-    return value
-
-
-def _int(record: Mapping[str, Any], name: str) -> int:
-    value = record.get(name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _Bad(f"{name} not an integer")
-    return value
-
-
-def _opt_int(record: Mapping[str, Any], name: str) -> int | None:
-    return None if record.get(name) is None else _int(record, name)
-
-
-def _num(record: Mapping[str, Any], name: str) -> float | None:
-    value = record.get(name)
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    out = float(value)
-    return out if math.isfinite(out) else None
-
-
-def _list(value: Any) -> list[Any]:
-    """A record's array field; anything else (a hostile record) reads as empty."""
-    return value if isinstance(value, list) else []
-
-
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def _median(values: Sequence[float]) -> float:
-    return _quantile(sorted(values), 0.5)
-
-
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-class _Skips:
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def add(self, kind: str, reason: str) -> None:
-        key = f"{kind}: {reason}"
-        self.counts[key] = self.counts.get(key, 0) + 1
-
-
-@dataclass(frozen=True)
-class _Window:
-    node: str
-    gpu: int
-    start_ms: int
-    end_ms: int
-    gated: bool
-    score: float | None
-    values: dict[str, float | None]
-
-
-def _windows(job_id: str, records: Iterable[Any], skips: _Skips) -> list[_Window]:
-    out: list[_Window] = []
-    fields = {f for f, _, _ in TABLE_SIGNALS} | {"power_ratio"}
-    for r in records:
-        try:
-            if not isinstance(r, Mapping):
-                raise _Bad("not a record")
-            if str(r.get("job_id")) != job_id:
-                continue
-            start = _int(r, "window_start_ms")
-            end = _opt_int(r, "window_end_ms")
-            out.append(
-                _Window(
-                    node=_str(r, "node"),
-                    gpu=_int(r, "gpu_index"),
-                    start_ms=start,
-                    end_ms=end if end is not None and end > start else start,
-                    gated=r.get("gated") is not None,
-                    score=_num(r, "score"),
-                    values={f: _num(r, f) for f in fields},
-                )
-            )
-        except _Bad as exc:
-            skips.add("window", str(exc))
-    return out
-
-
-def _peer_medians(windows: Sequence[_Window]) -> dict[tuple[int, str], float]:
+def _peer_medians(windows: Sequence[Window]) -> dict[tuple[int, str], float]:
     """(window start, field) -> the job's median of that field in that window."""
     by: dict[tuple[int, str], list[float]] = {}
     for w in windows:
         for name, value in w.values.items():
             if value is not None:
                 by.setdefault((w.start_ms, name), []).append(value)
-    return {k: _median(v) for k, v in by.items()}
+    return {k: median(v) for k, v in by.items()}
 
 
 def _relative(value: float, med: float, relative: bool) -> float | None:
@@ -231,8 +141,8 @@ def _relative(value: float, med: float, relative: bool) -> float | None:
     return value / med - 1.0 if med > 0 else None
 
 
-def _rows(windows: Sequence[_Window], medians: Mapping[tuple[int, str], float]) -> list[GpuRow]:
-    per_gpu: dict[tuple[str, int], list[_Window]] = {}
+def _rows(windows: Sequence[Window], medians: Mapping[tuple[int, str], float]) -> list[GpuRow]:
+    per_gpu: dict[tuple[str, int], list[Window]] = {}
     for w in windows:
         per_gpu.setdefault((w.node, w.gpu), []).append(w)
     rows = []
@@ -259,7 +169,7 @@ def _peer_band(rows: Sequence[GpuRow]) -> dict[str, tuple[float, float, float]]:
     for _, short, _ in TABLE_SIGNALS:
         vals = sorted(v for r in rows if (v := r.values.get(short)) is not None)
         if vals:
-            band[short] = (_quantile(vals, 0.1), _quantile(vals, 0.5), _quantile(vals, 0.9))
+            band[short] = (quantile(vals, 0.1), quantile(vals, 0.5), quantile(vals, 0.9))
     return band
 
 
@@ -275,7 +185,7 @@ def _slow_z(feature: str, z: float) -> float:
 def _lead_feature(features: Sequence[Mapping[str, Any]]) -> str | None:
     best: tuple[float, str] | None = None
     for ev in features:
-        name, z = ev.get("feature"), _num(ev, "z")
+        name, z = ev.get("feature"), number(ev, "z")
         if not isinstance(name, str) or z is None or name == "power":
             continue
         s = _slow_z(name, z)
@@ -288,11 +198,11 @@ def evidence_lines(finding: Mapping[str, Any], z_threshold: float) -> list[str]:
     """The features of ``finding`` beyond ``z_threshold`` in their slow direction, as text
     (value, peer median, difference, z), then the hard rules that fired."""
     out = []
-    for ev in _list(finding.get("features")):
+    for ev in array(finding.get("features")):
         if not isinstance(ev, Mapping):
             continue
         name = ev.get("feature")
-        value, med, z = _num(ev, "value"), _num(ev, "peer_median"), _num(ev, "z")
+        value, med, z = number(ev, "value"), number(ev, "peer_median"), number(ev, "z")
         if not isinstance(name, str) or value is None or med is None or z is None:
             continue
         if _slow_z(name, z) < z_threshold:
@@ -302,7 +212,7 @@ def evidence_lines(finding: Mapping[str, Any], z_threshold: float) -> list[str]:
             f"{(value - med) * 100:+.0f} points"
         )  # fmt: skip
         out.append(f"{words} {value:.3f} vs peers {med:.3f} ({diff}, z={z:+.1f})")
-    out += [f"hard rule {r}" for r in _list(finding.get("hard_rules")) if isinstance(r, str)]
+    out += [f"hard rule {r}" for r in array(finding.get("hard_rules")) if isinstance(r, str)]
     return out
 
 
@@ -320,10 +230,10 @@ def _node_outcome(
         t
         for e in node_events
         if e.get("node") == node
-        and (t := _num(e, "ts_ms")) is not None
+        and (t := number(e, "ts_ms")) is not None
         and t >= since_ms
         and (
-            "DRAIN" in [str(f).upper() for f in _list(e.get("flags"))]
+            "DRAIN" in [str(f).upper() for f in array(e.get("flags"))]
             or str(e.get("state", "")).upper().startswith("DRAIN")
         )
     ]
@@ -332,7 +242,7 @@ def _node_outcome(
         for a in actions
         if a.get("node") == node
         and a.get("decision") == "DRAINED"
-        and (t := _num(a, "ts_ms")) is not None
+        and (t := number(a, "ts_ms")) is not None
         and t >= since_ms
     ]
     if drained:
@@ -343,8 +253,8 @@ def _node_outcome(
             for r in recommendations
             if r.get("node") == node
             and r.get("action") == action
-            and job_id in [str(j) for j in _list(r.get("job_ids"))]
-            and (t := _num(r, "ts_ms")) is not None
+            and job_id in [str(j) for j in array(r.get("job_ids"))]
+            and (t := number(r, "ts_ms")) is not None
         ]
         if times:
             return words, int(min(times))
@@ -354,7 +264,7 @@ def _node_outcome(
 def _flagged(
     job_id: str,
     findings: Sequence[Mapping[str, Any]],
-    windows: Sequence[_Window],
+    windows: Sequence[Window],
     medians: Mapping[tuple[int, str], float],
     recommendations: Sequence[Mapping[str, Any]],
     node_events: Sequence[Mapping[str, Any]],
@@ -382,7 +292,7 @@ def _flagged(
             for f in fs
             if f.get("status") == "CLEARED" and int(f["window_start_ms"]) >= last
         ]
-        feature = _lead_feature([e for f in flags for e in _list(f.get("features"))])
+        feature = _lead_feature([e for f in flags for e in array(f.get("features"))])
         slow = [w for w in windows if (w.node, w.gpu) == (node, gpu)]
         slow = [w for w in slow if w.score is not None and w.score >= z_threshold]
         slow_frac: float | None = None
@@ -398,10 +308,10 @@ def _flagged(
                 diffs = [
                     r
                     for f in flags
-                    for e in _list(f.get("features"))
+                    for e in array(f.get("features"))
                     if e.get("feature") == feature
-                    and (v := _num(e, "value")) is not None
-                    and (m := _num(e, "peer_median")) is not None
+                    and (v := number(e, "value")) is not None
+                    and (m := number(e, "peer_median")) is not None
                     and (r := _relative(v, m, feature != "thr")) is not None
                 ]
             mean = _mean(diffs)
@@ -417,7 +327,7 @@ def _flagged(
                 cause=named[-1] if named else "UNKNOWN",
                 reason=str(latest.get("reason") or ""),
                 evidence=evidence_lines(latest, z_threshold),
-                hard_rules=sorted({str(r) for f in flags for r in _list(f.get("hard_rules"))}),
+                hard_rules=sorted({str(r) for f in flags for r in array(f.get("hard_rules"))}),
                 first_flagged_ms=first, last_flagged_ms=last,
                 cleared_ms=max(cleared) if cleared else None,
                 feature=feature, slow_frac=slow_frac, slow_s=slow_s,
@@ -428,44 +338,7 @@ def _flagged(
     return out
 
 
-def _valid_findings(job_id: str, records: Iterable[Any], skips: _Skips) -> list[Mapping[str, Any]]:
-    out = []
-    for r in records:
-        if not isinstance(r, Mapping):
-            skips.add("finding", "not a record")
-            continue
-        if str(r.get("job_id")) != job_id:
-            continue
-        try:
-            _int(r, "window_start_ms")
-            _opt_int(r, "window_end_ms")
-            _opt_int(r, "first_flagged_ms")
-            if not isinstance(r.get("status"), str):
-                raise _Bad("status missing")
-            if not isinstance(r.get("features") or [], list) or not all(
-                isinstance(e, Mapping) for e in r.get("features") or []
-            ):
-                raise _Bad("features not a list of records")
-            if not isinstance(r.get("hard_rules") or [], list):
-                raise _Bad("hard_rules not a list")
-        except _Bad as exc:
-            skips.add("finding", str(exc))
-            continue
-        out.append(r)
-    return out
-
-
-def _records(kind: str, records: Iterable[Any], skips: _Skips) -> list[Mapping[str, Any]]:
-    out = []
-    for r in records:
-        if isinstance(r, Mapping) and isinstance(r.get("node"), str):
-            out.append(r)
-        else:
-            skips.add(kind, "not a record with a node")
-    return out
-
-
-def _job_info(summary: JobSummary, events: Iterable[Any], skips: _Skips) -> None:
+def _job_info(summary: JobSummary, events: Iterable[Any], skips: Skips) -> None:
     nodes: set[str] = set()
     gpus: set[tuple[str, int]] = set()
     timed = []
@@ -494,7 +367,7 @@ def _job_info(summary: JobSummary, events: Iterable[Any], skips: _Skips) -> None
         for a in allocations:
             if isinstance(a, Mapping) and isinstance(a.get("node"), str):
                 nodes.add(a["node"])
-                for g in _list(a.get("gpu_indices")):
+                for g in array(a.get("gpu_indices")):
                     if isinstance(g, int):
                         gpus.add((a["node"], g))
     summary.nodes = sorted(nodes)
@@ -560,26 +433,26 @@ def summarize_job(
     are counted in ``skipped``). ``z_threshold``: the detector's (a window scored at or above
     it counts as slow). Raises nothing for bad input."""
     job_id = str(job_id)
-    skips = _Skips()
+    skips = Skips()
     summary = JobSummary(job_id)
     _job_info(summary, job_events, skips)
-    ws = _windows(job_id, windows, skips)
+    ws = windows_of(job_id, windows, skips)
     medians = _peer_medians(ws)
     summary.windows = len(ws)
     summary.gated_windows = sum(w.gated for w in ws)
     if ws:
         summary.first_window_ms = min(w.start_ms for w in ws)
         summary.last_window_ms = max(w.end_ms for w in ws)
-    fs = _valid_findings(job_id, findings, skips)
+    fs = findings_of(job_id, findings, skips)
     recs = [
         r
-        for r in _records("recommendation", recommendations, skips)
-        if job_id in [str(j) for j in _list(r.get("job_ids"))]
+        for r in records_with_node("recommendation", recommendations, skips)
+        if job_id in [str(j) for j in array(r.get("job_ids"))]
     ]
     summary.recommendations = [dict(r) for r in recs]
     summary.flagged = _flagged(
         job_id, fs, ws, medians, recs,
-        _records("node event", node_events, skips), _records("drain action", actions, skips),
+        records_with_node("node event", node_events, skips), records_with_node("drain action", actions, skips),
         z_threshold,
     )  # fmt: skip
     by_gpu = {(g.node, g.gpu_index): g for g in summary.flagged}
