@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from peerwatch.streams.core.robust import quantile
 
 HIGHLIGHT = "#d62728"
 BAND = "#c6dbef"
@@ -33,6 +36,10 @@ text-align:left;vertical-align:top;font-size:12px}} th{{background:#edf2f7}}
 .straggler{{color:{HIGHLIGHT};font-weight:bold}} .legend span{{margin-right:14px}}
 .swatch{{display:inline-block;width:14px;height:10px;margin-right:4px;vertical-align:middle}}
 tr.finding.CONFIRMED,tr.finding.HARD_ERROR{{background:#fff5f5}}
+.verdict{{font-size:16px;font-weight:bold;padding:8px 12px;border-left:6px solid}}
+.verdict.bad{{border-color:{HIGHLIGHT};background:#fff5f5}} .verdict.ok{{border-color:#38a169;
+background:#f0fff4}} td.num{{text-align:right;font-variant-numeric:tabular-nums}}
+tr.flagged td{{color:{HIGHLIGHT};font-weight:bold}} td:first-child{{white-space:nowrap}} tr.peers td{{color:#718096}}
 """
 
 
@@ -44,14 +51,6 @@ def _t(ms: int | None) -> str:
 
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile of an already sorted, non-empty sequence."""
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def downsample(points: Sequence[tuple[int, float]], max_points: int) -> list[tuple[int, float]]:
@@ -95,6 +94,55 @@ def _path(points: Sequence[tuple[float, float]]) -> str:
     return " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(points))
 
 
+#: Per signal: the smallest y span a chart shows, and the bounds no axis goes beyond (so a job
+#: whose values all agree gets a meaningful axis, not one 0.1 wide around the value).
+_Y_SPAN: dict[str, tuple[float, float, float]] = {
+    "clk_ratio": (0.02, 0.0, 1.0),
+    "throttle_frac": (0.1, 0.0, 1.0),
+    "sm_frac": (0.1, 0.0, 1.0),
+    "power_ratio": (0.1, 0.0, 2.0),
+}
+_LABEL_GAP = 11.0  # px between two GPU labels at the right end of a chart
+
+
+def y_range(signal: str, values: Sequence[float]) -> tuple[float, float]:
+    """The chart's y axis for ``values`` of ``signal``: their range, widened to the signal's
+    smallest span (centred, kept within the signal's bounds). A share that is all zero (nothing
+    throttled) gets ``[0, span]``."""
+    lo, hi = min(values), max(values)
+    min_span, floor, ceil = _Y_SPAN.get(signal, (1e-6, -math.inf, math.inf))
+    if hi - lo < min_span:
+        mid = (lo + hi) / 2
+        lo, hi = mid - min_span / 2, mid + min_span / 2
+        if lo < floor:
+            lo, hi = floor, floor + min_span
+        if hi > ceil:
+            lo, hi = ceil - min_span, ceil
+    return lo, hi
+
+
+def spread_labels(ys: Sequence[float], top: float, bottom: float, gap: float) -> list[float]:
+    """Label positions near ``ys`` (same order), at least ``gap`` apart and within
+    ``[top, bottom]`` where there is room: labels of GPUs that end at the same value stack."""
+    order = sorted(range(len(ys)), key=lambda i: ys[i])
+    placed = [0.0] * len(ys)
+    last = -math.inf
+    for i in order:
+        placed[i] = max(ys[i], last + gap, top)
+        last = placed[i]
+    overflow = (last - bottom) if ys else 0.0
+    if overflow > 0:  # pushed past the bottom: shift the stack up, never above the top
+        shift = min(overflow, max(0.0, min(placed) - top))
+        placed = [p - shift for p in placed]
+    return placed
+
+
+def _fmt_axis(signal: str, v: float) -> str:
+    if signal in ("throttle_frac", "sm_frac"):
+        return f"{v * 100:.0f}%"
+    return f"{v:.3g}"
+
+
 def chart_svg(
     job_id: str,
     signal: str,
@@ -103,7 +151,9 @@ def chart_svg(
     flagged: Sequence[tuple[str, int]],
     max_points: int = 240,
 ) -> str:
-    """One signal's chart: the peer band and median, the flagged GPUs in red with labels."""
+    """One signal's chart: the peer band and median, the flagged GPUs in red with labels that
+    never overlap (stacked at the right end), a mid gridline; a flat zero throttle chart says
+    that nothing was throttled."""
     band = peer_band(windows, signal)
     if not band:
         return ""
@@ -115,9 +165,7 @@ def chart_svg(
     xs = [b[0] for b in band]
     values = [v for b in band for v in (b[1], b[3])] + [v for s in series.values() for _, v in s]
     x0, x1 = min(xs), max(xs) or 1
-    y0, y1 = min(values), max(values)
-    if y1 - y0 < 1e-6:
-        y0, y1 = y0 - 0.05, y1 + 0.05
+    y0, y1 = y_range(signal, values)
     span_x = max(1, x1 - x0)
     plot_w, plot_h = _W - _PAD_L - _PAD_R, _H - _PAD_T - _PAD_B
 
@@ -128,30 +176,50 @@ def chart_svg(
     hi = downsample([(b[0], b[3]) for b in band], max_points)
     med = downsample([(b[0], b[2]) for b in band], max_points)
     area = [xy(t, v) for t, v in hi] + [xy(t, v) for t, v in reversed(lo)]
+    mid_y = _PAD_T + plot_h / 2
     parts = [
         f'<svg class="chart" data-job="{_e(job_id)}" data-signal="{signal}" width="{_W}" '
         f'height="{_H}" viewBox="0 0 {_W} {_H}" role="img" aria-label="{_e(title)}">',
-        f'<text x="{_PAD_L}" y="11" font-size="11" fill="#2d3748">{_e(title)}</text>',
-        f'<text x="2" y="{_PAD_T + 8}" font-size="9" fill="#718096">{y1:.3g}</text>',
-        f'<text x="2" y="{_H - _PAD_B}" font-size="9" fill="#718096">{y0:.3g}</text>',
+        f'<text x="{_PAD_L}" y="11" font-size="11" font-weight="bold" fill="#2d3748">'
+        f"{_e(title)}</text>",
+        f'<rect x="{_PAD_L}" y="{_PAD_T}" width="{plot_w}" height="{plot_h}" fill="none" '
+        f'stroke="#e2e8f0"/>',
+        f'<line x1="{_PAD_L}" y1="{mid_y:.1f}" x2="{_PAD_L + plot_w}" y2="{mid_y:.1f}" '
+        f'stroke="#edf2f7"/>',
+        f'<text x="{_PAD_L - 4}" y="{_PAD_T + 8}" font-size="9" fill="#718096" '
+        f'text-anchor="end">{_fmt_axis(signal, y1)}</text>',
+        f'<text x="{_PAD_L - 4}" y="{mid_y + 3:.1f}" font-size="9" fill="#718096" '
+        f'text-anchor="end">{_fmt_axis(signal, (y0 + y1) / 2)}</text>',
+        f'<text x="{_PAD_L - 4}" y="{_H - _PAD_B}" font-size="9" fill="#718096" '
+        f'text-anchor="end">{_fmt_axis(signal, y0)}</text>',
         f'<text x="{_PAD_L}" y="{_H - 6}" font-size="9" fill="#718096">{_t(x0)[11:]}</text>',
         f'<text x="{_W - _PAD_R}" y="{_H - 6}" font-size="9" fill="#718096" '
-        f'text-anchor="end">{_t(x1)[11:]}</text>',
+        f'text-anchor="end">{_t(x1)[11:]} UTC</text>',
         f'<path class="band" d="{_path(area)} Z" fill="{BAND}" stroke="none"/>',
         f'<path class="median" d="{_path([xy(t, v) for t, v in med])}" fill="none" '
         f'stroke="{MEDIAN}" stroke-width="1.2"/>',
     ]
-    for (node, gpu), pts in series.items():
-        if not pts:
-            continue
-        line = [xy(t, v) for t, v in downsample(pts, max_points)]
+    if max(abs(v) for v in values) < 1e-9 and signal == "throttle_frac":
+        parts.append(
+            f'<text class="note" x="{_PAD_L + plot_w / 2:.1f}" y="{mid_y + 4:.1f}" '
+            f'font-size="12" fill="#718096" text-anchor="middle">'
+            f"nothing throttled (all GPUs at 0%)</text>"
+        )
+    lines = {g: [xy(t, v) for t, v in downsample(pts, max_points)] for g, pts in series.items()}
+    lines = {g: line for g, line in lines.items() if line}
+    label_ys = spread_labels(
+        [line[-1][1] + 4 for line in lines.values()], _PAD_T + 8, _H - _PAD_B + 4, _LABEL_GAP
+    )
+    for ((node, gpu), line), label_y in zip(lines.items(), label_ys, strict=True):
         lx, ly = line[-1]
         parts.append(
             f'<g class="gpu straggler" data-node="{_e(node)}" data-gpu="{gpu}">'
             f'<path d="{_path(line)}" fill="none" stroke="{HIGHLIGHT}" stroke-width="2.5"/>'
-            f'<text x="{lx + 4:.1f}" y="{ly + 4:.1f}" font-size="10" fill="{HIGHLIGHT}" '
+            + (f'<line x1="{lx + 2:.1f}" y1="{ly:.1f}" x2="{lx + 6:.1f}" y2="{label_y - 4:.1f}" '
+               f'stroke="{HIGHLIGHT}" stroke-width="0.8"/>' if abs(label_y - 4 - ly) > 2 else "")
+            + f'<text x="{lx + 8:.1f}" y="{label_y:.1f}" font-size="10" fill="{HIGHLIGHT}" '
             f'font-weight="bold">{_e(node)} GPU {gpu}</text></g>'
-        )
+        )  # fmt: skip
     parts.append("</svg>")
     return "".join(parts)
 
@@ -239,7 +307,9 @@ def job_section(
     findings: Sequence[Mapping[str, Any]],
     recs: Sequence[Mapping[str, Any]],
     events: Sequence[tuple[str, Mapping[str, Any]]],
+    verdict: str = "",
 ) -> str:
+    """One job: the verdict, the charts, its findings, recommendations and timeline."""
     flagged = flagged_gpus(findings)
     names = ", ".join(f"{n} GPU {g}" for n, g in flagged) or "none (job-level findings only)"
     charts = "".join(chart_svg(job_id, s, t, windows, flagged) for s, t in SIGNALS)
@@ -247,7 +317,8 @@ def job_section(
     return (
         f'<section class="job" id="job-{_e(job_id)}" data-job="{_e(job_id)}">'
         f"<h2>Job {_e(job_id)}</h2>"
-        f'<p>{gpus} GPUs. Flagged: <span class="straggler">{_e(names)}</span></p>'
+        + (f'<p class="verdict {"bad" if flagged else "ok"}">{_e(verdict)}</p>' if verdict else "")
+        + f'<p>{gpus} GPUs. Flagged: <span class="straggler">{_e(names)}</span></p>'
         f'<p class="legend"><span><i class="swatch" style="background:{BAND}"></i>peers p10-p90'
         f'</span><span><i class="swatch" style="background:{MEDIAN}"></i>peer median</span>'
         f'<span><i class="swatch" style="background:{HIGHLIGHT}"></i>flagged GPU</span></p>'
@@ -281,7 +352,7 @@ def render_report(
             or (s == "node-events" and str(e.get("node")) in nodes)
         ]  # fmt: skip
         jw = [w for w in windows if str(w["job_id"]) == job]
-        sections.append(job_section(job, jw, jf, jr, jev))
+        sections.append(job_section(job, jw, jf, jr, jev, _verdict(job, jw, jf, jr, jev)))
     other = [r for r in recommendations if not set(r.get("job_ids") or []) & set(jobs)]
     span = f"{_t(from_ms)} to {_t(to_ms)} UTC" if from_ms is not None else ""
     return (
@@ -292,4 +363,105 @@ def render_report(
         + "".join(sections)
         + (f"<h2>Other recommendations</h2>{recommendations_table(other)}" if other else "")
         + "</body></html>"
+    )
+
+
+def _verdict(
+    job_id: str,
+    windows: Sequence[Mapping[str, Any]],
+    findings: Sequence[Mapping[str, Any]],
+    recs: Sequence[Mapping[str, Any]],
+    events: Sequence[tuple[str, Mapping[str, Any]]],
+) -> str:
+    """The job's one-line verdict, as ``peerwatch job`` says it."""
+    from peerwatch.streams.core.job_summary import summarize_job
+
+    return summarize_job(
+        job_id, windows, findings, recs,
+        [e for s, e in events if s == "job-events"], [e for s, e in events if s == "node-events"],
+    ).verdict  # fmt: skip
+
+
+def gpu_table_html(summary: Any, rows: Sequence[Any]) -> str:
+    """The job's GPUs against their peers (a :class:`JobSummary`'s rows), then the peer band."""
+    from peerwatch.job_view import COLUMNS, cell, rel_text
+
+    shorts = [s for s in ("clk", "sm", "power", "thr", "step") if s in summary.peers]
+    head = "<tr><th>node</th><th>GPU</th>" + "".join(
+        f"<th>{_e(COLUMNS[s][0])}</th><th>vs peers</th>" for s in shorts
+    ) + "<th>status (cause)</th></tr>"  # fmt: skip
+    body = []
+    for r in rows:
+        cells = "".join(
+            f'<td class="num">{_e(cell(s, r.values.get(s)))}</td>'
+            f'<td class="num">{_e(rel_text(s, r.vs_peers.get(s)))}</td>'
+            for s in shorts
+        )
+        status = f"{r.status} ({r.cause})" if r.status else ""
+        body.append(
+            f'<tr class="gpu{" flagged" if r.status else ""}" data-node="{_e(r.node)}" '
+            f'data-gpu="{r.gpu_index}"><td>{_e(r.node)}</td><td class="num">{r.gpu_index}</td>'
+            f"{cells}<td>{_e(status)}</td></tr>"
+        )
+    for i, label in enumerate(("peers p10", "peers median", "peers p90")):
+        cells = "".join(
+            f'<td class="num">{_e(cell(s, summary.peers[s][i]))}</td><td></td>' for s in shorts
+        )
+        body.append(f'<tr class="peers"><td colspan="2">{label}</td>{cells}<td></td></tr>')
+    return f'<table class="gpus">{head}{"".join(body)}</table>'
+
+
+def render_job_report(
+    summary: Any,
+    windows: Sequence[Mapping[str, Any]],
+    findings: Sequence[Mapping[str, Any]],
+    recommendations: Sequence[Mapping[str, Any]],
+    events: Sequence[tuple[str, Mapping[str, Any]]],
+) -> str:
+    """``peerwatch job --html``: one job's page (a :class:`JobSummary` and its records): the
+    verdict, the flagged GPUs with cause and evidence, the GPU table, then the incident report's
+    section of that job (charts, findings, recommendations, timeline). Self-contained."""
+    from peerwatch.job_view import shown_rows
+
+    s = summary
+    job = str(s.job_id)
+    jw = [w for w in windows if str(w.get("job_id")) == job]
+    jf = [f for f in findings if str(f.get("job_id")) == job]
+    who = " · ".join(
+        f"{k} {v}" for k, v in (("user", s.user), ("job name", s.name), ("account", s.account),
+                                ("partition", s.partition), ("state", s.state)) if v
+    )  # fmt: skip
+    flagged = "".join(
+        f'<tr class="flagged-gpu" data-node="{_e(g.node)}" data-gpu="{g.gpu_index}">'
+        f"<td>{_e(g.node)} GPU {g.gpu_index}</td><td>{_e(g.status)}</td><td>{_e(g.cause)}</td>"
+        f"<td>{_t(g.first_flagged_ms)[11:]}"
+        f"{f' to {_t(g.cleared_ms)[11:]} (cleared)' if g.cleared_ms else ' (not cleared)'}</td>"
+        f"<td>{'<br>'.join(_e(x) for x in g.evidence)}</td><td>{_e(g.node_outcome or '')}</td>"
+        "</tr>"
+        for g in s.flagged
+    )
+    flagged_table = (
+        '<h2>Flagged GPUs</h2><table class="flagged"><tr><th>GPU</th><th>status</th>'
+        "<th>cause</th><th>flagged (UTC)</th><th>evidence</th><th>node</th></tr>"
+        f"{flagged}</table>"
+        if s.flagged
+        else ""
+    )
+    nodes = set(s.nodes)
+    jev = [
+        (k, e) for k, e in events
+        if (k == "job-events" and str(e.get("job_id")) == job)
+        or (k == "node-events" and str(e.get("node")) in nodes)
+    ]  # fmt: skip
+    section = job_section(job, jw, jf, recommendations, jev)
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>peerwatch job {_e(job)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>peerwatch job {_e(job)}</h1><p>{_e(who)}</p>"
+        f"<p>{s.gpus} GPUs on {len(s.nodes)} nodes · windows {_t(s.first_window_ms)} to "
+        f"{_t(s.last_window_ms)[11:]} UTC · {s.windows} GPU windows</p>"
+        f'<p class="verdict {"bad" if s.flagged else "ok"}">{_e(s.verdict)}</p>'
+        f"{flagged_table}"
+        f"<h2>GPUs against their {len(s.rows)} peers</h2>{gpu_table_html(s, shown_rows(s))}"
+        f"{section}</body></html>"
     )

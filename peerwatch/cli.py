@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "slurm": "slurm",
     "archive": "archive",
     "replay": "replay",
+    "job": "job",
 }
 
 

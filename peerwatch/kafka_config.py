@@ -1,7 +1,15 @@
-"""The one place where settings become Kafka client configuration (librdkafka and aiokafka)."""
+"""The one place where settings become Kafka client configuration (librdkafka and aiokafka).
+
+Every confluent-kafka client gets :func:`client_logger` as its ``logger``: librdkafka's own log
+lines (``%4|...|GETPID|... Coordinator load in progress: retrying``) go through Python logging
+(logger ``peerwatch.librdkafka``, formatted and filtered like the rest) instead of straight to
+stderr, and the transient conditions a client retries by itself while a cluster or a consumer
+group starts are logged at DEBUG.
+"""
 
 from __future__ import annotations
 
+import logging
 import ssl
 from typing import Any
 
@@ -18,8 +26,57 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 
 
+LIBRDKAFKA_LOGGER = "peerwatch.librdkafka"
+#: Substrings (lower case) of librdkafka log lines that report a transient condition the client
+#: retries by itself (group coordinator loading or moving, partition leader elections): DEBUG.
+TRANSIENT_LOG_TEXT: tuple[str, ...] = (
+    "coordinator load in progress",
+    "coordinator not available",
+    "coordinator_not_available",
+    "not coordinator",
+    "not_coordinator",
+    "leader not available",
+    "leader_not_available",
+    "rebalance in progress",
+)
+
+
+def is_transient(text: str) -> bool:
+    """Whether a librdkafka log line reports a transient condition retried by the client."""
+    lowered = text.lower()
+    return any(t in lowered for t in TRANSIENT_LOG_TEXT)
+
+
+class LibrdkafkaLogger:
+    """What confluent-kafka calls for each librdkafka log line (``logger`` configuration):
+    ``log(level, "%s [%s] %s", facility, client name, message)`` with a Python level. Forwards
+    to the ``peerwatch.librdkafka`` logger, transient retries at DEBUG."""
+
+    def __init__(self, name: str = LIBRDKAFKA_LOGGER) -> None:
+        self.name = name
+        self.logger = logging.getLogger(name)
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        text = str(args[-1]) if args else msg
+        if level > logging.DEBUG and is_transient(text):
+            level = logging.DEBUG
+        self.logger.log(level, msg, *args)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # configs cross process boundaries (spawn)
+        return (LibrdkafkaLogger, (self.name,))
+
+
+_CLIENT_LOGGER = LibrdkafkaLogger()
+
+
+def client_logger() -> LibrdkafkaLogger:
+    """The ``logger`` every confluent-kafka client is configured with (see the module doc)."""
+    return _CLIENT_LOGGER
+
+
 def _common(settings: KafkaSettings) -> dict[str, Any]:
     conf: dict[str, Any] = {
+        "logger": client_logger(),
         "bootstrap.servers": settings.bootstrap_servers,
         "client.id": settings.client_id,
         "security.protocol": settings.security_protocol,

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from peerwatch.commands import settings_of
@@ -42,26 +43,41 @@ def _scenario_path(args: argparse.Namespace) -> str:
 
 
 class _Consumer(threading.Thread):
-    """Reads the demo's output topics and feeds the view."""
+    """Reads the demo's output topics, feeds the view, and archives what it read under
+    ``archive`` (the archiver's layout, topics without the demo's prefix) so that ``peerwatch
+    job JOBID --archive DIR`` works after the demo, when its topics (and Kafka) are gone."""
 
-    def __init__(self, settings: Any, prefix: str, view: Any, lock: threading.Lock) -> None:
+    def __init__(
+        self, settings: Any, prefix: str, view: Any, lock: threading.Lock, archive: Path
+    ) -> None:
         super().__init__(name="demo-consumer", daemon=True)
         from confluent_kafka import Consumer
 
+        from peerwatch.exporters.archive_files import AvroFileSink
         from peerwatch.kafka_config import consumer_config
+        from peerwatch.topics import JOB_EVENTS, JOB_WINDOWS, RECOMMENDATIONS, STRAGGLERS
 
         self.consumer = Consumer(consumer_config(settings.kafka, f"{prefix}demo-view"))
-        self.topics = {
-            prefix + "peerwatch.slurm.job-events": "job",
-            prefix + "peerwatch.stragglers": "finding",
-            prefix + "peerwatch.drain.recommendations": "rec",
-            prefix + "peerwatch.gpu.job-windows": "window",
-        }
+        specs = {"job": JOB_EVENTS, "finding": STRAGGLERS, "rec": RECOMMENDATIONS,
+                 "window": JOB_WINDOWS}  # fmt: skip
+        self.topics = {prefix + spec.name: kind for kind, spec in specs.items()}
+        self.archived = {kind: spec.name for kind, spec in specs.items()}
+        self.archive = AvroFileSink(
+            archive, {spec.name: str(spec.value_schema) for spec in specs.values()}
+        )
         self.view, self.lock, self.stop = view, lock, threading.Event()
         self.last_output = time.monotonic()
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.consumer.close()
+            self.archive.close()
+
+    def _run(self) -> None:
         from peerwatch.errors import CodecError
+        from peerwatch.exporters.archive_files import record_time_ms
         from peerwatch.schemas.codec import decode_any
 
         self.consumer.subscribe(list(self.topics))
@@ -70,16 +86,21 @@ class _Consumer(threading.Thread):
                 if msg.error():
                     continue
                 kind = self.topics.get(msg.topic() or "")
-                if kind == "window":
-                    with self.lock:
-                        self.view.windows += 1
-                    self.last_output = time.monotonic()
+                if kind is None:
                     continue
                 value = msg.value()
                 try:
                     _, record = decode_any(value or b"")
                 except CodecError:
                     continue  # the stream dead-letters such records; the view just skips them
+                ts_ms = record_time_ms(record)
+                if ts_ms is not None:
+                    self.archive.write(self.archived[kind], record, ts_ms)
+                if kind == "window":
+                    with self.lock:
+                        self.view.windows += 1
+                    self.last_output = time.monotonic()
+                    continue
                 with self.lock:
                     if kind == "job":
                         self.view.on_job_event(record)
@@ -88,7 +109,6 @@ class _Consumer(threading.Thread):
                     else:
                         self.view.on_recommendation(record)
                 self.last_output = time.monotonic()
-        self.consumer.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
     view, lock = DemoView(), threading.Lock()
-    consumer = _Consumer(settings, prefix, view, lock)
+    archive = state / f"{prefix}archive"
+    consumer = _Consumer(settings, prefix, view, lock, archive)
     consumer.start()
     delivery = Delivery(
         settings.kafka, DeliverySettings(spool_dir=state / f"{prefix}spool")
@@ -223,6 +244,11 @@ def run(args: argparse.Namespace) -> int:
         print(view.render())
         text, ok = view.summary(fleet.labels())
     print(text)
+    flagged = sorted({f.job_id for f in view.flags.values() if not f.job_id.startswith("idle:")})
+    jobs = flagged or sorted(view.jobs, key=lambda j: -int(view.jobs[j].get("gpus") or 0))
+    if jobs:
+        print(f"\nwhy was a job slow? the demo's outputs are archived in {archive}:\n"
+              f"  peerwatch job {jobs[0]} --archive {archive}")  # fmt: skip
     if interrupted:
         return 130
     return 0 if ok else 1

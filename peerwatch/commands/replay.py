@@ -1,7 +1,7 @@
-"""``peerwatch replay --from T --to T (--kafka | --archive DIR)`` — run a time range through the
-same stages as the live stream, offline and deterministically, with the settings tree's
-``[stream]``, ``[detector]`` and ``[policy]`` tables (``--config``, ``PEERWATCH_*``; see
-:mod:`peerwatch.streams.offline.replay`). ``--findings`` writes findings and recommendations as
+"""``peerwatch replay [--from T --to T] (--kafka | --archive DIR)`` — run a time range (with
+``--archive`` and no range: the whole archive) through the same stages as the live stream,
+offline and deterministically, with the settings tree's ``[stream]``, ``[detector]`` and
+``[policy]`` tables (``--config``, ``PEERWATCH_*``; see :mod:`peerwatch.streams.offline.replay`). ``--findings`` writes findings and recommendations as
 JSON lines; ``--report`` an incident report (HTML). Prints a JSON summary on stdout."""
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ def parse_time_ms(text: str) -> int:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("replay", help="replay a time range offline through the detector")
-    p.add_argument("--from", dest="from_", required=True, help="start (epoch ms or ISO 8601)")
-    p.add_argument("--to", required=True, help="end, exclusive (epoch ms or ISO 8601)")
+    p.add_argument("--from", dest="from_",
+                   help="start (epoch ms or ISO 8601); default with --archive: the archive's "
+                        "first hour")  # fmt: skip
+    p.add_argument("--to", help="end, exclusive (epoch ms or ISO 8601); default with --archive: "
+                                "the end of the archive's last hour")  # fmt: skip
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--kafka", action="store_true", help="read the range from Kafka")
     src.add_argument("--archive", metavar="DIR", help="read archive files (archive/simulate)")
@@ -67,32 +70,33 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from peerwatch.streams.offline.replay import (
-        Progress,
-        TimeRange,
-        live_equivalent_settings,
-        output_lines,
-    )
+def time_range(args: argparse.Namespace) -> Any:
+    """The replay's TimeRange: ``--from``/``--to``, where one is missing with ``--archive`` the
+    archive's own start or end (its first and last hour of samples). Raises ConfigError."""
+    from peerwatch.streams.offline.job_records import archive_span_ms
+    from peerwatch.streams.offline.replay import TimeRange
 
-    span = TimeRange(parse_time_ms(args.from_), parse_time_ms(args.to), int(args.lookback_s * 1000))
-    if span.to_ms <= span.from_ms:
-        raise ConfigError("--to", "must be after --from")
-    if args.reorder_s < 0:
-        raise ConfigError("--reorder-s", "must be >= 0")
+    if args.kafka and (args.from_ is None or args.to is None):
+        raise ConfigError("--from", "--from and --to are required with --kafka")
     if not args.kafka and not Path(args.archive).is_dir():
         raise ConfigError("--archive", f"{args.archive} is not a directory")
-    extra: dict[str, Any] = {}
-    tree = with_overrides(_replay_settings(args, span, extra), _overrides(args))
-    pipeline = live_equivalent_settings(tree)
-    keep = _scope(args, span, extra)
-    progress = None if args.no_progress else Progress(span, sys.stderr)
-    result = None
-    if not args.kafka and args.workers <= 1:
-        result = _column_replay(args, span, pipeline, keep, progress, extra)
-    if result is None:
-        extra["path"] = "decoded"
-        result = _replay(args, span, pipeline, keep, progress, extra)
+    whole = (0, 0)
+    if args.from_ is None or args.to is None:
+        found = archive_span_ms(Path(args.archive), settings_of(args).topic_prefix)
+        if found is None:
+            raise ConfigError("--archive", f"{args.archive} holds no sample files")
+        whole = found
+    from_ms = parse_time_ms(args.from_) if args.from_ is not None else whole[0]
+    to_ms = parse_time_ms(args.to) if args.to is not None else whole[1]
+    if to_ms <= from_ms:
+        raise ConfigError("--to", "must be after --from")
+    return TimeRange(from_ms, to_ms, int(args.lookback_s * 1000))
+
+
+def run(args: argparse.Namespace) -> int:
+    from peerwatch.streams.offline.replay import output_lines
+
+    result, span, extra = replay_from_args(args)
     if args.findings:
         with open(args.findings, "w") as fh:
             fh.writelines(output_lines(result))
@@ -104,6 +108,35 @@ def run(args: argparse.Namespace) -> int:
         Path(args.report).write_text(page)
     print(json.dumps({**result.summary(), **extra}))
     return 0
+
+
+def replay_from_args(args: argparse.Namespace, keep_windows: bool | None = None) -> Any:
+    """Run the replay the options ``args`` describe; returns (ReplayResult, TimeRange, extra
+    facts for the summary). ``keep_windows``: default, only with ``--report``. Raises
+    ConfigError for bad options and ServiceError when Kafka cannot be read."""
+    from peerwatch.streams.offline.replay import Progress, live_equivalent_settings
+
+    if keep_windows is not None:
+        args.keep_windows = keep_windows
+    span = time_range(args)
+    if args.reorder_s < 0:
+        raise ConfigError("--reorder-s", "must be >= 0")
+    extra: dict[str, Any] = {}
+    tree = with_overrides(_replay_settings(args, span, extra), _overrides(args))
+    pipeline = live_equivalent_settings(tree)
+    keep = _scope(args, span, extra)
+    progress = None if args.no_progress else Progress(span, sys.stderr)
+    result = None
+    if not args.kafka and args.workers <= 1:
+        result = _column_replay(args, span, pipeline, keep, progress, extra)
+    if result is None:
+        extra["path"] = "decoded"
+        result = _replay(args, span, pipeline, keep, progress, extra)
+    return result, span, extra
+
+
+def _keep_windows(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "keep_windows", False) or args.report)
 
 
 def _replay_settings(args: argparse.Namespace, span: Any, extra: dict[str, Any]) -> Settings:
@@ -192,7 +225,7 @@ def _replay(
             Path(args.archive), span, settings.topic_prefix, args.workers, keep_nodes=keep
         )
     result = replay(records, pipeline, job=args.job, node=args.node,
-                    keep_windows=bool(args.report), progress=progress)  # fmt: skip
+                    keep_windows=_keep_windows(args), progress=progress)  # fmt: skip
     result.wall_s += read_s
     return result
 
@@ -212,7 +245,7 @@ def _column_replay(
     from peerwatch.streams.offline.split import SplitReplay
 
     prefix = settings_of(args).topic_prefix
-    kept = {"job": args.job, "node": args.node, "keep_windows": bool(args.report)}
+    kept = {"job": args.job, "node": args.node, "keep_windows": _keep_windows(args)}
     reorder: int | None = int(args.reorder_s * 1000)
     two = not args.one_process and (os.cpu_count() or 1) >= 2
     while True:

@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -250,13 +251,15 @@ def metadata_ready(bootstrap: str, timeout_s: float = 2.0) -> bool:
     host, _, port = bootstrap.split(",")[0].rpartition(":")
     if not _port_in_use(int(port), host):
         return False  # nothing listens yet: spare librdkafka's connection-refused log lines
-    admin = AdminClient(
-        {
-            "bootstrap.servers": bootstrap,
-            "socket.connection.setup.timeout.ms": 1000,
-            "log_level": 0,
-        }
-    )
+    from peerwatch.kafka_config import client_logger
+
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "socket.connection.setup.timeout.ms": 1000,
+        "log_level": 0,
+        "logger": client_logger(),
+    }
+    admin = AdminClient(conf)
     try:
         md = admin.list_topics(timeout=timeout_s)
     except KafkaException:

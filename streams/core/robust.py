@@ -29,6 +29,15 @@ def median(values: Iterable[float]) -> float:
     return float(statistics.median(data))
 
 
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile ``q`` (0..1) of an already sorted, non-empty sequence.
+    Raises IndexError when it is empty."""
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
 def mad(values: Iterable[float], center: float | None = None) -> float:
     """Median absolute deviation of ``values`` around ``center`` (default: their median).
 

@@ -147,3 +147,25 @@ def test_live_findings_equal_replay_from_kafka_and_from_the_archive(
     # The archive also holds the live outputs: the same findings as read from Kafka.
     archived = {f["finding_id"] for f in read_archive(root, stragglers_t, "StragglerFinding")}
     assert archived == {f["finding_id"] for f in live_findings}
+
+    # ``peerwatch job`` on the live outputs: from Kafka, and from the archive the archiver wrote
+    # (its archived outputs, no replay). Both name the straggler the same way.
+    from_kafka = json.loads(run(["job", "3001", "--json"], env))
+    from_archive = json.loads(
+        run(["job", "3001", "--json", "--archive", str(root), "--no-replay"], env)
+    )
+    for job in (from_kafka, from_archive):
+        print(job["verdict"], job["skipped"])
+        assert [(g["node"], g["gpu_index"]) for g in job["flagged"]] == [STRAGGLER]
+        assert job["flagged"][0]["status"] == "CONFIRMED" and job["gpus"] == 96
+        assert job["verdict"].startswith("GPU 3 on gpu00005 ran ") and job["skipped"] == {}
+        assert job["windows"] > 0 and len(job["rows"]) == 96
+    assert (
+        from_kafka["flagged"][0]["first_flagged_ms"]
+        == from_archive["flagged"][0]["first_flagged_ms"]
+    )
+
+    # The whole archive (no --from/--to) holds the same inputs as the range: the same findings.
+    out_all = tmp_path / "archive-all.jsonl"
+    run(["replay", "--archive", str(root), "--no-progress", "--findings", str(out_all)], env)
+    assert [f["finding_id"] for f in load(out_all)[0]] == [f["finding_id"] for f in a_findings]

@@ -1,7 +1,9 @@
 """The incident report in a real browser: ``peerwatch simulate --archive`` of a straggler scenario,
-``peerwatch replay --archive --report``, then Debian's headless Chromium renders the page (no
-network: the page must be self-contained). The DOM must show the job, the straggler GPU and its
-finding; the screenshot must show the highlight colour."""
+``peerwatch replay --archive --report`` (the whole archive: no --from/--to), then Debian's
+headless Chromium renders the page (no network: the page must be self-contained). The DOM must
+show the job, the straggler GPU and its finding; the screenshot must show the highlight colour.
+``peerwatch job --archive`` on the same archive (which holds only inputs: the job is replayed)
+names the straggler in its verdict, and its ``--html`` page renders with it."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,17 +38,32 @@ def chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
     tmp = tmp_path_factory.mktemp("report")
     (tmp / "scenario.json").write_text(json.dumps(SCENARIO))
-    env = dict(os.environ)
-    run(["simulate", "--scenario", str(tmp / "scenario.json"), "--archive", str(tmp / "a")], env)
-    page = tmp / "r.html"
-    run(["replay", "--archive", str(tmp / "a"), "--from", START, "--to", "2026-01-01T01:00:00Z",
-         "--report", str(page), "--no-progress"], env)  # fmt: skip
+    run(["simulate", "--scenario", str(tmp / "scenario.json"), "--archive", str(tmp / "a")],
+        dict(os.environ))  # fmt: skip
+    return tmp / "a"
+
+
+@pytest.fixture(scope="module")
+def report(archive: Path) -> Path:
+    page = archive.parent / "r.html"
+    # No --from/--to: the whole archive (one hour of files, starting at START).
+    run(["replay", "--archive", str(archive), "--report", str(page), "--no-progress"],
+        dict(os.environ))  # fmt: skip
     return page
+
+
+@pytest.fixture(scope="module")
+def job(archive: Path) -> tuple[dict[str, Any], Path, str]:
+    page = archive.parent / "job.html"
+    out = run(["job", "4001", "--archive", str(archive), "--json", "--html", str(page)],
+              dict(os.environ))  # fmt: skip
+    text = run(["job", "4001", "--archive", str(archive)], dict(os.environ))
+    return json.loads(out), page, text
 
 
 def test_dom_shows_job_gpu_and_finding(report: Path, tmp_path: Path) -> None:
@@ -64,3 +82,22 @@ def test_screenshot_shows_the_highlighted_straggler(report: Path, tmp_path: Path
     hits, colours = count_colour(png.read_bytes(), red)  # type: ignore[arg-type]
     assert colours > 50, "the screenshot is (nearly) blank"
     assert hits > 1000, f"only {hits} pixels of the highlight colour"
+
+
+def test_job_names_the_straggler_with_evidence_and_its_page_renders(
+    job: tuple[dict[str, Any], Path, str], tmp_path: Path
+) -> None:
+    summary, page, text = job
+    assert summary["user"] == "alice" and summary["gpus"] == 96
+    first = summary["flagged"][0]
+    assert (first["node"], first["gpu_index"], first["status"]) == ("gpu00007", 2, "CONFIRMED")
+    assert first["feature"] == "clk" and 0.06 < first["slow_frac"] < 0.10
+    assert summary["verdict"].startswith("GPU 2 on gpu00007 ran ")
+    assert "% slow (SM clock) for " in summary["verdict"]
+    assert first["cause"] in summary["verdict"] or "cause not named" in summary["verdict"]
+    assert "\x1b[" not in text  # not a terminal: no colours
+    assert f"Verdict: {summary['verdict']}" in text and "gpu00007       2" in text
+    dom = chromium(tmp_path, "--dump-dom", page.as_uri()).stdout.decode()
+    assert summary["verdict"] in dom
+    assert 'class="flagged-gpu" data-node="gpu00007" data-gpu="2"' in dom
+    assert 'data-signal="throttle_frac"' in dom and "nothing throttled" in dom

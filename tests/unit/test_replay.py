@@ -209,3 +209,31 @@ def test_scoped_reading_without_the_c_reader(
     scoped = replay(archive_records(archive, SPAN, keep_nodes=keep), settings, job="77")
     full = replay(archive_records(archive, SPAN), settings, job="77")
     assert scoped.findings == full.findings and scoped.findings
+
+
+def _replay_args(*argv: str) -> Any:
+    from peerwatch.cli import build_parser
+
+    return build_parser("replay").parse_args(["replay", *argv])
+
+
+def test_an_archive_replay_without_a_range_covers_the_whole_archive(tmp_path: Path) -> None:
+    from peerwatch.commands.replay import time_range
+    from peerwatch.errors import ConfigError
+
+    samples = tmp_path / "peerwatch.gpu.samples"
+    samples.mkdir()
+    for name in ("2026-01-01T23.avro", "2026-01-02T01.1.avro", "2026-01-02T00.avro.part", "x"):
+        (samples / name).write_bytes(b"")
+    hour = 3_600_000
+    start = 1_767_308_400_000  # 2026-01-01T23:00Z
+    span = time_range(_replay_args("--archive", str(tmp_path)))
+    assert (span.from_ms, span.to_ms) == (start, start + 3 * hour)
+    span = time_range(_replay_args("--archive", str(tmp_path), "--from", str(start + hour)))
+    assert (span.from_ms, span.to_ms) == (start + hour, start + 3 * hour)
+    with pytest.raises(ConfigError, match="no sample files"):
+        time_range(_replay_args("--archive", str(tmp_path / "peerwatch.gpu.samples")))
+    with pytest.raises(ConfigError, match="required with --kafka"):
+        time_range(_replay_args("--kafka", "--from", "0"))
+    with pytest.raises(ConfigError, match="must be after"):
+        time_range(_replay_args("--archive", str(tmp_path), "--to", str(start)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from html.parser import HTMLParser
 from typing import Any
 
@@ -9,11 +10,14 @@ import pytest
 
 from peerwatch.exporters.report import (
     HIGHLIGHT,
+    chart_svg,
     downsample,
     flagged_gpus,
     peer_band,
     quantile,
     render_report,
+    spread_labels,
+    y_range,
 )
 
 T0 = 1_767_225_600_000
@@ -138,3 +142,62 @@ def test_band_quantiles_and_downsampling() -> None:
     small = downsample(pts, 100)
     assert len(small) == 100 and small[0][1] == pytest.approx(4.5)
     assert flagged_gpus([FINDING, JOB_WIDE, FINDING]) == [("n1", 3)]
+
+
+def _label_ys(svg: str) -> list[float]:
+    d = Dom()
+    d.feed(svg)
+    return [float(a["y"]) for t, a in d.tags if t == "text" and a.get("font-weight") == "bold"
+            and a.get("fill") == HIGHLIGHT]  # fmt: skip
+
+
+def test_labels_of_several_flagged_gpus_never_overlap_and_stay_in_the_chart() -> None:
+    # Three flagged GPUs that end at the same value: their labels would sit on one line.
+    slow = {("n0", 1), ("n0", 2), ("n1", 3)}
+    ws = [window(n, g, i, 0.91 if (n, g) in slow else 0.99) for i in range(12)
+          for n in ("n0", "n1") for g in range(4)]  # fmt: skip
+    svg = chart_svg("42", "clk_ratio", "SM clock / max", ws, sorted(slow))
+    ys = sorted(_label_ys(svg))
+    assert len(ys) == 3
+    assert all(b - a >= 11 for a, b in itertools.pairwise(ys))
+    assert all(0 < y <= 170 for y in ys)
+    placed = spread_labels([100.0, 100.0, 100.0, 10.0], top=8, bottom=160, gap=11)
+    assert placed[3] == 10.0 and sorted(placed[:3]) == [100.0, 111.0, 122.0]
+    crowded = spread_labels([158.0] * 5, top=8, bottom=160, gap=11)  # stack shifted up to fit
+    assert max(crowded) == 160.0 and min(crowded) == 116.0
+
+
+def test_a_throttle_chart_with_nothing_throttled_has_a_real_axis_and_says_so(dom: Dom) -> None:
+    assert y_range("throttle_frac", [0.0, 0.0]) == (0.0, 0.1)
+    assert y_range("clk_ratio", [1.0, 1.0]) == pytest.approx((0.98, 1.0))
+    assert y_range("clk_ratio", [0.9, 0.99]) == (0.9, 0.99)  # a real spread is kept
+    svg = chart_svg("42", "throttle_frac", "throttled share", WINDOWS, [("n1", 3)])
+    assert "nothing throttled" in svg and ">10%<" in svg and ">0%<" in svg
+    assert "-0.05" not in svg
+    assert "nothing throttled" not in chart_svg("42", "clk_ratio", "clk", WINDOWS, [("n1", 3)])
+
+
+def test_each_job_section_opens_with_its_verdict(dom: Dom) -> None:
+    [verdict] = [a for t, a in dom.tags if t == "p" and "verdict" in a.get("class", "")]
+    assert "bad" in verdict["class"]
+    assert "GPU 3 on n1 ran" in "".join(dom.text)
+
+
+def test_job_page_has_verdict_flagged_gpus_table_and_the_jobs_section() -> None:
+    from peerwatch.exporters.report import render_job_report
+    from peerwatch.streams.core.job_summary import summarize_job
+
+    jobs = [e for s, e in EVENTS if s == "job-events"]
+    summary = summarize_job("42", WINDOWS, [FINDING], [REC], jobs)
+    page = render_job_report(summary, WINDOWS, [FINDING], [REC], EVENTS)
+    d = Dom()
+    d.feed(page)
+    text = "".join(d.text)
+    assert summary.verdict in text and "peerwatch job 42" in text
+    assert d.find("tr", **{"class": "flagged-gpu"}, data_node="n1", data_gpu="3")
+    assert d.find("tr", **{"class": "gpu flagged"}, data_node="n1", data_gpu="3")
+    assert len(d.find("tr", **{"class": "peers"})) == 3
+    assert len(d.find("svg", data_job="42")) == 4 and d.find("section", data_job="42")
+    assert "n9" not in text  # node events of other nodes stay out
+    lowered = page.lower()
+    assert "<script" not in lowered and "http" not in lowered
