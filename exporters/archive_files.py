@@ -73,9 +73,16 @@ class ReadStats:
                 "bad_files": self.bad_files, "cut_tails": self.cut_tails}  # fmt: skip
 
 
+#: Event times an archive file can be named by: 1970-01-01 up to the end of year 9999 (UTC).
+MAX_TS_MS = 253_402_300_800_000
+
+
 def hour_of(ts_ms: int) -> str:
-    """``YYYY-MM-DDTHH`` of an event time (UTC)."""
-    return dt.datetime.fromtimestamp(ts_ms / 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H")
+    """``YYYY-MM-DDTHH`` of an event time (UTC). Raises ValueError for a time before 1970 or
+    after year 9999 (no archive file is named by it)."""
+    if not 0 <= ts_ms < MAX_TS_MS:
+        raise ValueError(f"event time {ts_ms} ms is outside 1970..9999")
+    return dt.datetime.fromtimestamp(ts_ms // 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H")
 
 
 def file_for(root: Path, topic: str, ts_ms: int) -> Path:

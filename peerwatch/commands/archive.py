@@ -70,5 +70,6 @@ def run(args: argparse.Namespace) -> int:
         source.close()
         deadletter.flush()
     print(json.dumps({"records": stats.records, "undecodable": stats.undecodable,
+                      "bad_time": stats.bad_time,
                       "commits": stats.commits, "dir": args.dir}))  # fmt: skip
     return 0

@@ -1,0 +1,91 @@
+"""Hostile messages on a real broker (issue 12): each is dead-lettered with its reason and
+counted, and the records around it go on."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from peerwatch.exporters.archive_files import read_archive
+from peerwatch.exporters.consume import deadletter_topic
+from peerwatch.schemas.codec import AvroCodec
+from peerwatch.settings import KafkaSettings
+from peerwatch.topic_admin import ensure_topics
+from peerwatch.topics import NODE_EVENTS, catalogue
+from tests.integration.archive_helpers import peerwatch_env, produce, start, wait_for
+
+
+def read_raw(kafka: KafkaSettings, topic: str, want: int, timeout_s: float = 30.0
+             ) -> list[tuple[bytes | None, dict[str, bytes]]]:  # fmt: skip
+    """(value, headers) of the first ``want`` messages of ``topic``."""
+    from confluent_kafka import Consumer
+
+    from peerwatch.kafka_config import consumer_config
+
+    consumer = Consumer(consumer_config(kafka, f"raw-{uuid.uuid4().hex[:8]}",
+                                        **{"auto.offset.reset": "earliest"}))  # fmt: skip
+    consumer.subscribe([topic])
+    out: list[tuple[bytes | None, dict[str, bytes]]] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < want and time.monotonic() < deadline:
+            for m in consumer.consume(100, timeout=0.5):
+                if m.error() is None:
+                    out.append((m.value(), dict(m.headers() or [])))
+    finally:
+        consumer.close()
+    return out
+
+
+def node_event(i: int, ts_ms: int) -> dict[str, Any]:
+    return {"event_id": f"ev-{i}", "node": f"gpu{i:05d}", "ts_ms": ts_ms, "state": "IDLE",
+            "flags": [], "reason": None, "reason_user": None, "reason_set_ms": None,
+            "partitions": None, "source": "WATCHER"}  # fmt: skip
+
+
+def test_archiver_dead_letters_an_event_time_no_hour_names_and_goes_on(
+    kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path
+) -> None:
+    # Issue 12 item 5: a decodable NodeStateEvent with ts_ms = 2**62 stopped the archiver, and
+    # every restart stopped on it again.
+    ensure_topics(kafka_settings, catalogue(topic_prefix))
+    topic = topic_prefix + NODE_EVENTS.name
+    now_ms = int(time.time() * 1000)
+    codec = AvroCodec("NodeStateEvent")
+    times = [now_ms, now_ms + 1, 2**62, now_ms + 2]
+    bad = codec.encode(node_event(2, 2**62))
+    msgs = [(topic, b"gpu00000", codec.encode(node_event(i, t)) if t != 2**62 else bad, now_ms)
+            for i, t in enumerate(times)]  # fmt: skip
+    produce(kafka_settings, msgs)
+    root, log = tmp_path / "archive", tmp_path / "archive.log"
+    env = peerwatch_env(kafka_settings, topic_prefix)
+    args = ["archive", "--dir", str(root), "--group-id", f"{topic_prefix}archive",
+            "--flush-records", "1", "--flush-interval-s", "0.2"]  # fmt: skip
+    proc = start(args, env, log)
+    try:
+
+        def done() -> bool:
+            try:
+                state = json.loads((root / "_archive_state.json").read_text())
+            except (FileNotFoundError, ValueError):
+                return False
+            return sum(state["offsets"].get(topic, {}).values()) == 4
+
+        wait_for(done, 60, "the archiver to pass all four messages")
+        assert proc.poll() is None, log.read_text()[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    summary = json.loads(log.read_text().strip().splitlines()[-1])
+    assert summary["bad_time"] == 1 and summary["records"] == 3
+    got = [r["event_id"] for r in read_archive(root, topic, "NodeStateEvent")]
+    assert got == ["ev-0", "ev-1", "ev-3"]
+    dead = [(v, h) for v, h in read_raw(kafka_settings, deadletter_topic(topic_prefix), 1)]
+    assert [v for v, _ in dead] == [bad]
+    assert dead[0][1]["peerwatch.reason"].decode().startswith("bad event time")
