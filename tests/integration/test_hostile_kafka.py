@@ -89,3 +89,58 @@ def test_archiver_dead_letters_an_event_time_no_hour_names_and_goes_on(
     dead = [(v, h) for v, h in read_raw(kafka_settings, deadletter_topic(topic_prefix), 1)]
     assert [v for v, _ in dead] == [bad]
     assert dead[0][1]["peerwatch.reason"].decode().startswith("bad event time")
+
+
+def test_kafka_replay_counts_each_hostile_message_and_replays_the_rest(
+    kafka_settings: KafkaSettings, topic_prefix: str
+) -> None:
+    # Issue 12 item 4: message boundaries. Each message is one record: an empty value, a
+    # tombstone, wrong magic, an unknown fingerprint, a truncated body, two bodies in one
+    # message and a header alone are each counted as undecodable; every good sample replays.
+    from peerwatch.producers.sim.fleet import Fleet
+    from peerwatch.producers.sim.scenario import parse_scenario
+    from peerwatch.schemas.codec import HEADER_LEN
+    from peerwatch.streams.offline.replay import TimeRange
+    from peerwatch.streams.offline.replay_kafka import kafka_records
+    from peerwatch.topics import SAMPLES
+
+    ensure_topics(kafka_settings, catalogue(topic_prefix))
+    topic = topic_prefix + SAMPLES.name
+    now_ms = int(time.time() * 1000)
+    start_ms = now_ms - now_ms % 1000 - 120_000
+    fleet = Fleet(parse_scenario({
+        "fleet": {"nodes": 2, "gpus_per_node": 2, "interval_s": 10.0, "duration_s": 60,
+                  "seed": 1, "start_ms": start_ms}, "jobs": [], "faults": []}))  # fmt: skip
+    codec = AvroCodec("NodeGpuSample")
+    good = [r.value for _, recs in fleet.timed_ticks() for r in recs if r.stream == "samples"]
+    body = codec.encode(good[0])
+    hostile: list[bytes | None] = [
+        b"",  # empty value
+        None,  # tombstone
+        b"\x00\x01" + body[2:],  # wrong magic
+        body[:2] + bytes(8) + body[HEADER_LEN:],  # unknown fingerprint
+        body[:-5],  # truncated
+        body + body[HEADER_LEN:],  # two bodies in one message
+        body[:HEADER_LEN],  # a header alone
+    ]
+    msgs: list[tuple[str, bytes, Any, int]] = []
+    for i, rec in enumerate(good):
+        msgs.append((topic, rec["node"].encode(), codec.encode(rec), rec["ts_ms"]))
+        if i < len(hostile):
+            msgs.append((topic, b"\xff\xfe" if i % 2 else rec["node"].encode(), hostile[i],
+                         rec["ts_ms"]))  # fmt: skip
+    produce(kafka_settings, msgs)
+    span = TimeRange(start_ms, now_ms + 1)
+    records, bad = kafka_records(kafka_settings, span, topic_prefix, streams=("samples",))
+    assert bad == len(hostile)
+    assert sorted((v["node"], v["ts_ms"]) for _, _, v in records) == sorted(
+        (r["node"], r["ts_ms"]) for r in good
+    )
+    # Scoped to one node by key: the hostile messages under a non-UTF-8 key are other nodes'.
+    node = good[0]["node"]
+    records, bad = kafka_records(kafka_settings, span, topic_prefix, streams=("samples",),
+                                 keep_nodes=frozenset({node}))  # fmt: skip
+    assert bad == sum(1 for i in range(len(hostile)) if i % 2 == 0 and good[i]["node"] == node)
+    assert sorted(v["ts_ms"] for _, _, v in records) == sorted(
+        r["ts_ms"] for r in good if r["node"] == node
+    )
