@@ -35,6 +35,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from peerwatch.errors import ServiceError
 from peerwatch.kafka_config import producer_config
 from peerwatch.producers.spool import Spool, SpooledRecord
 from peerwatch.settings import KafkaSettings
@@ -67,6 +68,15 @@ class DeliveryStats:
     replayed: int = 0
     dropped: int = 0
     failed_attempts: int = 0
+    #: errors that stopped the worker thread's loop (each logged), and its restarts
+    worker_errors: int = 0
+    worker_restarts: int = 0
+    #: records dropped in memory (queue and overflow full: the worker did not keep up)
+    dropped_in_memory: int = 0
+    #: corrupt regions skipped in the spool when it was opened (records lost there)
+    spool_corrupt_regions: int = 0
+    #: records the broker refused for good (too large...): dead-lettered, never retried
+    refused: int = 0
 
 
 class Delivery:
@@ -106,6 +116,8 @@ class Delivery:
         self._held: list[SpooledRecord] = []
         self._spooling = False
         self._next_attempt = 0.0
+        #: The last error of the worker thread (None: none), for logs and health checks.
+        self.last_error: str | None = None
 
     # -- caller side ----------------------------------------------------------------------------
     def start(self) -> Delivery:
@@ -125,15 +137,28 @@ class Delivery:
         headers: Sequence[tuple[str, bytes]] = (),
         ts_ms: int = 0,
     ) -> None:
-        """Queue one record for delivery; returns at once."""
+        """Queue one record for delivery; returns at once. Raises ServiceError when the worker
+        thread is gone (it restarts itself after errors, so only something it cannot survive)
+        and the in-memory queue is full: the caller stops instead of queueing into nothing."""
         with self._seq_lock:
             self._seq += 1
             rec = SpooledRecord(topic, key, value, tuple(headers), ts_ms, self._seq)
         try:
             self._queue.put_nowait(rec)
         except queue.Full:
+            self._check_worker()
             with self._overflow_lock:  # the worker spools these in order at its next turn
-                self._overflow.append(rec)
+                if len(self._overflow) < self._settings.queue_max_records:
+                    self._overflow.append(rec)
+                    return
+                self.stats.dropped += 1  # memory stays bounded whatever the worker does
+                self.stats.dropped_in_memory += 1
+            if (
+                self.stats.dropped_in_memory in (1, 10, 100)
+                or not self.stats.dropped_in_memory % 10_000
+            ):
+                log.error("delivery: %d records dropped: the worker does not keep up (%s)",
+                          self.stats.dropped_in_memory, self.last_error)  # fmt: skip
 
     @property
     def spooled_records(self) -> int:
@@ -152,17 +177,66 @@ class Delivery:
             self._thread.join(timeout_s + 30)
         return self.stats
 
+    @property
+    def worker_alive(self) -> bool:
+        """Whether the worker thread runs (False before :meth:`start` and after :meth:`close`)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _check_worker(self) -> None:
+        if self._thread is not None and not self._thread.is_alive() and not self._stopping.is_set():
+            raise ServiceError(f"the delivery worker stopped: {self.last_error or 'no error seen'}")
+
     # -- worker side ----------------------------------------------------------------------------
     def _run(self) -> None:
-        self._spool = Spool(
-            self._settings.spool_dir,
-            max_bytes=self._settings.spool_max_bytes,
-            max_age_s=self._settings.spool_max_age_s,
-        )
-        self._producer = self._factory(self._config)
-        if len(self._spool):
-            log.info("delivery: %d records waiting in the spool from earlier", len(self._spool))
-            self._spooling = True
+        """The worker thread: :meth:`_work`, restarted after any error (logged, counted in
+        ``stats.worker_errors``/``worker_restarts``, the error in :attr:`last_error`) with a
+        growing pause, until :meth:`close`; then :meth:`_shutdown`."""
+        pause_s = 0.5
+        while True:
+            try:
+                self._work()
+                break
+            except Exception as exc:
+                self.stats.worker_errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("delivery: the delivery worker failed; restarting in %.1f s", pause_s)
+                if self._stopping.wait(pause_s):
+                    break
+                pause_s = min(pause_s * 2, 30.0)
+                self.stats.worker_restarts += 1
+            except BaseException as exc:  # cannot be survived: end, seen (send raises from now)
+                self.stats.worker_errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.critical("delivery: the delivery worker stopped: %s", self.last_error)
+                break
+        try:
+            self._shutdown()
+        except Exception as exc:
+            self.stats.worker_errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.exception("delivery: shutting down the delivery worker failed")
+
+    def _open(self) -> None:
+        if self._spool is None:
+            self._spool = Spool(
+                self._settings.spool_dir,
+                max_bytes=self._settings.spool_max_bytes,
+                max_age_s=self._settings.spool_max_age_s,
+            )
+            found = {k: getattr(self._spool, k) for k in
+                     ("bad_head", "corrupt_regions", "corrupt_bytes", "torn_tails")}  # fmt: skip
+            self.stats.spool_corrupt_regions += found["corrupt_regions"]
+            if any(found.values()):
+                log.error("delivery: the spool was damaged and repaired: %s", found)
+            if len(self._spool):
+                log.info("delivery: %d records waiting in the spool from earlier", len(self._spool))
+                self._spooling = True
+        if self._producer is None:
+            self._producer = self._factory(self._config)
+
+    def _work(self) -> None:
+        self._open()
+        assert self._producer is not None
         while True:
             try:
                 stop = self._drain_queue(timeout_s=0.05)
@@ -319,7 +393,15 @@ class Delivery:
         return bool(md.brokers) and any(b.id >= 0 for b in md.brokers.values())
 
     def _shutdown(self) -> None:
-        assert self._producer is not None and self._spool is not None
+        if self._producer is None or self._spool is None:
+            # Never opened (the spool or the client could not be made): what is held is lost.
+            with self._overflow_lock:
+                lost = len(self._failed) + len(self._held) + len(self._overflow)
+                lost += self._queue.qsize()
+            self.stats.dropped += lost
+            log.error("delivery closed without a spool or a client: %d records lost (%s)",
+                      lost, self.last_error)  # fmt: skip
+            return
         remaining = self._producer.flush(self._close_timeout_s)
         if remaining:
             # Undeliverable now: take them back from librdkafka (their callbacks mark them failed).

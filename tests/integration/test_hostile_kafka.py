@@ -144,3 +144,30 @@ def test_kafka_replay_counts_each_hostile_message_and_replays_the_rest(
     assert sorted(v["ts_ms"] for _, _, v in records) == sorted(
         r["ts_ms"] for r in good if r["node"] == node
     )
+
+
+def test_delivery_worker_restarts_after_an_error_and_delivers(
+    kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path
+) -> None:
+    # Issue 12 item 7: Spool() raised in the worker before its try and the thread died while
+    # send() kept queueing. Now the error is logged and counted, the worker restarts, and what
+    # was sent meanwhile reaches the broker.
+    from peerwatch.producers.delivery import Delivery, DeliverySettings
+    from peerwatch.topics import TopicSpec
+
+    topic = TopicSpec(topic_prefix + "delivery.restart", "node", None, 1, "delete", 3_600_000, "t")
+    ensure_topics(kafka_settings, [topic])
+    blocked = tmp_path / "spool"
+    blocked.write_text("not a directory")
+    delivery = Delivery(kafka_settings, DeliverySettings(blocked)).start()
+    try:
+        wait_for(lambda: delivery.stats.worker_errors >= 1, 30, "a worker error")
+        for i in range(5):
+            delivery.send(topic.name, b"n", b"v%d" % i)
+        blocked.unlink()
+        wait_for(lambda: delivery.stats.delivered == 5, 60, "delivery after the restart")
+    finally:
+        stats = delivery.close(10.0)
+    assert stats.worker_restarts >= 1 and stats.dropped == 0
+    got = read_raw(kafka_settings, topic.name, 5)
+    assert [v for v, _ in got] == [b"v%d" % i for i in range(5)]
