@@ -15,10 +15,12 @@ confluent-kafka producer (idempotent, acks=all, lz4, murmur2 partitioner) and th
   delivered chunk puts back exactly the failed records); then DIRECT mode resumes.
 * :meth:`close` flushes; records librdkafka never sent are purged from it and spooled.
 
-Within one process nothing is lost, duplicated or reordered, except for one documented case: a
+Within one process nothing is lost, duplicated or reordered, except for two documented cases: a
 record librdkafka itself gave up on after ``message_timeout_ms`` (5 minutes by default) may or may
 not have reached the broker; it is spooled behind newer records and may arrive late or twice. The
-per-node sequence number makes that visible to consumers.
+per-node sequence number makes that visible to consumers. And a record Kafka refuses for good (too
+large for the topic, invalid) is dead-lettered with the reason and counted (``stats.refused``);
+the records that shared its refused batch are sent again one by one, so they arrive late.
 """
 
 from __future__ import annotations
@@ -43,6 +45,20 @@ from peerwatch.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 
+#: Errors after which Kafka will never take the record: it is dead-lettered, not retried.
+PERMANENT_ERRORS = frozenset({
+    KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG, KafkaError.INVALID_TIMESTAMP,
+})  # fmt: skip
+#: A batch too large: every record in it gets this, not only the one at fault (found alone).
+SIZE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+#: A refused record's value goes to the dead-letter topic up to this size (else none).
+DEADLETTER_VALUE_MAX_BYTES = 64 * 1024
+
+
+def _note_answer(answer: list[KafkaError | None], err: KafkaError | None, _msg: object) -> None:
+    answer.append(err)
+
+
 @dataclass(frozen=True)
 class DeliverySettings:
     """Knobs of the delivery path (all have safe defaults)."""
@@ -58,6 +74,8 @@ class DeliverySettings:
     librdkafka_max_records: int = 20_000
     replay_chunk_records: int = 2_000
     retry_interval_s: float = 2.0
+    #: Where records Kafka refuses for good go (None: counted and logged only).
+    deadletter_topic: str | None = None
 
 
 @dataclass
@@ -113,6 +131,7 @@ class Delivery:
         self._spool: Spool | None = None
         self._inflight = 0
         self._failed: list[SpooledRecord] = []
+        self._suspects: list[SpooledRecord] = []
         self._held: list[SpooledRecord] = []
         self._spooling = False
         self._next_attempt = 0.0
@@ -241,6 +260,8 @@ class Delivery:
             try:
                 stop = self._drain_queue(timeout_s=0.05)
                 self._producer.poll(0)
+                if self._suspects:
+                    self._isolate()
                 self._settle()
                 if self._spooling:
                     self._maybe_replay()
@@ -292,6 +313,8 @@ class Delivery:
             self._held.append(rec)
 
     def _produce(self, rec: SpooledRecord, replay: bool) -> bool:
+        """Hand ``rec`` to librdkafka; False when its queue is full (spool it). A record the
+        client refuses for good (larger than ``message.max.bytes``...) is dead-lettered."""
         assert self._producer is not None
         try:
             # timestamp 0 lets librdkafka stamp the record with the current time.
@@ -302,8 +325,68 @@ class Delivery:
             )  # fmt: skip
         except BufferError:
             return False
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is None or err.code() not in PERMANENT_ERRORS | SIZE_ERRORS:
+                raise
+            self._refuse(rec, err)
+            return True
         self._inflight += 1
         return True
+
+    def _isolate(self) -> None:
+        """Send each record of a batch the broker refused as too large alone, waiting for its
+        answer: refused alone, it is dead-lettered; delivered, done (later than the records
+        sent after it: the one case of reordering besides message timeouts); any other error,
+        spooled as usual."""
+        assert self._producer is not None
+        suspects, self._suspects = sorted(self._suspects, key=lambda r: r.seq), []
+        self._producer.flush(self._settings.message_timeout_ms / 1000)  # nothing to batch with
+        for rec in suspects:
+            answer: list[KafkaError | None] = []
+            try:
+                self._producer.produce(
+                    rec.topic, rec.value, rec.key, headers=list(rec.headers) or None,
+                    on_delivery=functools.partial(_note_answer, answer), timestamp=rec.ts_ms,
+                )  # fmt: skip
+            except KafkaException as exc:
+                answer.append(exc.args[0] if exc.args else None)
+            except BufferError:
+                answer.append(KafkaError(KafkaError._QUEUE_FULL))
+            else:
+                self._producer.flush(self._settings.message_timeout_ms / 1000)
+            err = answer[0] if answer else KafkaError(KafkaError._TIMED_OUT)
+            if err is None:
+                self.stats.delivered += 1
+            elif isinstance(err, KafkaError) and err.code() in PERMANENT_ERRORS | SIZE_ERRORS:
+                self._refuse(rec, err)
+            else:
+                self._enter_spooling(str(err))
+                self._failed.append(rec)
+
+    def _refuse(self, rec: SpooledRecord, err: KafkaError) -> None:
+        """A record Kafka will never take: counted, logged and dead-lettered (its value when it
+        fits, else none: the headers say where it came from, why, and its size); never
+        retried or spooled."""
+        self.stats.refused += 1
+        reason = f"{err.name()}: {err.str()}"
+        log.error("delivery: a record for %s (%d bytes) refused for good and dead-lettered: %s",
+                  rec.topic, len(rec.value), reason)  # fmt: skip
+        topic = self._settings.deadletter_topic
+        if topic is None or self._producer is None:
+            return
+        keep = len(rec.value) <= DEADLETTER_VALUE_MAX_BYTES
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("peerwatch.reason", b"refused by Kafka"), ("peerwatch.error", reason.encode()[:1000]),
+            ("peerwatch.topic", rec.topic.encode()), ("peerwatch.size", str(len(rec.value)).encode()),
+        ]  # fmt: skip
+        for value in (rec.value, b"") if keep else (b"",):
+            try:
+                self._producer.produce(topic, value, rec.key, headers=headers)
+                return
+            except (BufferError, KafkaException) as exc:  # too large here too: without value
+                log.error("delivery: dead-lettering failed%s: %s",
+                          "; again without the value" if value else "", exc)  # fmt: skip
 
     def _on_delivery_cb(
         self, rec: SpooledRecord, replay: bool, err: KafkaError | None, _msg: object
@@ -318,6 +401,18 @@ class Delivery:
                 self._replay_ok += 1
             return
         self.stats.failed_attempts += 1
+        if err.code() in SIZE_ERRORS:
+            # The broker refuses a whole batch for one record too large: which one is only
+            # known by sending each alone (see _isolate), never by retrying the batch.
+            self._suspects.append(rec)
+            if replay:
+                self._replay_ok += 1  # out of the spool's chunk: _isolate settles it
+            return
+        if err.code() in PERMANENT_ERRORS:  # never taken however often it is sent
+            self._refuse(rec, err)
+            if replay:
+                self._replay_ok += 1  # done with: not put back
+            return
         if replay:
             self._replay_failures.append(rec)
             return

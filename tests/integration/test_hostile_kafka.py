@@ -4,6 +4,7 @@ counted, and the records around it go on."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import uuid
@@ -171,3 +172,44 @@ def test_delivery_worker_restarts_after_an_error_and_delivers(
     assert stats.worker_restarts >= 1 and stats.dropped == 0
     got = read_raw(kafka_settings, topic.name, 5)
     assert [v for v, _ in got] == [b"v%d" % i for i in range(5)]
+
+
+def test_a_record_over_the_size_limit_is_dead_lettered_and_the_rest_delivered(
+    kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path
+) -> None:
+    # Issue 12 item 8: MSG_SIZE_TOO_LARGE. From the broker (the topic's max.message.bytes, in
+    # the delivery report) and from the client (message.max.bytes, raised by produce()): each
+    # such record is dead-lettered with the reason and counted, never spooled or retried; the
+    # records around it are delivered in order.
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from peerwatch.kafka_config import admin_config
+    from peerwatch.producers.delivery import Delivery, DeliverySettings
+
+    topic, dlq = topic_prefix + "small.limit", topic_prefix + "deadletter"
+    admin = AdminClient(admin_config(kafka_settings))
+    futures = admin.create_topics([
+        NewTopic(topic, 1, 1, config={"max.message.bytes": "2000"}), NewTopic(dlq, 1, 1),
+    ])  # fmt: skip
+    for f in futures.values():
+        f.result(30)
+    delivery = Delivery(kafka_settings, DeliverySettings(tmp_path / "spool", deadletter_topic=dlq),
+                        **{"message.max.bytes": 20_000}).start()  # fmt: skip
+    try:
+        # Random bytes: lz4 would shrink repeated ones under the broker's limit.
+        values = [b"a" * 100, os.urandom(5_000), b"c" * 100, os.urandom(50_000), b"e" * 100]
+        for i, v in enumerate(values):
+            delivery.send(topic, b"k%d" % i, v, headers=[("h", b"x")])
+        wait_for(lambda: delivery.stats.delivered + delivery.stats.refused == 5, 60, "all five")
+    finally:
+        stats = delivery.close(10.0)
+    assert stats.refused == 2 and stats.delivered == 3 and stats.spooled == 0
+    assert delivery.spooled_records == 0 and stats.dropped == 0
+    assert [v for v, _ in read_raw(kafka_settings, topic, 3)] == [values[0], values[2], values[4]]
+    dead = read_raw(kafka_settings, dlq, 2)
+    assert sorted(int(h["peerwatch.size"]) for _, h in dead) == [5_000, 50_000]
+    for value, headers in dead:
+        assert b"MSG_SIZE_TOO_LARGE" in headers["peerwatch.error"]
+        assert headers["peerwatch.topic"] == topic.encode()
+        size = int(headers["peerwatch.size"])
+        assert value == (values[1] if size == 5_000 else b"")  # 50,000 bytes: no value kept
