@@ -213,3 +213,39 @@ def test_a_record_over_the_size_limit_is_dead_lettered_and_the_rest_delivered(
         assert headers["peerwatch.topic"] == topic.encode()
         size = int(headers["peerwatch.size"])
         assert value == (values[1] if size == 5_000 else b"")  # 50,000 bytes: no value kept
+
+
+def test_hot_stage_output_over_the_client_limit_is_dead_lettered(
+    kafka_settings: KafkaSettings, topic_prefix: str
+) -> None:
+    # Issue 12 item 8: produce() raising KafkaException(MSG_SIZE_TOO_LARGE) aborted the rest of
+    # the hot stage's batch. Now that record is dead-lettered, counted, and the next one sent.
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from peerwatch.kafka_config import admin_config, producer_config
+    from peerwatch.settings import Settings
+    from peerwatch.streams.live.counters import StreamCounters
+    from peerwatch.streams.live.hot_stage import HotStage, HotTopics
+
+    out, dlq = topic_prefix + "batches", topic_prefix + "deadletter"
+    admin = AdminClient(admin_config(kafka_settings))  # held: its futures need it
+    futures = admin.create_topics([NewTopic(out, 1, 1), NewTopic(dlq, 1, 1)])
+    for f in futures.values():
+        f.result(30)
+    counters = StreamCounters()
+    hot = HotStage(Settings(kafka=kafka_settings), "t", HotTopics(out, "je", out, dlq, 1),
+                   counters, window_s=30, lateness_s=5, batch_max=10, batch_within_s=0.1,
+                   allocation_retention_s=60)  # fmt: skip
+    hot._producer = Producer(producer_config(kafka_settings, **{"message.max.bytes": 10_000}))
+    hot._send(out, b"j1", b"small-1")
+    hot._send(out, b"j2", os.urandom(50_000))
+    hot._send(out, b"j3", b"small-2")
+    assert hot._producer.flush(30) == 0
+    assert counters.deadletter == 1
+    assert [v for v, _ in read_raw(kafka_settings, out, 2)] == [b"small-1", b"small-2"]
+    [(value, headers)] = read_raw(kafka_settings, dlq, 1)
+    assert value == b"" and headers["peerwatch.size"] == b"50000"
+    assert (
+        headers["peerwatch.topic"] == out.encode() and headers["peerwatch.reason"] == b"too large"
+    )
