@@ -25,6 +25,7 @@ the records that shared its refused batch are sent again one by one, so they arr
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import queue
@@ -191,7 +192,10 @@ class Delivery:
         """Deliver what can be delivered within ``timeout_s``; spool the rest; stop the worker."""
         self._close_timeout_s = timeout_s
         self._stopping.set()
-        self._queue.put(None)
+        # A full queue (a worker gone for good) must not block close; a live worker stops once
+        # it has emptied the queue anyway.
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=1.0)
         if self._thread is not None:
             self._thread.join(timeout_s + 30)
         return self.stats

@@ -35,6 +35,8 @@ def test_a_worker_that_cannot_survive_makes_send_raise(tmp_path: Path) -> None:
         delivery.send("t", b"k", b"v%d" % i)
     with pytest.raises(ServiceError, match="delivery worker stopped"):
         delivery.send("t", b"k", b"too many")
+    stats = delivery.close(1.0)  # returns although the queue is full and nobody reads it
+    assert stats.worker_errors == 1 and delivery.last_error == "SystemExit: gone"
 
 
 def test_a_spool_that_cannot_open_is_retried_and_counted(
