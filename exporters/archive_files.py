@@ -206,7 +206,12 @@ def read_container(
             stats.bad_files += 1
             return
         for count, data in _blocks(fh, header_end, sync, inflate, what, stats):
-            records, bad = _decode_block(compiled, data, count, keep_nodes, skip, lax)
+            try:
+                records, bad = _decode_block(compiled, data, count, keep_nodes, skip, lax)
+            except TrailingBytes as exc:  # the records read are kept; the block counts as bad
+                records, bad = exc.records, exc.bad
+                stats.bad_blocks += 1
+                log.warning("%s: %s ignored", what, exc)
             if bad:
                 stats.bad_records += bad
                 log.warning("%s: %d record(s) of a block skipped (undecodable)", what, bad)
@@ -277,7 +282,8 @@ def _decode_block(
     those whose leading ``node`` string is in ``keep`` (the others are stepped over by
     ``skip``). A record with invalid UTF-8 is stepped over by ``lax`` (a skip that does not
     check strings) and the next read; any other fault ends the block (its remaining records
-    count as not read), as the C column reader does."""
+    count as not read), as the C column reader does. Raises TrailingBytes (with what was read)
+    when the block holds bytes after its ``count`` records."""
     out: list[dict[str, Any]] = []
     pos = bad = 0
     for i in range(count):
@@ -301,9 +307,17 @@ def _decode_block(
             bad += 1
             continue
         out.append(record)
-    if pos != len(data):
-        log.warning("%d trailing bytes in a block ignored", len(data) - pos)
+    if pos != len(data):  # a count too small: records were left unread (how many is unknown)
+        raise TrailingBytes(out, bad, len(data) - pos)
     return out, bad
+
+
+class TrailingBytes(ValueError):
+    """A block held bytes after its last record: what was read, and how many bytes were not."""
+
+    def __init__(self, records: list[dict[str, Any]], bad: int, left: int) -> None:
+        super().__init__(f"{left} trailing bytes in a block")
+        self.records, self.bad, self.left = records, bad, left
 
 
 def lax_skipper(writer_schema: Any) -> Any:

@@ -192,9 +192,13 @@ def file_tables(paths: Sequence[Path], decoder: ColumnDecoder, strings: dict[str
         if to_parsing_canonical_form(strip_logical_types(writer_schema)) != current:
             raise Unsupported(f"{path}: written with another NodeGpuSample version")
         for count, data in blocks:
-            tables, bad, _ = decoder.block(data, 0, count, strings)
+            tables, bad, end = decoder.block(data, 0, count, strings)
             for i, reason in bad:
                 log.warning("%s: sample %d of a block skipped (%s)", path, i, reason)
             if stats is not None:
                 stats.bad_records += count - tables[""].n
+            if end < len(data) and not bad:  # a count too small: records left unread
+                log.warning("%s: %d trailing bytes in a block ignored", path, len(data) - end)
+                if stats is not None:
+                    stats.bad_blocks += 1
             yield tables

@@ -279,3 +279,41 @@ def test_archiver_refuses_to_continue_a_part_file_with_a_corrupt_header(
     again.recover()
     with pytest.raises(ArchiveError, match=r"2026-01-01T00\.avro\.part cannot be continued"):
         again.write(SAMPLES, 0, 1, samples[1], samples[1]["ts_ms"])
+
+
+@pytest.mark.parametrize("count", [-3, 2**62, 2**63, 2**64 + 1])
+def test_corrupt_block_count_skips_that_block_on_both_paths(
+    tmp_path: Path, samples: list[dict[str, Any]], count: int
+) -> None:
+    # Issue 12 item 2's other half: a count >= 2**63 overflowed the C reader's add_block.
+    path = tmp_path / SAMPLES / "2026-01-01T00.avro"
+    write_samples(path, samples[:30])
+    data = path.read_bytes()
+    _, spans = block_spans(data)
+    start = spans[1][0]
+    size_at, _ = _block_at(data, start)
+    path.write_bytes(data[:start] + encode_long(count) + data[size_at:])
+    stats = ReadStats()
+    n = sum(t[""].n for t in file_tables([path], sample_decoder(), {}, stats))
+    assert n == 20 and stats.bad_blocks == 1
+    stats = ReadStats()
+    got = list(read_file(path, current_schema("NodeGpuSample"), stats=stats))
+    assert keys(got) == keys(samples[:10] + samples[20:30]) and stats.bad_blocks == 1
+
+
+def test_a_count_too_small_keeps_what_it_says_and_counts_the_block(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    path = tmp_path / SAMPLES / "2026-01-01T00.avro"
+    write_samples(path, samples[:30])
+    data = path.read_bytes()
+    start = block_spans(data)[1][1][0]
+    size_at, _ = _block_at(data, start)
+    path.write_bytes(data[:start] + encode_long(4) + data[size_at:])  # 4 of its 10
+    kept = samples[:14] + samples[20:30]
+    stats = ReadStats()
+    got = list(read_file(path, current_schema("NodeGpuSample"), stats=stats))
+    assert keys(got) == keys(kept) and stats.bad_blocks == 1 and stats.bad_records == 0
+    stats = ReadStats()
+    n = sum(t[""].n for t in file_tables([path], sample_decoder(), {}, stats))
+    assert n == len(kept) and stats.bad_blocks == 1
