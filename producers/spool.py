@@ -143,11 +143,18 @@ class Spool:
                 continue
             seg = _Segment(number, path, 0, path.stat().st_mtime)
             start = self._head_offset if number == self._head_segment else 0
-            if start > path.stat().st_size:
-                log.warning("spool: head offset %d beyond %s; reading it from its start",
-                            start, path.name)  # fmt: skip
-                self.bad_head += 1
-                start = self._head_offset = 0
+            if start:
+                # The head is always at a frame's end: elsewhere, it was damaged. Read from the
+                # frame it points into (that record may come twice; none is lost).
+                data = path.read_bytes()
+                bounds = {a for a, _ in _frames(data, 0)[0]} | {len(data)}
+                if start not in bounds:
+                    log.warning("spool: head offset %d is no frame boundary of %s; reading "
+                                "from the frame before it", start, path.name)  # fmt: skip
+                    self.bad_head += 1
+                    before = [b for b in bounds | {0} if b <= start]
+                    start = max(before) if start < len(data) else 0  # beyond it: all of it
+                    self._head_offset = start
             seg.size, seg.records, rewritten = self._recover(path, start)
             if rewritten and number == self._head_segment:
                 self._head_offset = 0  # the segment now starts at the head

@@ -122,3 +122,17 @@ def test_head_is_replaced_with_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyP
     spool.pop(1)
     assert synced == [str(tmp_path / "head.tmp"), str(tmp_path)]
     assert (tmp_path / "head").read_text().split()[1] != "0"
+
+
+def test_a_head_offset_inside_a_frame_rereads_that_frame(tmp_path: Path) -> None:
+    # Found by scripts/fuzz_inputs.py: a head digit damaged into another valid number.
+    spool = Spool(tmp_path)
+    spool.append([rec(i) for i in range(5)])
+    spool.pop(2)
+    seg = sorted(tmp_path.glob("*.seg"))[0]
+    segment, offset = (tmp_path / "head").read_text().split()
+    (tmp_path / "head").write_text(f"{segment} {int(offset) - 3}\n")  # inside frame 1
+    reopened = Spool(tmp_path)
+    assert reopened.bad_head == 1 and reopened.corrupt_regions == 0
+    assert [r.seq for r in reopened.peek(10)] == [1, 2, 3, 4]  # record 1 again: none lost
+    assert seg.exists()
