@@ -131,7 +131,7 @@ def archive_case(rng: Random, codec: str) -> ArchiveCase:
     ]  # fmt: skip
     name = "NodeStateEvent"
     with tempfile.SpooledTemporaryFile() as fh:
-        w = ContainerWriter(fh, strip_logical_types(raw_schema(name)), body_encoder(name), codec,  # type: ignore[arg-type]
+        w = ContainerWriter(fh, strip_logical_types(raw_schema(name)), body_encoder(name), codec,
                             bytes(rng.randrange(256) for _ in range(16)), block_bytes=1 << 30)  # fmt: skip
         for i, rec in enumerate(records):
             w.write(rec)
@@ -273,7 +273,9 @@ def _set(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
     return doc
 
 
-SLURM_DOCS = {
+SLURM_DOCS: dict[
+    str, tuple[str, Callable[[Any], list[Any]], Callable[[Any], tuple[list[Any], list[Any]]], str]
+] = {
     "squeue": ("25.11/squeue.json", parse_squeue, parse_squeue_jobs, "jobs"),
     "squeue-22.05": ("22.05/squeue-running-pending.json", parse_squeue, parse_squeue_jobs, "jobs"),
     "sacct": ("24.05/sacct.json", parse_sacct, parse_sacct_jobs, "jobs"),
