@@ -13,9 +13,12 @@ test:
 unit: setup
 	.venv/bin/python -m pytest tests/unit
 
-# The C Avro decoder built with ASan/UBSan, fuzzed against the Python reader (FUZZ_SECONDS, 120).
+# The C Avro decoder built with ASan/UBSan, fuzzed against the Python reader (FUZZ_SECONDS, 120);
+# then archive files, spool segments and Slurm JSON mutated (FUZZ_INPUT_SECONDS, 60).
 fuzz: setup
 	bash scripts/fuzz_native.sh
+	PYTHONPATH=. .venv/bin/python scripts/fuzz_inputs.py --seconds $${FUZZ_INPUT_SECONDS:-60} \
+		$${FUZZ_SEED:+--seed $$FUZZ_SEED}
 
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy

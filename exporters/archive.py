@@ -263,7 +263,11 @@ class ArchiveWriter:
         schema, encode = self._schemas[topic], self._encoders[topic]
         if path.exists():  # recovered: continue the same container (its header is read back)
             fh = path.open("a+b")
-            writer = ContainerWriter(fh, schema, encode)
+            try:
+                writer = ContainerWriter(fh, schema, encode)
+            except ValueError as exc:  # a corrupt header: appending would hide it
+                fh.close()
+                raise ArchiveError(f"{self._rel(path)} cannot be continued: {exc}") from exc
         else:
             fh = path.open("wb")
             marker = hashlib.sha256(f"{topic}|{hour}".encode()).digest()[:16]

@@ -25,6 +25,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,11 +47,42 @@ DEFAULT_CODEC = "zstandard"
 BLOCK_BYTES = 1 << 20
 #: ``<YYYY-MM-DD>T<HH>`` then ``.avro``, ``.<k>.avro`` or ``.avro.part``.
 _FILE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})(?:\.(\d+))?\.avro(\.part)?$")
+#: The most header bytes a container file may have (its schema is a few KB): a size in the
+#: header that reaches beyond is a corrupt header, never a read of that size.
+MAX_HEADER_BYTES = 1 << 24
+
+
+@dataclass
+class ReadStats:
+    """What readers of archive files skipped: records that did not decode (``bad_records``),
+    corrupt blocks stepped over to the next sync marker (``bad_blocks``; their records are not
+    known), files whose header is unreadable (``bad_files``) and files cut inside a block
+    (``cut_tails``: an archiver killed mid-write, or corruption with no sync marker after it)."""
+
+    bad_records: int = 0
+    bad_blocks: int = 0
+    bad_files: int = 0
+    cut_tails: int = 0
+
+    def add(self, other: ReadStats) -> None:
+        for name in ("bad_records", "bad_blocks", "bad_files", "cut_tails"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_dict(self) -> dict[str, int]:
+        return {"bad_records": self.bad_records, "bad_blocks": self.bad_blocks,
+                "bad_files": self.bad_files, "cut_tails": self.cut_tails}  # fmt: skip
+
+
+#: Event times an archive file can be named by: 1970-01-01 up to the end of year 9999 (UTC).
+MAX_TS_MS = 253_402_300_800_000
 
 
 def hour_of(ts_ms: int) -> str:
-    """``YYYY-MM-DDTHH`` of an event time (UTC)."""
-    return dt.datetime.fromtimestamp(ts_ms / 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H")
+    """``YYYY-MM-DDTHH`` of an event time (UTC). Raises ValueError for a time before 1970 or
+    after year 9999 (no archive file is named by it)."""
+    if not 0 <= ts_ms < MAX_TS_MS:
+        raise ValueError(f"event time {ts_ms} ms is outside 1970..9999")
+    return dt.datetime.fromtimestamp(ts_ms // 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H")
 
 
 def file_for(root: Path, topic: str, ts_ms: int) -> Path:
@@ -113,13 +145,16 @@ def _canonical(schema: Any) -> str:
 
 
 def read_file(
-    path: Path, reader_schema: Any = None, keep_nodes: frozenset[str] | None = None
+    path: Path,
+    reader_schema: Any = None,
+    keep_nodes: frozenset[str] | None = None,
+    stats: ReadStats | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Every record of one container file. A truncated or corrupt tail (a writer killed
     mid-block) ends the file with a warning instead of an error: what precedes it is intact.
-    ``keep_nodes``: see :func:`read_container`."""
+    ``keep_nodes``, ``stats``: see :func:`read_container`."""
     with Path(path).open("rb") as fh:
-        yield from read_container(fh, reader_schema, str(path), keep_nodes)
+        yield from read_container(fh, reader_schema, str(path), keep_nodes, stats)
 
 
 def read_container(
@@ -127,12 +162,20 @@ def read_container(
     reader_schema: Any = None,
     what: str = "",
     keep_nodes: frozenset[str] | None = None,
+    stats: ReadStats | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Like :func:`read_file` on an open binary file (``what`` names it in warnings).
 
     ``keep_nodes``: for records whose first field is the string ``node`` (NodeGpuSample),
     only those of these nodes are decoded and returned; the others are stepped over without
-    being built (the C reader's ``skip``, else a decode that is thrown away)."""
+    being built (the C reader's ``skip``, else a decode that is thrown away).
+
+    Hostile bytes, with the current schema (the compiled reader): a record that does not decode
+    is skipped and counted in ``stats.bad_records`` (invalid UTF-8: that record only; any other
+    fault: the rest of its block, as the column reader does); a corrupt block is stepped over
+    to the next sync marker (``stats.bad_blocks``). Files of an older schema version (fastavro,
+    with resolution) end at the first fault."""
+    stats = stats if stats is not None else ReadStats()
     try:
         blocks = fastavro.block_reader(fh)
         # Schema resolution halves fastavro's speed: only resolve when the file was written
@@ -144,29 +187,49 @@ def read_container(
             blocks = fastavro.block_reader(fh, reader_schema=reader_schema)
     except Exception as exc:  # a header cut short: nothing durable was in this file yet
         log.warning("%s: unreadable header (%s), skipped", what, exc)
+        stats.bad_files += 1
         return
     # Same schema as the current one: decode each block with the codec's compiled reader (about
     # twice fastavro's speed on wide records); else fastavro (resolution of older versions).
     compiled = _compiled_for(blocks.writer_schema) if blocks.reader_schema is None else None
-    skip = None
-    if keep_nodes is not None and compiled is not None and _node_first(blocks.writer_schema):
-        skip = _skipper_for(blocks.writer_schema, compiled)
+    inflate = _inflater(str(blocks.codec))
+    if compiled is not None and inflate is not None:
+        skip = None
+        if keep_nodes is not None and _node_first(blocks.writer_schema):
+            skip = _skipper_for(blocks.writer_schema, compiled)
+        lax = lax_skipper(blocks.writer_schema)
+        try:
+            fh.seek(0)
+            header_end, sync = _read_header(fh)
+        except ValueError as exc:
+            log.warning("%s: unreadable header (%s), skipped", what, exc)
+            stats.bad_files += 1
+            return
+        for count, data in _blocks(fh, header_end, sync, inflate, what, stats):
+            try:
+                records, bad = _decode_block(compiled, data, count, keep_nodes, skip, lax)
+            except TrailingBytes as exc:  # the records read are kept; the block counts as bad
+                records, bad = exc.records, exc.bad
+                stats.bad_blocks += 1
+                log.warning("%s: %s ignored", what, exc)
+            if bad:
+                stats.bad_records += bad
+                log.warning("%s: %d record(s) of a block skipped (undecodable)", what, bad)
+            yield from records
+        return
     while True:
         try:
             block = next(blocks)
-            if compiled is not None:
-                raw = block.bytes_.getvalue()  # type: ignore[attr-defined]
-                records = _decode_block(compiled, raw, block.num_records, keep_nodes, skip)
-            else:
-                records = list(block)  # type: ignore[arg-type]
-                if keep_nodes is not None and _node_first(blocks.writer_schema):
-                    records = [r for r in records if r.get("node") in keep_nodes]
+            records = list(block)  # type: ignore[arg-type]
+            if keep_nodes is not None and _node_first(blocks.writer_schema):
+                records = [r for r in records if r.get("node") in keep_nodes]
         except StopIteration:
             return
         # fastavro reports a cut block as EOFError, zlib.error, ValueError...: all mean
         # "the writer died here"; the blocks before are checked by their sync markers.
         except Exception as exc:
             log.warning("%s: truncated tail ignored (%s: %s)", what, type(exc).__name__, exc)
+            stats.cut_tails += 1
             return
         yield from records
 
@@ -213,23 +276,144 @@ def _decode_block(
     count: int,
     keep: frozenset[str] | None = None,
     skip: Any = None,
-) -> list[dict[str, Any]]:
-    """The records of one block; with ``keep`` and ``skip``, only those whose leading ``node``
-    string is in ``keep`` (the others are stepped over by ``skip``)."""
-    out, pos = [], 0
-    for _ in range(count):
-        if keep is not None and skip is not None:
-            n, start = _varint(data, pos)
-            if n < 0 or start + n > len(data):
-                raise ValueError("bad node length")
-            if data[start : start + n].decode() not in keep:
-                pos = skip(data, pos)
-                continue
-        record, pos = decode(data, pos)
+    lax: Any = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """The records of one block and how many were not read; with ``keep`` and ``skip``, only
+    those whose leading ``node`` string is in ``keep`` (the others are stepped over by
+    ``skip``). A record with invalid UTF-8 is stepped over by ``lax`` (a skip that does not
+    check strings) and the next read; any other fault ends the block (its remaining records
+    count as not read), as the C column reader does. Raises TrailingBytes (with what was read)
+    when the block holds bytes after its ``count`` records."""
+    out: list[dict[str, Any]] = []
+    pos = bad = 0
+    for i in range(count):
+        try:
+            if keep is not None and skip is not None:
+                n, start = _varint(data, pos)
+                if n < 0 or start + n > len(data):
+                    raise ValueError("bad node length")
+                if data[start : start + n].decode() not in keep:
+                    pos = skip(data, pos)
+                    continue
+            record, pos = decode(data, pos)
+        except Exception as exc:
+            utf8 = isinstance(exc, UnicodeError) or "UTF-8" in str(exc)
+            if not utf8 or lax is None:
+                return out, bad + count - i
+            try:
+                pos = lax(data, pos)
+            except (ValueError, IndexError):
+                return out, bad + count - i
+            bad += 1
+            continue
         out.append(record)
-    if pos != len(data):
-        raise ValueError(f"{len(data) - pos} trailing bytes in a block")
-    return out
+    if pos != len(data):  # a count too small: records were left unread (how many is unknown)
+        raise TrailingBytes(out, bad, len(data) - pos)
+    return out, bad
+
+
+class TrailingBytes(ValueError):
+    """A block held bytes after its last record: what was read, and how many bytes were not."""
+
+    def __init__(self, records: list[dict[str, Any]], bad: int, left: int) -> None:
+        super().__init__(f"{left} trailing bytes in a block")
+        self.records, self.bad, self.left = records, bad, left
+
+
+def lax_skipper(writer_schema: Any) -> Any:
+    """``(buffer, offset) -> end`` over one value of ``writer_schema`` that checks lengths and
+    union branches but not the UTF-8 of strings: where a record with invalid UTF-8 ends.
+    Raises ValueError (or IndexError) on bytes that are not such a value."""
+    named: dict[str, Any] = {}
+
+    def plan(schema: Any) -> Any:
+        if isinstance(schema, str):
+            if schema in ("null",):
+                return lambda d, p: p
+            if schema == "boolean":
+                return lambda d, p: _need(d, p + 1)
+            if schema in ("int", "long"):
+                return lambda d, p: _varint(d, p)[1]
+            if schema == "float":
+                return lambda d, p: _need(d, p + 4)
+            if schema == "double":
+                return lambda d, p: _need(d, p + 8)
+            if schema in ("string", "bytes"):
+                return _skip_bytes
+            return lambda d, p: named[schema](d, p)
+        if isinstance(schema, list):
+            branches = [plan(b) for b in schema]
+
+            def union(d: bytes, p: int) -> int:
+                k, p = _varint(d, p)
+                if not 0 <= k < len(branches):
+                    raise ValueError("bad union branch")
+                return int(branches[k](d, p))
+
+            return union
+        kind = schema["type"]
+        if kind == "record":
+            fields = []
+            name = schema.get("name", "")
+            named[name] = named[name.rsplit(".", 1)[-1]] = lambda d, p: rec(d, p)
+            fields = [plan(f["type"]) for f in schema["fields"]]
+
+            def rec(d: bytes, p: int) -> int:
+                for f in fields:
+                    p = f(d, p)
+                return p
+
+            return rec
+        if kind == "enum":
+            n = len(schema["symbols"])
+
+            def enum(d: bytes, p: int) -> int:
+                k, p = _varint(d, p)
+                if not 0 <= k < n:
+                    raise ValueError("bad enum index")
+                return p
+
+            named[schema.get("name", "")] = enum
+            return enum
+        if kind == "fixed":
+            size = int(schema["size"])
+            return lambda d, p: _need(d, p + size)
+        if kind in ("array", "map"):
+            item = plan(schema["items"] if kind == "array" else schema["values"])
+            key = _skip_bytes if kind == "map" else None
+
+            def many(d: bytes, p: int) -> int:
+                while True:
+                    n, p = _varint(d, p)
+                    if n == 0:
+                        return p
+                    if n < 0:
+                        _, p = _varint(d, p)
+                        n = -n
+                    if n > len(d) - p:  # every item takes a byte at least... or none (null)
+                        raise ValueError("bad item count")
+                    for _ in range(n):
+                        if key is not None:
+                            p = key(d, p)
+                        p = item(d, p)
+
+            return many
+        return plan(kind)
+
+    return plan(strip_logical_types(writer_schema))
+
+
+def _need(data: bytes, end: int) -> int:
+    if end > len(data):
+        raise ValueError("value cut short")
+    return end
+
+
+def _skip_bytes(data: bytes, pos: int) -> int:
+    n, pos = _varint(data, pos)
+    if n < 0:
+        raise ValueError("negative length")
+    return _need(data, pos + n)
 
 
 def _deflater(codec: str) -> Any:
@@ -400,9 +584,14 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+class HeaderCut(ValueError):
+    """The bytes end inside a container header (more of the file may complete it)."""
+
+
 def _header(data: bytes) -> tuple[int, bytes]:
-    """(end of the header, sync marker) of a container file's first bytes. Raises ValueError
-    when ``data`` is not an Avro container or ends inside its header."""
+    """(end of the header, sync marker) of a container file's first bytes. Raises HeaderCut
+    when ``data`` ends inside its header, ValueError when it is not an Avro container or its
+    header cannot be one (a negative size or count, a size beyond MAX_HEADER_BYTES)."""
     if data[:4] != b"Obj\x01":
         raise ValueError("not an Avro object container file")
     pos = 4
@@ -414,32 +603,62 @@ def _header(data: bytes) -> tuple[int, bytes]:
             if count < 0:
                 _, pos = _varint(data, pos)
                 count = -count
+            if count > MAX_HEADER_BYTES:
+                raise ValueError(f"corrupt Avro header: {count} metadata entries")
             for _ in range(2 * count):
                 size, pos = _varint(data, pos)
+                if size < 0 or pos + size > MAX_HEADER_BYTES:
+                    raise ValueError(f"corrupt Avro header: a metadata size of {size}")
                 pos += size
     except IndexError as exc:
-        raise ValueError("truncated Avro header") from exc
+        raise HeaderCut("truncated Avro header") from exc
     if pos + 16 > len(data):
-        raise ValueError("truncated Avro header")
+        raise HeaderCut("truncated Avro header")
     return pos + 16, data[pos : pos + 16]
 
 
-def block_spans(data: bytes) -> tuple[int, list[tuple[int, int]]]:
+def _read_header(fh: IO[bytes]) -> tuple[int, bytes]:
+    """:func:`_header` of an open file (at its start), reading only as much as the header
+    needs (at most MAX_HEADER_BYTES). Raises ValueError as :func:`_header` does."""
+    head = fh.read(1 << 16)
+    while True:
+        try:
+            return _header(head)
+        except HeaderCut:
+            more = fh.read(1 << 20) if len(head) < MAX_HEADER_BYTES + 16 else b""
+            if not more:
+                raise
+            head += more
+
+
+def block_spans(data: bytes, stats: ReadStats | None = None) -> tuple[int, list[tuple[int, int]]]:
     """Layout of a container file's bytes: (end of the header, [(start, end) of each complete
-    block]). A cut tail is left out. Raises ValueError when ``data`` is not an Avro container."""
+    block]). A corrupt block (a count or size no block could have, or no sync marker where its
+    size ends) is left out: the next block is found by the sync marker after it, counted in
+    ``stats.bad_blocks``; with no sync marker after it, it is a cut tail (``stats.cut_tails``).
+    Raises ValueError when ``data`` is not an Avro container."""
     header_end, sync = _header(data)
     spans, pos = [], header_end
     while pos < len(data):
         try:
-            _, p = _varint(data, pos)
+            count, p = _varint(data, pos)
             size, p = _varint(data, p)
         except IndexError:
-            break
+            count = size = p = -1
         end = p + size + 16
-        if end > len(data) or data[end - 16 : end] != sync:
+        if count >= 0 and size >= 0 and end <= len(data) and data[end - 16 : end] == sync:
+            spans.append((pos, end))
+            pos = end
+            continue
+        found = data.find(sync, pos)
+        if found < 0:
+            if stats is not None:
+                stats.cut_tails += 1
             break
-        spans.append((pos, end))
-        pos = end
+        log.warning("corrupt block at byte %d skipped to the next sync marker", pos)
+        if stats is not None:
+            stats.bad_blocks += 1
+        pos = found + 16
     return header_end, spans
 
 
@@ -473,79 +692,116 @@ def _inflater(codec: str) -> Any:
     return None
 
 
-def raw_blocks(path: Path) -> tuple[Any, Iterator[tuple[int, bytes]]]:
+def raw_blocks(
+    path: Path, stats: ReadStats | None = None
+) -> tuple[Any, Iterator[tuple[int, bytes]]]:
     """The writer schema of a container file and its blocks, ``(record count, decompressed
     bytes)``, undecoded (the null, deflate and zstandard codecs), read one block at a time
-    (memory: a block). The iterator ends at a cut or corrupt tail with a warning, as
-    :func:`read_container` does. Raises ValueError for a file that is not a container or has
-    another codec (read it with :func:`read_file`)."""
+    (memory: a block). A corrupt block is skipped to the next sync marker and the iterator ends
+    at a cut tail, with a warning and counted in ``stats`` (see :func:`block_spans`). Raises
+    ValueError for a file that is not a container or has another codec (read it with
+    :func:`read_file`)."""
     fh = Path(path).open("rb")  # noqa: SIM115 - closed by the blocks iterator (or at GC)
     try:
-        head = fh.read(1 << 16)
-        while True:
-            try:
-                header_end, sync = _header(head)
-                break
-            except ValueError:
-                more = fh.read(1 << 20)
-                if not more:
-                    raise
-                head += more
-        header = fastavro.block_reader(io.BytesIO(head[:header_end]))
+        header_end, sync = _read_header(fh)
+        fh.seek(0)
+        header = fastavro.block_reader(io.BytesIO(fh.read(header_end)))
         inflate = _inflater(str(header.codec))
         if inflate is None:
             raise ValueError(f"codec {header.codec!r}")
     except Exception as exc:
         fh.close()
         raise ValueError(f"{path}: {exc}") from exc
-    fh.seek(header_end)
-    file_bytes = fh.seek(0, io.SEEK_END)
-    fh.seek(header_end)
 
     def blocks() -> Iterator[tuple[int, bytes]]:
         with fh:
-            while True:
-                at = fh.tell()
-                count = _file_varint(fh)
-                if count is None and fh.tell() == at:
-                    return  # the end of the file, between blocks
-                size = _file_varint(fh) if count is not None else None
-                # A size or count no block of the file could have (negative, or beyond the
-                # bytes left: a corrupted varint) is a corrupt tail, never a read of that size.
-                fits = size is not None and 0 <= size <= file_bytes - fh.tell()
-                if count is None or count < 0 or not fits:
-                    log.warning("%s: corrupt block header, rest ignored", path)
-                    return
-                assert size is not None
-                payload = fh.read(size)
-                if len(payload) != size or fh.read(16) != sync:
-                    log.warning("%s: truncated tail ignored", path)
-                    return
-                try:
-                    data = inflate(payload)
-                except Exception as exc:
-                    log.warning("%s: corrupt block, rest ignored (%s: %s)", path,
-                                type(exc).__name__, exc)  # fmt: skip
-                    return
-                yield count, data
+            yield from _blocks(fh, header_end, sync, inflate, str(path), stats)
 
     return header.writer_schema, blocks()
 
 
-def split_file(path: Path, max_bytes: int) -> list[bytes]:
+def _blocks(fh: IO[bytes], header_end: int, sync: bytes, inflate: Any, what: str,
+            stats: ReadStats | None) -> Iterator[tuple[int, bytes]]:  # fmt: skip
+    """The ``(count, decompressed bytes)`` of each block of an open container file after its
+    header; a corrupt block is stepped over to the next sync marker (see :func:`raw_blocks`)."""
+    file_bytes = fh.seek(0, io.SEEK_END)
+    fh.seek(header_end)
+    while True:
+        at = fh.tell()
+        count = _file_varint(fh)
+        if count is None and fh.tell() == at:
+            return  # the end of the file, between blocks
+        size = _file_varint(fh) if count is not None else None
+        # A size or count no block of the file could have (negative, or beyond the bytes
+        # left: a corrupted varint) is a corrupt block, never a read of that size.
+        fits = size is not None and 0 <= size <= file_bytes - fh.tell()
+        fault = None
+        if count is None or not 0 <= count < 1 << 62 or not fits:
+            fault = "corrupt block header"
+        else:
+            assert size is not None and count is not None
+            payload = fh.read(size)
+            if len(payload) != size or fh.read(16) != sync:
+                fault = "no sync marker after the block"
+            else:
+                try:
+                    data = inflate(payload)
+                except Exception as exc:
+                    fault = f"corrupt block ({type(exc).__name__}: {exc})"
+        if fault is None:
+            assert count is not None
+            yield count, data
+            continue
+        after = _next_sync(fh, sync, at)
+        if after is None:
+            log.warning("%s: truncated tail ignored (%s at byte %d)", what, fault, at)
+            if stats is not None:
+                stats.cut_tails += 1
+            return
+        log.warning("%s: %s at byte %d, skipped to the next sync marker", what, fault, at)
+        if stats is not None:
+            stats.bad_blocks += 1
+        fh.seek(after)
+
+
+def _next_sync(fh: IO[bytes], sync: bytes, start: int) -> int | None:
+    """The position just after the first ``sync`` at or after ``start``, or None (read in
+    1 MiB pieces: memory stays bounded)."""
+    fh.seek(start)
+    carry = b""
+    base = start
+    while True:
+        piece = fh.read(1 << 20)
+        if not piece:
+            return None
+        window = carry + piece
+        found = window.find(sync)
+        if found >= 0:
+            return base + found + len(sync)
+        keep = len(sync) - 1
+        base += len(window) - keep
+        carry = window[-keep:]
+
+
+def split_file(path: Path, max_bytes: int, stats: ReadStats | None = None) -> list[bytes]:
     """The file cut into self-contained container files of about ``max_bytes`` of blocks each
     (its header + consecutive blocks: the sync marker is the same throughout), so that parts
-    decode in parallel. A cut tail is left out. Raises ValueError for a non-container file."""
+    decode in parallel. A cut tail and corrupt blocks are left out (counted in ``stats``, see
+    :func:`block_spans`). Raises ValueError for a non-container file."""
     data = Path(path).read_bytes()
-    header_end, spans = block_spans(data)
+    header_end, spans = block_spans(data, stats)
     parts: list[bytes] = []
-    start = None
+    start = last = None
     for s, e in spans:
+        if start is not None and s != last:  # a corrupt block left out: never inside a part
+            parts.append(data[:header_end] + data[start:last])
+            start = None
         if start is None:
             start = s
+        last = e
         if e - start >= max_bytes:
             parts.append(data[:header_end] + data[start:e])
             start = None
     if start is not None:
-        parts.append(data[:header_end] + data[start : spans[-1][1]])
+        parts.append(data[:header_end] + data[start:last])
     return parts

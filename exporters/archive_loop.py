@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from peerwatch.errors import CodecError
 from peerwatch.exporters.archive import ArchiveWriter, Offsets
-from peerwatch.exporters.archive_files import record_time_ms
+from peerwatch.exporters.archive_files import hour_of, record_time_ms
 from peerwatch.exporters.consume import DeadLetterSink, Message, deadletter_headers
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.topics import (
@@ -65,6 +65,8 @@ class TimestampedMessage(Message, Protocol):
 class ArchiveStats:
     records: int = 0
     undecodable: int = 0
+    #: decodable records whose event time names no archive hour (before 1970, after 9999)
+    bad_time: int = 0
     commits: int = 0
     consume_errors: int = 0
     #: Wall time spent in commits (fsync of the files and the state, then Kafka), s.
@@ -117,6 +119,17 @@ class ArchiveLoop:
         ts_ms = record_time_ms(record) if record is not None else None
         if ts_ms is None:
             ts_ms = int(msg.timestamp()[1])
+        if record is not None:
+            try:
+                hour_of(ts_ms)
+            except ValueError as exc:  # no file is named by that hour: dead-letter, go on
+                self.stats.bad_time += 1
+                log.warning("archive: skipping %s[%d]@%d: %s", topic, partition, offset, exc)
+                if self._deadletter is not None:
+                    self._deadletter.send(
+                        msg.value(), msg.key(), deadletter_headers(msg, f"bad event time: {exc}")
+                    )
+                record = None
         # Decoded above to check it and to find its hour; written as its own bytes when it
         # was written with the current schema (the file's).
         body = self._codecs[topic].current_body(msg.value() or b"") if record is not None else None

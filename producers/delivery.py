@@ -15,14 +15,17 @@ confluent-kafka producer (idempotent, acks=all, lz4, murmur2 partitioner) and th
   delivered chunk puts back exactly the failed records); then DIRECT mode resumes.
 * :meth:`close` flushes; records librdkafka never sent are purged from it and spooled.
 
-Within one process nothing is lost, duplicated or reordered, except for one documented case: a
+Within one process nothing is lost, duplicated or reordered, except for two documented cases: a
 record librdkafka itself gave up on after ``message_timeout_ms`` (5 minutes by default) may or may
 not have reached the broker; it is spooled behind newer records and may arrive late or twice. The
-per-node sequence number makes that visible to consumers.
+per-node sequence number makes that visible to consumers. And a record Kafka refuses for good (too
+large for the topic, invalid) is dead-lettered with the reason and counted (``stats.refused``);
+the records that shared its refused batch are sent again one by one, so they arrive late.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import queue
@@ -35,11 +38,26 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from peerwatch.errors import ServiceError
 from peerwatch.kafka_config import producer_config
 from peerwatch.producers.spool import Spool, SpooledRecord
 from peerwatch.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
+
+
+#: Errors after which Kafka will never take the record: it is dead-lettered, not retried.
+PERMANENT_ERRORS = frozenset({
+    KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG, KafkaError.INVALID_TIMESTAMP,
+})  # fmt: skip
+#: A batch too large: every record in it gets this, not only the one at fault (found alone).
+SIZE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+#: A refused record's value goes to the dead-letter topic up to this size (else none).
+DEADLETTER_VALUE_MAX_BYTES = 64 * 1024
+
+
+def _note_answer(answer: list[KafkaError | None], err: KafkaError | None, _msg: object) -> None:
+    answer.append(err)
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,8 @@ class DeliverySettings:
     librdkafka_max_records: int = 20_000
     replay_chunk_records: int = 2_000
     retry_interval_s: float = 2.0
+    #: Where records Kafka refuses for good go (None: counted and logged only).
+    deadletter_topic: str | None = None
 
 
 @dataclass
@@ -67,6 +87,15 @@ class DeliveryStats:
     replayed: int = 0
     dropped: int = 0
     failed_attempts: int = 0
+    #: errors that stopped the worker thread's loop (each logged), and its restarts
+    worker_errors: int = 0
+    worker_restarts: int = 0
+    #: records dropped in memory (queue and overflow full: the worker did not keep up)
+    dropped_in_memory: int = 0
+    #: corrupt regions skipped in the spool when it was opened (records lost there)
+    spool_corrupt_regions: int = 0
+    #: records the broker refused for good (too large...): dead-lettered, never retried
+    refused: int = 0
 
 
 class Delivery:
@@ -103,9 +132,12 @@ class Delivery:
         self._spool: Spool | None = None
         self._inflight = 0
         self._failed: list[SpooledRecord] = []
+        self._suspects: list[SpooledRecord] = []
         self._held: list[SpooledRecord] = []
         self._spooling = False
         self._next_attempt = 0.0
+        #: The last error of the worker thread (None: none), for logs and health checks.
+        self.last_error: str | None = None
 
     # -- caller side ----------------------------------------------------------------------------
     def start(self) -> Delivery:
@@ -125,15 +157,28 @@ class Delivery:
         headers: Sequence[tuple[str, bytes]] = (),
         ts_ms: int = 0,
     ) -> None:
-        """Queue one record for delivery; returns at once."""
+        """Queue one record for delivery; returns at once. Raises ServiceError when the worker
+        thread is gone (it restarts itself after errors, so only something it cannot survive)
+        and the in-memory queue is full: the caller stops instead of queueing into nothing."""
         with self._seq_lock:
             self._seq += 1
             rec = SpooledRecord(topic, key, value, tuple(headers), ts_ms, self._seq)
         try:
             self._queue.put_nowait(rec)
         except queue.Full:
+            self._check_worker()
             with self._overflow_lock:  # the worker spools these in order at its next turn
-                self._overflow.append(rec)
+                if len(self._overflow) < self._settings.queue_max_records:
+                    self._overflow.append(rec)
+                    return
+                self.stats.dropped += 1  # memory stays bounded whatever the worker does
+                self.stats.dropped_in_memory += 1
+            if (
+                self.stats.dropped_in_memory in (1, 10, 100)
+                or not self.stats.dropped_in_memory % 10_000
+            ):
+                log.error("delivery: %d records dropped: the worker does not keep up (%s)",
+                          self.stats.dropped_in_memory, self.last_error)  # fmt: skip
 
     @property
     def spooled_records(self) -> int:
@@ -147,26 +192,80 @@ class Delivery:
         """Deliver what can be delivered within ``timeout_s``; spool the rest; stop the worker."""
         self._close_timeout_s = timeout_s
         self._stopping.set()
-        self._queue.put(None)
+        # A full queue (a worker gone for good) must not block close; a live worker stops once
+        # it has emptied the queue anyway.
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=1.0)
         if self._thread is not None:
             self._thread.join(timeout_s + 30)
         return self.stats
 
+    @property
+    def worker_alive(self) -> bool:
+        """Whether the worker thread runs (False before :meth:`start` and after :meth:`close`)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _check_worker(self) -> None:
+        if self._thread is not None and not self._thread.is_alive() and not self._stopping.is_set():
+            raise ServiceError(f"the delivery worker stopped: {self.last_error or 'no error seen'}")
+
     # -- worker side ----------------------------------------------------------------------------
     def _run(self) -> None:
-        self._spool = Spool(
-            self._settings.spool_dir,
-            max_bytes=self._settings.spool_max_bytes,
-            max_age_s=self._settings.spool_max_age_s,
-        )
-        self._producer = self._factory(self._config)
-        if len(self._spool):
-            log.info("delivery: %d records waiting in the spool from earlier", len(self._spool))
-            self._spooling = True
+        """The worker thread: :meth:`_work`, restarted after any error (logged, counted in
+        ``stats.worker_errors``/``worker_restarts``, the error in :attr:`last_error`) with a
+        growing pause, until :meth:`close`; then :meth:`_shutdown`."""
+        pause_s = 0.5
+        while True:
+            try:
+                self._work()
+                break
+            except Exception as exc:
+                self.stats.worker_errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("delivery: the delivery worker failed; restarting in %.1f s", pause_s)
+                if self._stopping.wait(pause_s):
+                    break
+                pause_s = min(pause_s * 2, 30.0)
+                self.stats.worker_restarts += 1
+            except BaseException as exc:  # cannot be survived: end, seen (send raises from now)
+                self.stats.worker_errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.critical("delivery: the delivery worker stopped: %s", self.last_error)
+                break
+        try:
+            self._shutdown()
+        except Exception as exc:
+            self.stats.worker_errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.exception("delivery: shutting down the delivery worker failed")
+
+    def _open(self) -> None:
+        if self._spool is None:
+            self._spool = Spool(
+                self._settings.spool_dir,
+                max_bytes=self._settings.spool_max_bytes,
+                max_age_s=self._settings.spool_max_age_s,
+            )
+            found = {k: getattr(self._spool, k) for k in
+                     ("bad_head", "corrupt_regions", "corrupt_bytes", "torn_tails")}  # fmt: skip
+            self.stats.spool_corrupt_regions += found["corrupt_regions"]
+            if any(found.values()):
+                log.error("delivery: the spool was damaged and repaired: %s", found)
+            if len(self._spool):
+                log.info("delivery: %d records waiting in the spool from earlier", len(self._spool))
+                self._spooling = True
+        if self._producer is None:
+            self._producer = self._factory(self._config)
+
+    def _work(self) -> None:
+        self._open()
+        assert self._producer is not None
         while True:
             try:
                 stop = self._drain_queue(timeout_s=0.05)
                 self._producer.poll(0)
+                if self._suspects:
+                    self._isolate()
                 self._settle()
                 if self._spooling:
                     self._maybe_replay()
@@ -218,6 +317,8 @@ class Delivery:
             self._held.append(rec)
 
     def _produce(self, rec: SpooledRecord, replay: bool) -> bool:
+        """Hand ``rec`` to librdkafka; False when its queue is full (spool it). A record the
+        client refuses for good (larger than ``message.max.bytes``...) is dead-lettered."""
         assert self._producer is not None
         try:
             # timestamp 0 lets librdkafka stamp the record with the current time.
@@ -228,8 +329,68 @@ class Delivery:
             )  # fmt: skip
         except BufferError:
             return False
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is None or err.code() not in PERMANENT_ERRORS | SIZE_ERRORS:
+                raise
+            self._refuse(rec, err)
+            return True
         self._inflight += 1
         return True
+
+    def _isolate(self) -> None:
+        """Send each record of a batch the broker refused as too large alone, waiting for its
+        answer: refused alone, it is dead-lettered; delivered, done (later than the records
+        sent after it: the one case of reordering besides message timeouts); any other error,
+        spooled as usual."""
+        assert self._producer is not None
+        suspects, self._suspects = sorted(self._suspects, key=lambda r: r.seq), []
+        self._producer.flush(self._settings.message_timeout_ms / 1000)  # nothing to batch with
+        for rec in suspects:
+            answer: list[KafkaError | None] = []
+            try:
+                self._producer.produce(
+                    rec.topic, rec.value, rec.key, headers=list(rec.headers) or None,
+                    on_delivery=functools.partial(_note_answer, answer), timestamp=rec.ts_ms,
+                )  # fmt: skip
+            except KafkaException as exc:
+                answer.append(exc.args[0] if exc.args else None)
+            except BufferError:
+                answer.append(KafkaError(KafkaError._QUEUE_FULL))
+            else:
+                self._producer.flush(self._settings.message_timeout_ms / 1000)
+            err = answer[0] if answer else KafkaError(KafkaError._TIMED_OUT)
+            if err is None:
+                self.stats.delivered += 1
+            elif isinstance(err, KafkaError) and err.code() in PERMANENT_ERRORS | SIZE_ERRORS:
+                self._refuse(rec, err)
+            else:
+                self._enter_spooling(str(err))
+                self._failed.append(rec)
+
+    def _refuse(self, rec: SpooledRecord, err: KafkaError) -> None:
+        """A record Kafka will never take: counted, logged and dead-lettered (its value when it
+        fits, else none: the headers say where it came from, why, and its size); never
+        retried or spooled."""
+        self.stats.refused += 1
+        reason = f"{err.name()}: {err.str()}"
+        log.error("delivery: a record for %s (%d bytes) refused for good and dead-lettered: %s",
+                  rec.topic, len(rec.value), reason)  # fmt: skip
+        topic = self._settings.deadletter_topic
+        if topic is None or self._producer is None:
+            return
+        keep = len(rec.value) <= DEADLETTER_VALUE_MAX_BYTES
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("peerwatch.reason", b"refused by Kafka"), ("peerwatch.error", reason.encode()[:1000]),
+            ("peerwatch.topic", rec.topic.encode()), ("peerwatch.size", str(len(rec.value)).encode()),
+        ]  # fmt: skip
+        for value in (rec.value, b"") if keep else (b"",):
+            try:
+                self._producer.produce(topic, value, rec.key, headers=headers)
+                return
+            except (BufferError, KafkaException) as exc:  # too large here too: without value
+                log.error("delivery: dead-lettering failed%s: %s",
+                          "; again without the value" if value else "", exc)  # fmt: skip
 
     def _on_delivery_cb(
         self, rec: SpooledRecord, replay: bool, err: KafkaError | None, _msg: object
@@ -244,6 +405,18 @@ class Delivery:
                 self._replay_ok += 1
             return
         self.stats.failed_attempts += 1
+        if err.code() in SIZE_ERRORS:
+            # The broker refuses a whole batch for one record too large: which one is only
+            # known by sending each alone (see _isolate), never by retrying the batch.
+            self._suspects.append(rec)
+            if replay:
+                self._replay_ok += 1  # out of the spool's chunk: _isolate settles it
+            return
+        if err.code() in PERMANENT_ERRORS:  # never taken however often it is sent
+            self._refuse(rec, err)
+            if replay:
+                self._replay_ok += 1  # done with: not put back
+            return
         if replay:
             self._replay_failures.append(rec)
             return
@@ -319,7 +492,15 @@ class Delivery:
         return bool(md.brokers) and any(b.id >= 0 for b in md.brokers.values())
 
     def _shutdown(self) -> None:
-        assert self._producer is not None and self._spool is not None
+        if self._producer is None or self._spool is None:
+            # Never opened (the spool or the client could not be made): what is held is lost.
+            with self._overflow_lock:
+                lost = len(self._failed) + len(self._held) + len(self._overflow)
+                lost += self._queue.qsize()
+            self.stats.dropped += lost
+            log.error("delivery closed without a spool or a client: %d records lost (%s)",
+                      lost, self.last_error)  # fmt: skip
+            return
         remaining = self._producer.flush(self._close_timeout_s)
         if remaining:
             # Undeliverable now: take them back from librdkafka (their callbacks mark them failed).

@@ -14,6 +14,7 @@ first; every dropped record is counted in ``dropped`` and logged.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import struct
@@ -61,6 +62,8 @@ class SpooledRecord:
 
     @classmethod
     def decode(cls, payload: bytes) -> SpooledRecord:
+        """Inverse of :meth:`encode`. Raises ValueError (struct.error, UnicodeDecodeError) for
+        bytes that are not one whole record."""
         seq, ts_ms, tlen, klen, vlen, nh = _FIXED.unpack_from(payload, 0)
         pos = _FIXED.size
         topic = payload[pos : pos + tlen].decode()
@@ -77,6 +80,8 @@ class SpooledRecord:
             pos += nlen
             headers.append((name, payload[pos : pos + hlen]))
             pos += hlen
+        if pos != len(payload):
+            raise ValueError(f"a record of {len(payload)} bytes says {pos}")
         return cls(topic, key, value, tuple(headers), ts_ms, seq)
 
 
@@ -98,6 +103,12 @@ class Spool:
     max_age_s: float = 24 * 3600.0
     segment_bytes: int = 4 * 1024 * 1024
     dropped: int = 0
+    #: Found when opening: an unreadable ``head`` file, corrupt regions skipped inside segments
+    #: (and their bytes: records lost there), torn frames cut at a segment's tail.
+    bad_head: int = 0
+    corrupt_regions: int = 0
+    corrupt_bytes: int = 0
+    torn_tails: int = 0
     _segments: list[_Segment] = field(default_factory=list)
     _head_segment: int = 0
     _head_offset: int = 0
@@ -120,11 +131,8 @@ class Spool:
         return self._head_offset if self._segments else 0
 
     def _load(self) -> None:
-        head = self.directory / "head"
-        if head.exists():
-            seg_text, off_text = head.read_text().split()
-            self._head_segment, self._head_offset = int(seg_text), int(off_text)
-        paths = sorted(self.directory.glob("*.seg"))
+        paths = sorted(p for p in self.directory.glob("*.seg") if p.stem.isdigit())
+        self._head_segment, self._head_offset = self._read_head(paths)
         if not (self.directory / f"{self._head_segment:012d}.seg").exists():
             # The head segment is gone (a crash inside prepend or pop): read what is left, from 0.
             self._head_segment, self._head_offset = (int(paths[0].stem) if paths else 0), 0
@@ -135,28 +143,79 @@ class Spool:
                 continue
             seg = _Segment(number, path, 0, path.stat().st_mtime)
             start = self._head_offset if number == self._head_segment else 0
-            good_end, count = self._scan(path, start)
-            if good_end < path.stat().st_size:
-                log.warning("spool: cutting a torn frame at the tail of %s", path.name)
-                with path.open("r+b") as fh:
-                    fh.truncate(good_end)
-            seg.size, seg.records = good_end, count
+            if start:
+                # The head is always at a frame's end: elsewhere, it was damaged. Read from the
+                # frame it points into (that record may come twice; none is lost).
+                data = path.read_bytes()
+                bounds = {a for a, _ in _frames(data, 0)[0]} | {len(data)}
+                if start not in bounds:
+                    log.warning("spool: head offset %d is no frame boundary of %s; reading "
+                                "from the frame before it", start, path.name)  # fmt: skip
+                    self.bad_head += 1
+                    before = [b for b in bounds | {0} if b <= start]
+                    start = max(before) if start < len(data) else 0  # beyond it: all of it
+                    self._head_offset = start
+            seg.size, seg.records, rewritten = self._recover(path, start)
+            if rewritten and number == self._head_segment:
+                self._head_offset = 0  # the segment now starts at the head
             self._segments.append(seg)
-            self._count += count
+            self._count += seg.records
         if self._segments and self._segments[0].number != self._head_segment:
             self._head_segment, self._head_offset = self._segments[0].number, 0
+        self._write_head()
 
-    @staticmethod
-    def _scan(path: Path, start: int) -> tuple[int, int]:
+    def _read_head(self, paths: list[Path]) -> tuple[int, int]:
+        """(segment, offset) from the ``head`` file. An empty or garbage file (a power loss
+        before the head was durable, a stray write) is counted in ``bad_head`` and the spool is
+        read from the start of its oldest segment: records may be delivered twice, none lost."""
+        head = self.directory / "head"
+        try:
+            seg_text, off_text = head.read_text().split()
+            segment, offset = int(seg_text), int(off_text)
+            if segment < 0 or offset < 0:
+                raise ValueError("negative position")
+            return segment, offset
+        except FileNotFoundError:
+            return 0, 0
+        except (ValueError, UnicodeDecodeError) as exc:
+            self.bad_head += 1
+            first = int(paths[0].stem) if paths else 0
+            log.warning("spool: head file unreadable (%s); reading from the oldest segment", exc)
+            return first, 0
+
+    def _recover(self, path: Path, start: int) -> tuple[int, int, bool]:
+        """Check the frames of a segment from ``start``; returns (size, records, rewritten). A
+        corrupt frame in the middle is stepped over to the next valid frame (length, CRC and
+        record all check) and the segment rewritten with the valid frames from ``start`` only
+        (so a head segment's head moves to 0). A torn tail (no valid frame after it) is cut.
+        What is lost is counted."""
         data = path.read_bytes()
-        pos, count = start, 0
-        while pos + _FRAME.size <= len(data):
-            length, crc = _FRAME.unpack_from(data, pos)
-            end = pos + _FRAME.size + length
-            if end > len(data) or zlib.crc32(data[pos + _FRAME.size : end]) != crc:
-                break
-            pos, count = end, count + 1
-        return pos, count
+        frames, first_gap, lost_bytes = _frames(data, start)
+        end = frames[-1][1] if frames else start
+        if first_gap is None:
+            return len(data), len(frames), False
+        if end <= first_gap:  # nothing valid after the fault: a write cut short
+            log.warning("spool: cutting a torn frame at the tail of %s", path.name)
+            self.torn_tails += 1
+            with path.open("r+b") as fh:
+                fh.truncate(end)
+                os.fsync(fh.fileno())
+            return end, len(frames), False
+        regions = sum(1 for (_, e), (s2, _) in itertools.pairwise(frames) if e != s2)
+        regions += (frames[0][0] != start) + (end != len(data))
+        self.corrupt_regions += regions
+        self.corrupt_bytes += lost_bytes
+        log.error("spool: %s: %d corrupt region(s) of %d bytes skipped; %d records kept",
+                  path.name, regions, lost_bytes, len(frames))  # fmt: skip
+        blob = b"".join(data[f0:f1] for f0, f1 in frames)
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("wb") as fh:
+            fh.write(blob)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
+        return len(blob), len(frames), True
 
     # -- writing --------------------------------------------------------------------------------
     def append(self, records: list[SpooledRecord]) -> None:
@@ -212,7 +271,7 @@ class Spool:
     def _records_from_head(self, seg: _Segment) -> int:
         if seg.number != self._head_segment or self._head_offset == 0:
             return seg.records
-        return self._scan(seg.path, self._head_offset)[1]
+        return len(_frames(seg.path.read_bytes()[: seg.size], self._head_offset)[0])
 
     def prepend(self, records: list[SpooledRecord]) -> None:
         """Put records back in front of the head (a replay chunk that was only partly delivered).
@@ -298,6 +357,62 @@ class Spool:
                 yield seg.number, pos, SpooledRecord.decode(data[start:pos])
 
     def _write_head(self) -> None:
+        """Replace ``head`` durably (fsync the file, rename, fsync the folder): a power loss
+        leaves the old or the new position, never an empty file."""
         tmp = self.directory / "head.tmp"
-        tmp.write_text(f"{self._head_segment} {self._head_offset}\n")
+        with tmp.open("w") as fh:
+            fh.write(f"{self._head_segment} {self._head_offset}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, self.directory / "head")
+        _fsync_dir(self.directory)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _frames(data: bytes, start: int) -> tuple[list[tuple[int, int]], int | None, int]:
+    """The valid frames of ``data`` from ``start`` as (start, end), where the first fault is
+    (None: none) and the bytes of the corrupt regions (stepped over to the next valid frame)."""
+    frames: list[tuple[int, int]] = []
+    first_gap: int | None = None
+    lost = 0
+    pos = start
+    while pos < len(data):
+        end = _frame_end(data, pos)
+        if end is not None:
+            frames.append((pos, end))
+            pos = end
+            continue
+        if first_gap is None:
+            first_gap = pos
+        nxt = pos + 1
+        while nxt < len(data) and _frame_end(data, nxt) is None:
+            nxt += 1
+        lost += nxt - pos
+        pos = nxt
+    return frames, first_gap, lost
+
+
+def _frame_end(data: bytes, pos: int) -> int | None:
+    """The end of a valid frame at ``pos`` (its length fits, its CRC matches and its payload
+    decodes as a record), else None."""
+    if pos + _FRAME.size > len(data):
+        return None
+    length, crc = _FRAME.unpack_from(data, pos)
+    end: int = pos + _FRAME.size + length
+    if end > len(data) or length < _FIXED.size:
+        return None
+    payload = data[pos + _FRAME.size : end]
+    if zlib.crc32(payload) != crc:
+        return None
+    try:
+        SpooledRecord.decode(payload)
+    except (ValueError, struct.error, UnicodeDecodeError):
+        return None
+    return end

@@ -8,6 +8,7 @@ Failures become :class:`~peerwatch.errors.SlurmCommandError`.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Protocol
 
@@ -16,8 +17,10 @@ from peerwatch.exporters.drain.decide import NodeFacts
 from peerwatch.exporters.drain.sanitize import valid_node_name
 from peerwatch.producers.slurm.command import Runner, SlurmCommands, run_command
 from peerwatch.producers.slurm.errors import SlurmParseError
-from peerwatch.producers.slurm.parse import SlurmNode, parse_sinfo
+from peerwatch.producers.slurm.parse import SlurmNode, parse_sinfo_nodes
 from peerwatch.reasons import reason_is_clean
+
+log = logging.getLogger(__name__)
 
 
 class SlurmOps(Protocol):
@@ -72,6 +75,8 @@ class ScontrolSlurm:
         runner: Runner = run_command,
     ) -> None:  # fmt: skip
         self._commands = SlurmCommands(bin_dir, timeout_s, runner)
+        #: Node entries of Slurm's list that could not be read (each skipped, with a warning).
+        self.skipped_nodes = 0
 
     def nodes(self) -> list[NodeFacts]:
         try:
@@ -79,9 +84,13 @@ class ScontrolSlurm:
             if "nodes" not in doc and "sinfo" in doc:
                 # Newer sinfo --json prints aggregates; scontrol has the per-node records.
                 doc = self._commands.run_json("scontrol", "show", "nodes", "--json")
-            return [facts_of(n) for n in parse_sinfo(doc)]
+            nodes, skipped = parse_sinfo_nodes(doc)
         except SlurmParseError as exc:
             raise SlurmCommandError(f"cannot read Slurm's node list: {exc}") from exc
+        for bad in skipped:  # that node is unknown to this decision; the others are read
+            self.skipped_nodes += 1
+            log.warning("drain: node %r skipped: %s", bad.ident, bad.reason)
+        return [facts_of(n) for n in nodes]
 
     def drain(self, node: str, reason: str) -> None:
         try:

@@ -127,7 +127,11 @@ def run(args: argparse.Namespace) -> int:
         spool_dir = expand(settings.spool_dir) / "agent"
         lock = SpoolLock(spool_dir)
         lock.acquire()
-        delivery = Delivery(settings.kafka, DeliverySettings(spool_dir=spool_dir)).start()
+        from peerwatch.exporters.consume import deadletter_topic
+
+        delivery = Delivery(settings.kafka, DeliverySettings(
+            spool_dir=spool_dir, deadletter_topic=deadletter_topic(settings.topic_prefix),
+        )).start()  # fmt: skip
         sink = delivery
     listeners: list[XidCallback] = []
     if cfg.xid_state:

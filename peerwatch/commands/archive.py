@@ -80,5 +80,6 @@ def run(args: argparse.Namespace) -> int:
         if telemetry is not None:
             telemetry.close()
     print(json.dumps({"records": stats.records, "undecodable": stats.undecodable,
+                      "bad_time": stats.bad_time,
                       "commits": stats.commits, "dir": args.dir}))  # fmt: skip
     return 0

@@ -221,11 +221,15 @@ def _replay(
         # Fetching and decoding are part of the replay's cost: the rate covers them.
         read_s = time.perf_counter() - t0
     else:
-        records = archive_records(
-            Path(args.archive), span, settings.topic_prefix, args.workers, keep_nodes=keep
-        )
+        from peerwatch.exporters.archive_files import ReadStats
+
+        stats = ReadStats()
+        records = archive_records(Path(args.archive), span, settings.topic_prefix, args.workers,
+                                  keep_nodes=keep, stats=stats)  # fmt: skip
     result = replay(records, pipeline, job=args.job, node=args.node,
                     keep_windows=_keep_windows(args), progress=progress)  # fmt: skip
+    if not args.kafka:
+        extra.update(stats.as_dict())
     result.wall_s += read_s
     return result
 
@@ -238,6 +242,7 @@ def _column_replay(
     (the same outputs as the decoded path, several times faster); None where it cannot run
     (no C module, sample files of another schema version): then the decoded path runs. An
     archive out of order by more than ``--reorder-s`` is replayed again by whole hours."""
+    from peerwatch.exporters.archive_files import ReadStats
     from peerwatch.schemas.compiled import Unsupported
     from peerwatch.streams.core.pipeline import Pipeline
     from peerwatch.streams.offline.replay import column_archive_records, replay
@@ -251,9 +256,10 @@ def _column_replay(
     while True:
         split = SplitReplay(settings, **kept) if two else None
         pipeline = split.front if split is not None else Pipeline(settings)
+        stats = ReadStats()
         try:
             records = column_archive_records(
-                Path(args.archive), span, pipeline.aggregator.strings, prefix, keep, reorder
+                Path(args.archive), span, pipeline.aggregator.strings, prefix, keep, reorder, stats
             )
             if split is not None:
                 result = split.run(records, progress)
@@ -274,4 +280,5 @@ def _column_replay(
             if split is not None:
                 split.close()
         extra["path"] = "columns" if split is None else "columns, two processes"
+        extra.update(stats.as_dict())
         return result

@@ -210,6 +210,7 @@ def run_watch(args: argparse.Namespace) -> int:
         JsonLinesSink,
         KafkaSink,
         StateFile,
+        WatchStats,
         topic_names,
     )
     from peerwatch.producers.slurm.watch_loop import (
@@ -222,26 +223,35 @@ def run_watch(args: argparse.Namespace) -> int:
     topics = topic_names(settings.topic_prefix)
     state_file = StateFile(args.state_file or expand(settings.state_dir) / "slurm-watch.json")
     stop = threading.Event()
+    stats = WatchStats()
     if not args.once:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     if args.dry_run:
         sink: Any = JsonLinesSink(sys.stdout, topics)
         loop(client, sink, None, interval_s=args.interval_s, once=args.once, stop=stop,
-             state=state_file.load())  # fmt: skip
+             state=state_file.load(), stats=stats)  # fmt: skip
+        logging.getLogger(__name__).info("watch: %s", stats)
         return 0
+    from peerwatch.exporters.consume import deadletter_topic
     from peerwatch.producers.delivery import Delivery, DeliverySettings
     from peerwatch.schemas.codec import AvroCodec
 
     codecs = {name: AvroCodec(name) for name in topics}
     delivery = Delivery(
-        settings.kafka, DeliverySettings(spool_dir=expand(settings.spool_dir) / "slurm-watch")
+        settings.kafka,
+        DeliverySettings(
+            spool_dir=expand(settings.spool_dir) / "slurm-watch",
+            deadletter_topic=deadletter_topic(settings.topic_prefix),
+        ),
     ).start()
     try:
         sink = KafkaSink(delivery.send, lambda s, r: codecs[s].encode(r), topics)
-        loop(client, sink, state_file, interval_s=args.interval_s, once=args.once, stop=stop)
+        loop(client, sink, state_file, interval_s=args.interval_s, once=args.once, stop=stop,
+             stats=stats)  # fmt: skip
     finally:
         delivery.close(10.0)
+        logging.getLogger(__name__).info("watch: %s", stats)
     return 0
 
 

@@ -27,5 +27,6 @@ def run(args: argparse.Namespace) -> int:
     from peerwatch.topic_admin import ensure_topics
 
     for change in ensure_topics(settings.kafka, specs, replication_factor=args.replication_factor):
-        print(f"{change.outcome:8} {change.name} ({change.partitions} partitions)")
+        differs = f"; config differs: {'; '.join(change.mismatches)}" if change.mismatches else ""
+        print(f"{change.outcome:8} {change.name} ({change.partitions} partitions{differs})")
     return 0

@@ -87,7 +87,7 @@ class SlurmCommands:
         text = self.run(command, *args)
         try:
             doc = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested beyond any need
             raise SlurmParseError(f"`{command} {' '.join(args)}` printed no JSON: {exc}") from exc
         if not isinstance(doc, dict):
             raise SlurmParseError(f"`{command} {' '.join(args)}` printed {type(doc).__name__}")

@@ -27,4 +27,6 @@ def event_id(*parts: object) -> str:
             fields.append(",".join(str(p) for p in part))
         else:
             fields.append(str(part))
-    return hashlib.sha256(_SEP.join(fields).encode()).hexdigest()[:32]
+    # surrogatepass: a lone surrogate in Slurm's text hashes instead of raising (valid text
+    # hashes as before).
+    return hashlib.sha256(_SEP.join(fields).encode("utf-8", "surrogatepass")).hexdigest()[:32]

@@ -6,12 +6,28 @@ Each takes the raw JSON value plus a :class:`Ctx` naming the record, and raises
 
 from __future__ import annotations
 
+import re
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from peerwatch.producers.slurm.errors import SlurmParseError
 
-__all__ = ["Ctx", "exit_status", "number", "split_state", "ts_ms"]
+__all__ = ["Ctx", "exit_status", "number", "short", "split_state", "ts_ms"]
+
+#: Numbers beyond a signed 64-bit long are refused (no record field holds them).
+MAX_NUMBER = (1 << 63) - 1
+#: Times at or beyond the end of year 9999 (seconds) are refused.
+MAX_TS_S = 253_402_300_800
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlevel = 3
+
+
+def short(value: Any) -> str:
+    """A bounded repr for error messages (deep or huge values stay short)."""
+    return _SHORT.repr(value)
 
 
 class Ctx:
@@ -27,7 +43,7 @@ class Ctx:
         value = obj.get(key)
         if value is not None and not isinstance(value, kinds):
             names = "/".join(k.__name__ for k in kinds)
-            raise self.fail(key, f"expected {names}, got {type(value).__name__} {value!r}")
+            raise self.fail(key, f"expected {names}, got {type(value).__name__} {short(value)}")
         return value
 
     def require(self, obj: Mapping[str, Any], key: str, kinds: tuple[type, ...]) -> Any:
@@ -36,8 +52,10 @@ class Ctx:
         return self.get(obj, key, kinds)
 
     def text(self, obj: Mapping[str, Any], key: str) -> str | None:
+        """A user text field (job name, reason...); a lone surrogate (a JSON ``\\ud800``
+        escape) becomes U+FFFD, as a byte that is not UTF-8 does when output is read."""
         value = self.get(obj, key, (str,))
-        return value or None
+        return _SURROGATE.sub("\ufffd", value) if value else None
 
 
 def number(value: Any, ctx: Ctx, key: str) -> int | None:
@@ -45,21 +63,33 @@ def number(value: Any, ctx: Ctx, key: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool):
-        raise ctx.fail(key, f"expected a number, got {value!r}")
+        raise ctx.fail(key, f"expected a number, got {short(value)}")
     if isinstance(value, int):
-        return value
+        return _in_range(value, ctx, key)
     if isinstance(value, Mapping):
         if value.get("infinite") or not value.get("set", True):
             return None
         number = value.get("number")
         if isinstance(number, int) and not isinstance(number, bool):
-            return number
-    raise ctx.fail(key, f"expected a number or {{set, infinite, number}}, got {value!r}")
+            return _in_range(number, ctx, key)
+    raise ctx.fail(key, f"expected a number or {{set, infinite, number}}, got {short(value)}")
+
+
+def _in_range(value: int, ctx: Ctx, key: str) -> int:
+    if not -MAX_NUMBER <= value <= MAX_NUMBER:
+        raise ctx.fail(key, f"number out of range: {short(value)}")
+    return value
 
 
 def ts_ms(value: Any, ctx: Ctx, key: str) -> int | None:
+    """Seconds since the epoch -> int ms; None when unset (0). Raises SlurmParseError for a
+    time no record can hold (beyond year 9999 or before 1970)."""
     seconds = number(value, ctx, key)
-    return None if seconds is None or seconds == 0 else seconds * 1000
+    if seconds is None or seconds == 0:
+        return None
+    if not 0 < seconds < MAX_TS_S:
+        raise ctx.fail(key, f"time out of range: {seconds} s")
+    return seconds * 1000
 
 
 def split_state(
@@ -70,7 +100,7 @@ def split_state(
     elif isinstance(value, Sequence) and all(isinstance(p, str) for p in value):
         parts = list(value)
     else:
-        raise ctx.fail(key, f"expected a string or a list of strings, got {value!r}")
+        raise ctx.fail(key, f"expected a string or a list of strings, got {short(value)}")
     if isinstance(extra_flags, Sequence) and not isinstance(extra_flags, str):
         parts.extend(str(f) for f in extra_flags)
     parts = [p.strip().upper() for p in parts if p.strip()]
@@ -90,9 +120,17 @@ def exit_status(value: Any, ctx: Ctx, key: str) -> tuple[int | None, int | None]
         raw_signal = value & 0x7F
         return (None, raw_signal) if raw_signal else ((value >> 8) & 0xFF, None)
     if not isinstance(value, Mapping):
-        raise ctx.fail(key, f"expected a number or an exit-code object, got {value!r}")
+        raise ctx.fail(key, f"expected a number or an exit-code object, got {short(value)}")
     status = value.get("status")
-    statuses = [status] if isinstance(status, str) else list(status or [])
+    if status is None:
+        statuses: list[Any] = []
+    elif isinstance(status, str):
+        statuses = [status]
+    elif isinstance(status, Sequence) and all(isinstance(s, str) for s in status):
+        statuses = list(status)
+    else:
+        raise ctx.fail(f"{key}.status", f"expected a string or a list of strings, got "
+                                        f"{short(status)}")  # fmt: skip
     code = number(value.get("return_code"), ctx, f"{key}.return_code")
     signal_obj = value.get("signal")
     signal: int | None = None

@@ -19,6 +19,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _COUNT = re.compile(r"(\d+)([KMGTP]?)", re.IGNORECASE)
 _MULTIPLIER = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 _INDEX_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+#: The highest device index read (a record field is a 32-bit int; no node has more devices).
+MAX_INDEX = 65535
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,12 @@ def parse_index_list(text: str) -> tuple[int, ...]:
         m = _INDEX_RANGE.fullmatch(part.strip())
         if m is None:
             raise SlurmParseError(f"bad GRES index list {text!r}")
+        if max(len(m.group(1)), len(m.group(2) or "")) > len(str(MAX_INDEX)):
+            raise SlurmParseError(f"GRES index beyond {MAX_INDEX} in {text!r}")
         lo = int(m.group(1))
         hi = lo if m.group(2) is None else int(m.group(2))
+        if hi > MAX_INDEX:
+            raise SlurmParseError(f"GRES index beyond {MAX_INDEX} in {text!r}")
         if hi < lo or hi - lo > 65535:
             raise SlurmParseError(f"bad GRES index range {part!r} in {text!r}")
         out.extend(range(lo, hi + 1))

@@ -63,8 +63,10 @@ def gpu_indices_from_env(env: Mapping[str, str]) -> tuple[tuple[int, ...], str] 
             continue
         if value == "NoDevFiles":
             return (), var
-        if _INDEX_LIST.match(value):
-            return tuple(int(i) for i in value.split(",")), var
+        if _INDEX_LIST.match(value) and all(len(i) <= 5 for i in value.split(",")):
+            indices = tuple(int(i) for i in value.split(","))
+            if max(indices) <= gres.MAX_INDEX:  # else not indices a record can hold: next one
+                return indices, var
     return None
 
 
@@ -84,10 +86,15 @@ def parse_job_detail_gpus(text: str) -> dict[str, tuple[int, ...]]:
 
 
 def _int(value: str | None) -> int | None:
+    """An environment variable's int; None when unset, not a number or beyond a 32-bit int (no
+    record field holds it: the rest of the event is still published)."""
     if value is None:
         return None
     value = value.strip()
-    return int(value) if value.lstrip("-").isdigit() else None
+    if not value.lstrip("-").isdigit() or len(value) > 11:
+        return None
+    number = int(value)
+    return number if -(1 << 31) <= number < 1 << 31 else None
 
 
 def _exit_code(env: Mapping[str, str]) -> int | None:

@@ -17,26 +17,30 @@ naming the job or node and the field, never a bare ``KeyError`` or ``TypeError``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from peerwatch.producers.slurm import gres, hostlist
 from peerwatch.producers.slurm.errors import SlurmParseError
-from peerwatch.producers.slurm.fields import Ctx, exit_status, number, split_state, ts_ms
+from peerwatch.producers.slurm.fields import Ctx, exit_status, number, short, split_state, ts_ms
 
 __all__ = [
     "JOB_BASE_STATES",
     "NODE_BASE_STATES",
+    "Skipped",
     "SlurmJob",
     "SlurmNode",
     "data_parser_version",
     "parse_sacct",
     "parse_sacct_job",
+    "parse_sacct_jobs",
     "parse_sinfo",
     "parse_sinfo_node",
+    "parse_sinfo_nodes",
     "parse_squeue",
     "parse_squeue_job",
+    "parse_squeue_jobs",
 ]
 
 JOB_BASE_STATES = frozenset(
@@ -189,7 +193,7 @@ def _gpu_map(
     out: dict[str, tuple[int, ...]] = {}
     for node, text in zip(nodes, detail, strict=True):
         if not isinstance(text, str):
-            raise ctx.fail("gres_detail", f"expected strings, got {text!r}")
+            raise ctx.fail("gres_detail", f"expected strings, got {short(text)}")
         try:
             indices = gres.gpu_indices(text)
         except SlurmParseError as exc:
@@ -204,7 +208,7 @@ def _jobs_list(doc: Any, command: str) -> list[Any]:
         raise SlurmParseError(f"{command}: expected a JSON object, got {type(doc).__name__}")
     errors = doc.get("errors")
     if errors:
-        raise SlurmParseError(f"{command}: Slurm reported errors: {errors!r}")
+        raise SlurmParseError(f"{command}: Slurm reported errors: {short(errors)}")
     jobs = doc.get("jobs")
     if not isinstance(jobs, list):
         raise SlurmParseError(f"{command}: expected a 'jobs' list")
@@ -215,7 +219,7 @@ def parse_squeue_job(job: Any) -> SlurmJob:
     """One entry of ``squeue --json``'s ``jobs``. Raises SlurmParseError."""
     if not isinstance(job, Mapping):
         raise SlurmParseError(f"squeue job: expected an object, got {type(job).__name__}")
-    ctx = Ctx(f"squeue job {job.get('job_id')!r}")
+    ctx = Ctx(f"squeue job {short(job.get('job_id'))}")
     job_id = _job_id(job, ctx, sacct=False)
     ctx.what = f"squeue job {job_id}"
     state, flags = split_state(
@@ -262,7 +266,7 @@ def parse_sacct_job(job: Any) -> SlurmJob:
     """One entry of ``sacct --json``'s ``jobs``. Raises SlurmParseError."""
     if not isinstance(job, Mapping):
         raise SlurmParseError(f"sacct job: expected an object, got {type(job).__name__}")
-    ctx = Ctx(f"sacct job {job.get('job_id')!r}")
+    ctx = Ctx(f"sacct job {short(job.get('job_id'))}")
     job_id = _job_id(job, ctx, sacct=True)
     ctx.what = f"sacct job {job_id}"
     state_obj = ctx.require(job, "state", (Mapping,))
@@ -304,8 +308,10 @@ def parse_sinfo_node(node: Any) -> SlurmNode:
     Raises SlurmParseError."""
     if not isinstance(node, Mapping):
         raise SlurmParseError(f"sinfo node: expected an object, got {type(node).__name__}")
-    ctx = Ctx(f"sinfo node {node.get('name')!r}")
+    ctx = Ctx(f"sinfo node {short(node.get('name'))}")
     name = ctx.require(node, "name", (str,))
+    if not name.isprintable() or any("\ud800" <= c <= "\udfff" for c in name):
+        raise ctx.fail("name", f"not a node name: {short(name)}")
     state, flags = split_state(
         ctx.require(node, "state", (str, list)),
         node.get("state_flags"),
@@ -348,7 +354,7 @@ def parse_sinfo(doc: Any) -> list[SlurmNode]:
     if not isinstance(doc, Mapping):
         raise SlurmParseError(f"sinfo --json: expected a JSON object, got {type(doc).__name__}")
     if doc.get("errors"):
-        raise SlurmParseError(f"sinfo --json: Slurm reported errors: {doc['errors']!r}")
+        raise SlurmParseError(f"sinfo --json: Slurm reported errors: {short(doc['errors'])}")
     nodes = doc.get("nodes")
     if not isinstance(nodes, list):
         hint = ""
@@ -370,3 +376,70 @@ def data_parser_version(doc: Any) -> str | None:
         if isinstance(value, str) and "v0.0." in value:
             return "v" + value.rsplit("v", 1)[1]
     return None
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An entry of a Slurm document that was not read: its job id or node name when that much
+    could be read (else None), and why."""
+
+    ident: str | None
+    reason: str
+
+
+#: What reading one hostile entry may raise besides SlurmParseError (defence in depth: the
+#: parsers are meant to raise SlurmParseError only).
+_ENTRY_ERRORS = (SlurmParseError, TypeError, ValueError, KeyError, AttributeError,
+                 RecursionError, OverflowError)  # fmt: skip
+_T = TypeVar("_T")
+
+
+def _each(items: list[Any], parse_one: Callable[[Any], _T], ident: Callable[[Any], str | None]
+          ) -> tuple[list[_T], list[Skipped]]:  # fmt: skip
+    out: list[_T] = []
+    skipped: list[Skipped] = []
+    for item in items:
+        try:
+            out.append(parse_one(item))
+        except _ENTRY_ERRORS as exc:
+            try:
+                name = ident(item)
+            except _ENTRY_ERRORS:
+                name = None
+            skipped.append(Skipped(name, f"{type(exc).__name__}: {exc}"[:500]))
+    return out, skipped
+
+
+def _raw_job_id(job: Any, *, sacct: bool) -> str | None:
+    if not isinstance(job, Mapping):
+        return None
+    return _job_id(job, Ctx("job"), sacct=sacct)
+
+
+def _raw_node_name(node: Any) -> str | None:
+    name = node.get("name") if isinstance(node, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def parse_squeue_jobs(doc: Any) -> tuple[list[SlurmJob], list[Skipped]]:
+    """The jobs of a ``squeue --json`` document that can be read, and those that cannot (each
+    skipped alone). Raises SlurmParseError only for a document without a ``jobs`` list."""
+    return _each(_jobs_list(doc, "squeue --json"), parse_squeue_job,
+                 lambda j: _raw_job_id(j, sacct=False))  # fmt: skip
+
+
+def parse_sacct_jobs(doc: Any) -> tuple[list[SlurmJob], list[Skipped]]:
+    """As :func:`parse_squeue_jobs` for ``sacct --json``."""
+    return _each(_jobs_list(doc, "sacct --json"), parse_sacct_job,
+                 lambda j: _raw_job_id(j, sacct=True))  # fmt: skip
+
+
+def parse_sinfo_nodes(doc: Any) -> tuple[list[SlurmNode], list[Skipped]]:
+    """The nodes of a ``sinfo --json`` / ``scontrol show nodes --json`` document that can be
+    read, and those that cannot. Raises SlurmParseError for a document without a ``nodes``
+    list (or with Slurm's errors), as :func:`parse_sinfo` does."""
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("nodes"), list):
+        parse_sinfo(doc)  # raises, naming what is wrong
+        raise SlurmParseError("sinfo --json: expected a 'nodes' list")
+    parse_sinfo({**doc, "nodes": []})  # Slurm's own errors
+    return _each(doc["nodes"], parse_sinfo_node, _raw_node_name)

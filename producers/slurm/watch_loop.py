@@ -13,12 +13,19 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from peerwatch.errors import PeerwatchError
+from peerwatch.errors import CodecError, PeerwatchError
 from peerwatch.producers.slurm.client import SlurmClient
-from peerwatch.producers.slurm.parse import parse_sacct, parse_sinfo, parse_squeue
+from peerwatch.producers.slurm.parse import (
+    Skipped,
+    SlurmNode,
+    parse_sacct_jobs,
+    parse_sinfo_nodes,
+    parse_squeue_jobs,
+)
 from peerwatch.producers.slurm.watcher import (
     WatchEvent,
     WatchState,
@@ -34,6 +41,7 @@ __all__ = [
     "JsonLinesSink",
     "KafkaSink",
     "StateFile",
+    "WatchStats",
     "poll_once",
     "run_watch",
     "topic_names",
@@ -93,36 +101,69 @@ class StateFile:
         os.replace(tmp, self.path)
 
 
+@dataclass
+class WatchStats:
+    """What the watcher skipped: jobs and nodes Slurm listed that could not be read (each
+    skipped alone, with a warning naming it), events that could not be published (a value no
+    record holds), and polls that failed whole."""
+
+    polls: int = 0
+    skipped_jobs: int = 0
+    skipped_nodes: int = 0
+    unpublishable: int = 0
+    failed_polls: int = 0
+
+
 def poll_once(
-    client: SlurmClient, state: WatchState, now_ms: int, vanish_grace_ms: int = 600_000
-) -> tuple[WatchState, list[WatchEvent]]:
+    client: SlurmClient, state: WatchState, now_ms: int, vanish_grace_ms: int = 600_000,
+    stats: WatchStats | None = None,
+) -> tuple[WatchState, list[WatchEvent]]:  # fmt: skip
     """Read squeue and the nodes (and sacct when jobs vanished); return the new state and events.
 
     Raises SlurmCommandError / SlurmParseError when squeue cannot be read (nothing changes
-    then). A failing node read leaves node state as it was; a failing sacct lets vanished
-    jobs wait (closed with state None after ``vanish_grace_ms``)."""
+    then). A job or node entry that cannot be read is skipped (counted in ``stats``, a warning
+    naming it) and what was reported about it kept; the others are read. A failing node read
+    leaves node state as it was; a failing sacct lets vanished jobs wait (closed with state
+    None after ``vanish_grace_ms``)."""
+    stats = stats if stats is not None else WatchStats()
     squeue_doc = client.squeue_json()
-    jobs = parse_squeue(squeue_doc)
+    jobs, bad_jobs = parse_squeue_jobs(squeue_doc)
+    _note_skipped("squeue job", bad_jobs)
+    stats.skipped_jobs += len(bad_jobs)
     restarts = restart_counts(squeue_doc)
+    bad_nodes: list[Skipped] = []
+    nodes: list[SlurmNode] | None
     try:
-        nodes = parse_sinfo(client.nodes_json())
+        nodes, bad_nodes = parse_sinfo_nodes(client.nodes_json())
     except PeerwatchError as exc:
         log.warning("watch: node states not read: %s", exc)
         nodes = None
+    _note_skipped("node", bad_nodes)
+    stats.skipped_nodes += len(bad_nodes)
+    held = frozenset(b.ident for b in bad_jobs if b.ident is not None)
     accounted = None
-    gone = vanished_jobs(state, jobs)
+    gone = vanished_jobs(state, jobs, held)
     if gone:
         times = [t for i in gone for t in (state.jobs[i].submit_ms, state.jobs[i].start_ms) if t]
         since_ms = min(times, default=now_ms) - SACCT_MARGIN_MS
         try:
-            accounted = [j for j in parse_sacct(client.sacct_json(since_ms)) if j.job_id in gone]
+            acct, bad_acct = parse_sacct_jobs(client.sacct_json(since_ms))
+            _note_skipped("sacct job", bad_acct)
+            stats.skipped_jobs += len(bad_acct)
+            accounted = [j for j in acct if j.job_id in gone]
         except PeerwatchError as exc:
             log.warning("watch: sacct failed for vanished jobs %s: %s", gone, exc)
             accounted = []
     return diff(
         state, jobs, nodes, now_ms,
         restarts=restarts, accounted=accounted, vanish_grace_ms=vanish_grace_ms,
+        held_jobs=held, held_nodes=frozenset(b.ident for b in bad_nodes if b.ident is not None),
     )  # fmt: skip
+
+
+def _note_skipped(what: str, skipped: list[Skipped]) -> None:
+    for b in skipped:
+        log.warning("watch: %s %r skipped: %s", what, b.ident, b.reason)
 
 
 def run_watch(
@@ -135,26 +176,35 @@ def run_watch(
     stop: threading.Event | None = None,
     clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     state: WatchState | None = None,
+    stats: WatchStats | None = None,
 ) -> WatchState:
     """Poll every ``interval_s`` seconds until ``stop`` is set (or once). Returns the last state.
 
     Without ``state_file`` (dry run) the state lives in memory only. With ``once`` a Slurm
     error is raised (SlurmCommandError / SlurmParseError); in the loop it is logged and the
-    poll retried at the next interval."""
+    poll retried at the next interval. ``stats``: what was skipped (see :class:`WatchStats`)."""
     stop = stop or threading.Event()
+    stats = stats if stats is not None else WatchStats()
     if state is None:
         state = state_file.load() if state_file else WatchState()
     while True:
         started = time.monotonic()
+        stats.polls += 1
         try:
-            new_state, events = poll_once(client, state, clock_ms())
+            new_state, events = poll_once(client, state, clock_ms(), stats=stats)
         except PeerwatchError as exc:
+            stats.failed_polls += 1
             if once:
                 raise
             log.warning("watch: poll failed: %s", exc)
         else:
             for event in events:
-                sink.publish(event)
+                try:
+                    sink.publish(event)
+                except CodecError as exc:  # a value no record holds: that event only
+                    stats.unpublishable += 1
+                    log.warning("watch: %s event for %r not published: %s", event.schema,
+                                event.key, exc)  # fmt: skip
             if events:
                 log.info("watch: published %d events", len(events))
             if state_file is not None and new_state != state:

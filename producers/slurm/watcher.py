@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from peerwatch.producers.slurm.errors import SlurmParseError
 from peerwatch.producers.slurm.event_ids import event_id
 from peerwatch.producers.slurm.fields import Ctx, number
 from peerwatch.producers.slurm.parse import SlurmJob, SlurmNode, parse_squeue_job
@@ -48,6 +49,8 @@ FINAL_STATES = frozenset(
 _UP_STATES = frozenset(["IDLE", "MIXED", "ALLOCATED", "COMPLETING"])
 _TRANSIENT_FLAGS = frozenset(["COMPLETING", "PLANNED"])
 STATE_VERSION = 1
+#: A restart count beyond this is not read (the record field is a 32-bit int).
+MAX_RESTARTS = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -131,14 +134,18 @@ class WatchState:
 
 def restart_counts(doc: Mapping[str, Any]) -> dict[str, int]:
     """Job id -> ``restart_cnt`` from a raw ``squeue --json`` document, for the jobs
-    :func:`parse_squeue` returns. Jobs without the field are left out. Raises SlurmParseError."""
+    :func:`parse_squeue` returns. Jobs without the field, or that cannot be read, are left out."""
     out: dict[str, int] = {}
-    for raw in doc.get("jobs") or []:
+    jobs = doc.get("jobs")
+    for raw in jobs if isinstance(jobs, list) else []:
         if not isinstance(raw, Mapping) or "restart_cnt" not in raw:
             continue
-        count = number(raw.get("restart_cnt"), Ctx("squeue job"), "restart_cnt")
-        if count is not None:
-            out[parse_squeue_job(raw).job_id] = count
+        try:
+            count = number(raw.get("restart_cnt"), Ctx("squeue job"), "restart_cnt")
+            if count is not None and 0 <= count <= MAX_RESTARTS:
+                out[parse_squeue_job(raw).job_id] = count
+        except SlurmParseError:  # that job is skipped (and counted) by the squeue read itself
+            continue
     return out
 
 
@@ -146,9 +153,12 @@ def _skip(job: SlurmJob) -> bool:
     return "[" in job.job_id
 
 
-def vanished_jobs(state: WatchState, jobs: Iterable[SlurmJob]) -> list[str]:
-    """Ids of jobs reported but not yet ended that squeue no longer lists (ask sacct about them)."""
-    seen = {j.job_id for j in jobs}
+def vanished_jobs(
+    state: WatchState, jobs: Iterable[SlurmJob], held: Iterable[str] = ()
+) -> list[str]:
+    """Ids of jobs reported but not yet ended that squeue no longer lists (ask sacct about them);
+    ``held``: ids squeue lists but that could not be read (not vanished)."""
+    seen = {j.job_id for j in jobs} | set(held)
     return sorted(i for i, m in state.jobs.items() if not m.ended and i not in seen)
 
 
@@ -291,6 +301,8 @@ def diff(
     restarts: Mapping[str, int] | None = None,
     accounted: Sequence[SlurmJob] | None = None,
     vanish_grace_ms: int = 600_000,
+    held_jobs: frozenset[str] = frozenset(),
+    held_nodes: frozenset[str] = frozenset(),
 ) -> tuple[WatchState, list[WatchEvent]]:
     """Events for what changed since ``state``, and the state to persist after publishing them.
 
@@ -298,7 +310,9 @@ def diff(
     state is left as it was); ``restarts``: :func:`restart_counts`; ``accounted``: sacct jobs
     covering :func:`vanished_jobs` (None: sacct not asked, vanished jobs wait; pass ``[]``
     when sacct failed, so that jobs unknown for ``vanish_grace_ms`` are closed anyway);
-    ``now_ms``: the poll time, ms since the epoch. Pure; raises nothing for well-typed input."""
+    ``now_ms``: the poll time, ms since the epoch. ``held_jobs``/``held_nodes``: jobs and nodes
+    listed but unreadable this time (skipped): what was reported about them is kept as it is
+    (a held job has not vanished). Pure; raises nothing for well-typed input."""
     restarts = restarts or {}
     events: list[WatchEvent] = []
     new_jobs: dict[str, JobMemo] = {}
@@ -311,6 +325,9 @@ def diff(
     by_id = {j.job_id: j for j in accounted or ()}
     for job_id in sorted(set(state.jobs) - set(new_jobs)):
         old = state.jobs[job_id]
+        if job_id in held_jobs:
+            new_jobs[job_id] = old
+            continue
         if old.ended:
             continue  # reported and gone from squeue: forget it
         if accounted is None:
@@ -327,4 +344,7 @@ def diff(
             node_memo, evs = _observe_node(node, state.nodes.get(node.name), now_ms)
             new_nodes[node.name] = node_memo
             events.extend(evs)
+        for name in held_nodes:
+            if name in state.nodes and name not in new_nodes:
+                new_nodes[name] = state.nodes[name]
     return WatchState(jobs=new_jobs, nodes=new_nodes), events

@@ -354,12 +354,29 @@ class HotStage:
         return tables[""].n, tables["gpus."].n
 
     def _send(self, topic: str, key: bytes, value: bytes, **kw: Any) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
         while True:
             try:
                 self._producer.produce(topic, value, key, **kw)
                 return
             except BufferError:  # local queue full: let deliveries drain
                 self._producer.poll(0.2)
+            except KafkaException as exc:  # larger than message.max.bytes: that record only
+                err = exc.args[0] if exc.args else None
+                if not isinstance(err, KafkaError) or err.code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise
+                self.counters.count_deadletter()
+                log.error("hot stage: a %d-byte record for %s refused (%s); dead-lettered",
+                          len(value), topic, err.str())  # fmt: skip
+                if topic == self.topics.deadletter:
+                    return  # the dead letter itself: counted and logged only
+                headers = [("peerwatch.reason", b"too large"),
+                           ("peerwatch.error", err.str().encode()[:1000]),
+                           ("peerwatch.topic", topic.encode()),
+                           ("peerwatch.size", str(len(value)).encode())]  # fmt: skip
+                self._send(self.topics.deadletter, key, b"", headers=headers)
+                return
 
     def _dead(self, m: Any, reason: str, detail: str) -> None:
         if reason != "late":  # late samples have their own counter

@@ -39,6 +39,7 @@ from typing import IO, Any
 
 from peerwatch.exporters.archive_files import (
     HOUR_MS,
+    ReadStats,
     archive_files,
     read_container,
     read_file,
@@ -187,16 +188,27 @@ def archive_job_events(root: Path, span: TimeRange, topic_prefix: str = "") -> l
 
 def _decode_task(
     task: tuple[str, str | bytes, frozenset[str] | None],
-) -> list[tuple[str, dict[str, Any]]]:
-    """Decode one ``(stream, file path or container bytes, nodes to keep)`` (module level: runs
-    in worker processes too)."""
+) -> tuple[list[tuple[str, dict[str, Any]]], ReadStats]:
+    """Decode one ``(stream, file path or container bytes, nodes to keep)``; the records and
+    what was skipped (module level: runs in worker processes too)."""
     stream, src, keep = task
     schema = current_schema(str(INPUT_STREAMS[stream].value_schema))
+    stats = ReadStats()
     if stream != "samples":
         keep = None
     if isinstance(src, bytes):
-        return [(stream, r) for r in read_container(io.BytesIO(src), schema, stream, keep)]
-    return [(stream, r) for r in read_file(Path(src), schema, keep)]
+        records = read_container(io.BytesIO(src), schema, stream, keep, stats)
+    else:
+        records = read_file(Path(src), schema, keep, stats)
+    return [(stream, r) for r in records], stats
+
+
+def _decoded(task: tuple[str, str | bytes, frozenset[str] | None],
+             stats: ReadStats | None) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+    records, skipped = _decode_task(task)
+    if stats is not None:
+        stats.add(skipped)
+    return records
 
 
 def archive_hours(
@@ -219,16 +231,20 @@ def archive_records(
     workers: int = 1,
     part_bytes: int = 2 << 20,
     keep_nodes: frozenset[str] | None = None,
+    stats: ReadStats | None = None,
 ) -> Iterator[Record]:
     """The input records under ``root`` in ``span``, hour by hour in replay order (memory: one
     hour of records). ``workers`` > 1 decodes parts of ``part_bytes`` of each file in that many
     processes (Avro decoding is the replay's bottleneck); the order is the same.
-    ``keep_nodes``: samples of other nodes are skipped undecoded (see :func:`scope_nodes`)."""
+    ``keep_nodes``: samples of other nodes are skipped undecoded (see :func:`scope_nodes`).
+    ``stats``: counts what was skipped (bad records, blocks, files)."""
     hours = archive_hours(root, span, topic_prefix)
     if workers <= 1:
         for hour in sorted(hours):
             with bulk_load():
-                decoded = [r for s, p in hours[hour] for r in _decode_task((s, str(p), keep_nodes))]
+                decoded = [
+                    r for s, p in hours[hour] for r in _decoded((s, str(p), keep_nodes), stats)
+                ]
                 admitted = _admitted(decoded, span)
                 del decoded
             yield from admitted
@@ -240,11 +256,16 @@ def archive_records(
             tasks: list[tuple[str, str | bytes, frozenset[str] | None]] = []
             for stream, path in hours[hour]:
                 try:
-                    tasks += [(stream, part, keep_nodes) for part in split_file(path, part_bytes)]
+                    parts = split_file(path, part_bytes, stats)
+                    tasks += [(stream, part, keep_nodes) for part in parts]
                 except ValueError:  # not even a header: read_file logs and skips it
                     tasks.append((stream, str(path), keep_nodes))
             with bulk_load():
-                decoded = [r for part in pool.imap(_decode_task, tasks) for r in part]
+                decoded = []
+                for part, skipped in pool.imap(_decode_task, tasks):
+                    decoded += part
+                    if stats is not None:
+                        stats.add(skipped)
                 admitted = _admitted(decoded, span)
                 del decoded
             yield from admitted
@@ -257,21 +278,25 @@ def column_archive_records(
     topic_prefix: str = "",
     keep_nodes: frozenset[str] | None = None,
     reorder_ms: int | None = DEFAULT_REORDER_MS,
+    stats: ReadStats | None = None,
 ) -> Iterator[Record]:
     """The replay input under ``root`` in ``span``, hour by hour: the other streams' records
     decoded, the samples as ``(SAMPLE_RUN, "", tables)`` runs in between (string codes of
     ``strings``: the pipeline aggregator's). Samples are read block by block and released once
     ``reorder_ms`` older than the newest read (None: each hour once it is all read). Raises
     ArchiveUnordered (see :mod:`~peerwatch.streams.offline.sample_runs`), and Unsupported
-    without the C decoder or for sample files of another schema version."""
+    without the C decoder or for sample files of another schema version. ``stats``: counts
+    what was skipped, as :func:`archive_records` does."""
     decoder = sample_decoder()
     for files in (v for _, v in sorted(archive_hours(root, span, topic_prefix).items())):
-        decoded = [r for s, p in files if s != "samples" for r in _decode_task((s, str(p), None))]
+        decoded = [
+            r for s, p in files if s != "samples" for r in _decoded((s, str(p), None), stats)
+        ]
         waiting = deque(_admitted(decoded, span))
         del decoded
         runs = SampleRuns(strings)
         paths = [p for s, p in files if s == "samples"]
-        for tables in file_tables(paths, decoder, strings):
+        for tables in file_tables(paths, decoder, strings, stats):
             runs.add(in_scope(tables, span.from_ms, span.to_ms, strings, keep_nodes))
             if reorder_ms is not None and runs.newest is not None:
                 below = runs.newest - reorder_ms

@@ -9,6 +9,7 @@ Memory: the whole range is held to be sorted (an incident-sized range, not a mon
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,10 @@ from peerwatch.streams.offline.replay import (
     bulk_load,
     sort_records,
 )
+
+log = logging.getLogger(__name__)
+#: Undecodable messages logged one by one (then a total).
+_LOGGED = 20
 
 
 def range_messages(
@@ -103,7 +108,8 @@ def kafka_records(
     keep_nodes: frozenset[str] | None = None,
 ) -> tuple[list[Record], int]:
     """The input records of ``span`` in replay order, and how many messages could not be
-    decoded (skipped). ``streams`` limits the input streams read; ``keep_nodes`` skips, by
+    decoded (skipped, each logged up to a point: empty, wrong magic, unknown fingerprint,
+    truncated, trailing bytes after the record). ``streams`` limits the input streams read; ``keep_nodes`` skips, by
     message key and undecoded, the samples of other nodes (see ``replay.scope_nodes``). Raises
     confluent_kafka.KafkaException when the cluster does not answer."""
     codecs = {stream: AvroCodec(str(spec.value_schema)) for stream, spec in INPUT_STREAMS.items()}
@@ -117,6 +123,11 @@ def kafka_records(
             continue
         try:
             pairs.append((stream, codecs[stream].decode(msg.value() or b"")))
-        except CodecError:
+        except CodecError as exc:  # one message, one record: the next message is read as usual
             bad += 1
+            if bad <= _LOGGED:
+                log.warning("replay: skipping %s[%s]@%s: %s", msg.topic(), msg.partition(),
+                            msg.offset(), exc)  # fmt: skip
+    if bad > _LOGGED:
+        log.warning("replay: %d undecodable messages skipped in all", bad)
     return sort_records((s, v) for s, v in pairs if span.admits(s, record_time_ms(v))), bad

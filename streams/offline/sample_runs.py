@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from fastavro.schema import to_parsing_canonical_form
 
-from peerwatch.exporters.archive_files import raw_blocks, record_time_ms
+from peerwatch.exporters.archive_files import ReadStats, raw_blocks, record_time_ms
 from peerwatch.schemas.columns import (
     ColumnDecoder,
     Table,
@@ -171,25 +171,34 @@ def sample_decoder() -> ColumnDecoder:
     return ColumnDecoder(SAMPLE_SPEC, strip_logical_types(raw_schema("NodeGpuSample")))
 
 
-def file_tables(paths: Sequence[Path], decoder: ColumnDecoder, strings: dict[str, int]
-                ) -> Iterator[dict[str, Table]]:  # fmt: skip
+def file_tables(paths: Sequence[Path], decoder: ColumnDecoder, strings: dict[str, int],
+                stats: ReadStats | None = None) -> Iterator[dict[str, Table]]:  # fmt: skip
     """The samples of archive files block by block, as tables. A bad record is skipped with a
     warning (and the rest of its block when its bytes are cut); a file whose header is unreadable
-    is skipped with a warning. Raises Unsupported for a file of another schema version (read it
-    through the decoded path)."""
+    is skipped with a warning; each counted in ``stats`` (records not read, blocks, files), as
+    the decoded path counts them. Raises Unsupported for a file of another schema version (read
+    it through the decoded path)."""
     current = to_parsing_canonical_form(strip_logical_types(raw_schema("NodeGpuSample")))
     for path in paths:
         try:
-            writer_schema, blocks = raw_blocks(path)
+            writer_schema, blocks = raw_blocks(path, stats)
         except ValueError as exc:
             if "codec" in str(exc):
                 raise Unsupported(str(exc)) from exc
             log.warning("%s: unreadable header (%s), skipped", path, exc)
+            if stats is not None:
+                stats.bad_files += 1
             continue
         if to_parsing_canonical_form(strip_logical_types(writer_schema)) != current:
             raise Unsupported(f"{path}: written with another NodeGpuSample version")
         for count, data in blocks:
-            tables, bad, _ = decoder.block(data, 0, count, strings)
+            tables, bad, end = decoder.block(data, 0, count, strings)
             for i, reason in bad:
                 log.warning("%s: sample %d of a block skipped (%s)", path, i, reason)
+            if stats is not None:
+                stats.bad_records += count - tables[""].n
+            if end < len(data) and not bad:  # a count too small: records left unread
+                log.warning("%s: %d trailing bytes in a block ignored", path, len(data) - end)
+                if stats is not None:
+                    stats.bad_blocks += 1
             yield tables

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
@@ -42,3 +44,49 @@ def test_mismatched_partition_count_is_refused_by_name(
     assert wrong.name in err and f"has {wrong.partitions + 1} partitions" in err
     md = admin.list_topics(timeout=10)
     assert not any(t.name in md.topics for t in catalogue(topic_prefix)[1:]), "nothing created"
+
+
+def test_a_topic_the_first_read_missed_is_described_and_refused(
+    kafka_settings: KafkaSettings, topic_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 12 item 9: when the first read misses a topic that exists (slow propagation on a
+    # busy broker), the create answers TOPIC_ALREADY_EXISTS; that was recorded as "exists" with
+    # the catalogue's partition count. Here the first read is made to miss it.
+    from peerwatch import topic_admin
+    from peerwatch.errors import TopicError
+
+    specs = catalogue(topic_prefix)[:3]
+    wrong = specs[1]
+    admin = AdminClient(admin_config(kafka_settings))
+    admin.create_topics([NewTopic(wrong.name, wrong.partitions + 2, 1)])[wrong.name].result(30)
+    real = topic_admin.describe_partitions
+    calls: list[list[str]] = []
+
+    def first_read_misses(admin: Any, names: list[str], timeout_s: float) -> dict[str, int]:
+        calls.append(names)
+        return {} if len(calls) == 1 else real(admin, names, timeout_s)
+
+    monkeypatch.setattr(topic_admin, "describe_partitions", first_read_misses)
+    with pytest.raises(TopicError, match=rf"{wrong.name} has {wrong.partitions + 2} partitions"):
+        topic_admin.ensure_topics(kafka_settings, specs)
+    assert len(calls) >= 2
+
+
+def test_config_differences_are_reported(
+    kafka_settings: KafkaSettings, topic_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    odd = catalogue(topic_prefix)[0]
+    admin = AdminClient(admin_config(kafka_settings))
+    config = {**odd.config(), "retention.ms": "1000"}
+    admin.create_topics([NewTopic(odd.name, odd.partitions, 1, config=config)])[odd.name].result(30)
+    monkeypatch.setenv("PEERWATCH_KAFKA_BOOTSTRAP", kafka_settings.bootstrap_servers)
+    monkeypatch.setenv("PEERWATCH_TOPIC_PREFIX", topic_prefix)
+    assert main(["topics", "create"]) == 0
+    lines = {line.split()[1]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines[odd.name].startswith("exists") and (
+        f"config differs: retention.ms is 1000, the catalogue says {odd.retention_ms}"
+        in lines[odd.name]
+    )
+    others = [s.name for s in catalogue(topic_prefix)[1:]]
+    assert all("created" in lines[n] and "differs" not in lines[n] for n in others)

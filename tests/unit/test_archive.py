@@ -285,3 +285,36 @@ def test_state_write_is_atomic_no_tmp_left(tmp_path: Path) -> None:
     w.write(TOPIC, 0, 0, event(0), T0)
     w.close()
     assert sorted(os.listdir(tmp_path)) == [STATE_FILE, TOPIC]
+
+
+@pytest.mark.parametrize("bad_ts", [2**62, 2**63 - 1, -(2**62), -1, 253_402_300_800_000])
+def test_an_event_time_no_hour_names_is_dead_lettered_and_the_loop_goes_on(
+    tmp_path: Path, bad_ts: int
+) -> None:
+    # Issue 12 item 5: ts_ms = 2**62 made hour_of() raise outside the try, before the offset
+    # advanced: the archiver ended, and every restart failed on the same message.
+    codec = AvroCodec("NodeStateEvent")
+    values = [codec.encode(event(i)) for i in range(4)]
+    values.insert(2, codec.encode(event(99, ts_ms=bad_ts)))
+    source = FakeSource([FakeMessage(TOPIC, 0, o, v, T0) for o, v in enumerate(values)])
+    source.root = tmp_path
+    dead = FakeDeadLetter()
+    loop = ArchiveLoop(source, writer(tmp_path), TOPICS, deadletter=dead, clock=lambda: 0.0)
+    assert loop.run_once() == 5
+    source.commit_offsets(loop._writer.close())
+    assert loop.stats.records == 4 and loop.stats.bad_time == 1 and loop.stats.undecodable == 0
+    assert [v for v, _ in dead.sent] == [values[2]]
+    reason = dict(dead.sent[0][1])["peerwatch.reason"].decode()
+    assert reason.startswith("bad event time") and str(bad_ts) in reason
+    assert source.commits[-1] == {(TOPIC, 0): 5}  # past it: a restart does not read it again
+    assert ids(tmp_path) == [f"ev-{i}" for i in range(4)]
+
+
+def test_hour_of_refuses_times_no_file_is_named_by() -> None:
+    from peerwatch.exporters.archive_files import MAX_TS_MS, hour_of
+
+    assert hour_of(0) == "1970-01-01T00"
+    assert hour_of(MAX_TS_MS - 1) == "9999-12-31T23"
+    for ts in (-1, MAX_TS_MS, 2**62, -(2**63)):
+        with pytest.raises(ValueError, match=r"outside 1970\.\.9999"):
+            hour_of(ts)

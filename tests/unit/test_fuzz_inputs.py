@@ -1,0 +1,67 @@
+"""The mutation fuzzer of archive files, spool segments and Slurm JSON (scripts/fuzz_inputs.py) in
+the unit tier: a bounded number of seeded inputs per target hold, and the checks catch a reader
+that loses records, invents them or gives up on a whole document. CI runs the same loop for a
+minute (make fuzz)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "fuzz_inputs.py"
+
+
+@pytest.fixture(scope="module")
+def fz() -> Iterator[Any]:
+    spec = importlib.util.spec_from_file_location("fuzz_inputs", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_inputs"] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("fuzz_inputs", None)
+
+
+def test_every_target_holds_on_seeded_inputs(fz: Any) -> None:
+    result = fz.run(None, seed=12, targets=sorted(fz.TARGETS), inputs=60)
+    assert result.failures == []
+    assert result.inputs == {"archive": 60, "slurm": 60, "spool": 60}
+
+
+def test_a_reader_that_drops_the_rest_of_a_file_is_caught(
+    fz: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = fz.read_file
+
+    def first_block_only(path: Any, schema: Any, stats: Any = None) -> Any:
+        it = real(path, schema, stats=stats)
+        yield next(it)  # as if the first fault, wherever it is, ended the file uncounted
+
+    monkeypatch.setattr(fz, "read_file", first_block_only)
+    result = fz.run(None, seed=3, targets=["archive"], inputs=20)
+    assert any("lost records of undamaged blocks" in f for f in result.failures)
+
+
+def test_a_spool_that_loses_a_record_is_caught(fz: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Lossy(fz.Spool):  # type: ignore[name-defined,misc]
+        def peek(self, limit: int) -> list[Any]:
+            return list(super().peek(limit))[1:]
+
+    monkeypatch.setattr(fz, "Spool", Lossy)
+    result = fz.run(None, seed=3, targets=["spool"], inputs=10)
+    assert result.failures and all("spool" in f for f in result.failures)
+
+
+def test_a_slurm_reader_that_gives_up_on_the_document_is_caught(
+    fz: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    strict = {name: (f, s, lambda doc, s=s: (s(doc), []), k)
+              for name, (f, s, _, k) in fz.SLURM_DOCS.items()}  # fmt: skip
+    monkeypatch.setattr(fz, "SLURM_DOCS", strict)
+    result = fz.run(None, seed=3, targets=["slurm"], inputs=30)
+    assert any("whole document unreadable" in f for f in result.failures)

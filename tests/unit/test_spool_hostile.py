@@ -1,0 +1,138 @@
+"""A damaged spool (issue 12 item 7): an empty or garbage head, a flipped byte inside a segment,
+a torn tail; the spool opens, skips and counts what is lost, keeps every valid record in order,
+and its head is replaced durably."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+import pytest
+
+from peerwatch.producers.spool import _FRAME, Spool, SpooledRecord
+
+
+def rec(i: int, size: int = 20) -> SpooledRecord:
+    return SpooledRecord("t", f"k{i}".encode(), bytes([i % 256]) * size, (("h", b"v"),), i, i)
+
+
+def frame_starts(data: bytes) -> list[int]:
+    out, pos = [], 0
+    while pos < len(data):
+        out.append(pos)
+        pos += _FRAME.size + _FRAME.unpack_from(data, pos)[0]
+    return out
+
+
+@pytest.mark.parametrize("head", [b"", b"garbage", b"1 2 3", b"\xff\xfe", b"-5 7\n", b"12"])
+def test_empty_or_garbage_head_reads_from_the_oldest_segment(tmp_path: Path, head: bytes) -> None:
+    spool = Spool(tmp_path)
+    spool.append([rec(i) for i in range(6)])
+    spool.pop(2)
+    (tmp_path / "head").write_bytes(head)  # a power loss before the head was durable
+    reopened = Spool(tmp_path)
+    assert reopened.bad_head == 1
+    # Nothing lost: the delivered two come again (at least once), then the rest in order.
+    assert [r.seq for r in reopened.peek(100)] == list(range(6))
+    reopened.pop(6)
+    assert len(Spool(tmp_path)) == 0 and Spool(tmp_path).bad_head == 0
+
+
+def test_head_offset_beyond_its_segment_is_counted_and_read_from_the_start(
+    tmp_path: Path,
+) -> None:
+    spool = Spool(tmp_path)
+    spool.append([rec(i) for i in range(3)])
+    seg = sorted(tmp_path.glob("*.seg"))[0]
+    (tmp_path / "head").write_text(f"{int(seg.stem)} {10**9}\n")
+    reopened = Spool(tmp_path)
+    assert reopened.bad_head == 1 and [r.seq for r in reopened.peek(10)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("where", ["length", "crc", "payload"])
+def test_a_flipped_byte_in_frame_5_of_10_loses_that_frame_only(tmp_path: Path, where: str) -> None:
+    # It truncated the segment there: five valid records deleted and not counted.
+    spool = Spool(tmp_path)
+    spool.append([rec(i) for i in range(10)])
+    seg = sorted(tmp_path.glob("*.seg"))[0]
+    data = bytearray(seg.read_bytes())
+    at = frame_starts(bytes(data))[4] + {"length": 1, "crc": 5, "payload": 20}[where]
+    data[at] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    reopened = Spool(tmp_path)
+    assert [r.seq for r in reopened.peek(100)] == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+    assert reopened.corrupt_regions == 1 and reopened.corrupt_bytes == len(rec(4).encode()) + 8
+    assert reopened.torn_tails == 0 and len(reopened) == 9
+    # Repaired on disk: the next open finds nothing wrong, and appending goes on.
+    reopened.append([rec(10)])
+    again = Spool(tmp_path)
+    assert again.corrupt_regions == 0
+    assert [r.seq for r in again.peek(100)] == [0, 1, 2, 3, 5, 6, 7, 8, 9, 10]
+
+
+def test_corruption_after_the_head_resyncs_and_the_head_follows(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.append([rec(i) for i in range(10)])
+    spool.pop(3)
+    seg = sorted(tmp_path.glob("*.seg"))[0]
+    data = bytearray(seg.read_bytes())
+    starts = frame_starts(bytes(data))
+    data[starts[6] + 12 : starts[8]] = os.urandom(starts[8] - starts[6] - 12)  # frames 6, 7
+    seg.write_bytes(bytes(data))
+    reopened = Spool(tmp_path)
+    assert [r.seq for r in reopened.peek(100)] == [3, 4, 5, 8, 9]
+    assert reopened.corrupt_regions == 1 and len(reopened) == 5
+    reopened.pop(2)
+    assert [r.seq for r in Spool(tmp_path).peek(100)] == [5, 8, 9]
+
+
+def test_a_crc_matching_frame_that_is_not_a_record_is_not_taken(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.append([rec(i) for i in range(3)])
+    seg = sorted(tmp_path.glob("*.seg"))[0]
+    junk = b"\x00" * 40  # a CRC-valid frame whose payload says nothing sensible
+    seg.write_bytes(seg.read_bytes() + _FRAME.pack(len(junk), zlib.crc32(junk)) + junk)
+    reopened = Spool(tmp_path)
+    assert [r.seq for r in reopened.peek(10)] == [0, 1, 2] and reopened.torn_tails == 1
+
+
+def test_torn_tail_is_cut_and_counted(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.append([rec(i) for i in range(4)])
+    seg = sorted(tmp_path.glob("*.seg"))[-1]
+    with seg.open("ab") as fh:
+        fh.write(b"\x40\x00\x00\x00\x01\x02")
+    reopened = Spool(tmp_path)
+    assert [r.seq for r in reopened.peek(10)] == [0, 1, 2, 3]
+    assert reopened.torn_tails == 1 and reopened.corrupt_regions == 0
+
+
+def test_head_is_replaced_with_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spool = Spool(tmp_path)
+    spool.append([rec(i) for i in range(3)])
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    spool.pop(1)
+    assert synced == [str(tmp_path / "head.tmp"), str(tmp_path)]
+    assert (tmp_path / "head").read_text().split()[1] != "0"
+
+
+def test_a_head_offset_inside_a_frame_rereads_that_frame(tmp_path: Path) -> None:
+    # Found by scripts/fuzz_inputs.py: a head digit damaged into another valid number.
+    spool = Spool(tmp_path)
+    spool.append([rec(i) for i in range(5)])
+    spool.pop(2)
+    seg = sorted(tmp_path.glob("*.seg"))[0]
+    segment, offset = (tmp_path / "head").read_text().split()
+    (tmp_path / "head").write_text(f"{segment} {int(offset) - 3}\n")  # inside frame 1
+    reopened = Spool(tmp_path)
+    assert reopened.bad_head == 1 and reopened.corrupt_regions == 0
+    assert [r.seq for r in reopened.peek(10)] == [1, 2, 3, 4]  # record 1 again: none lost
+    assert seg.exists()
