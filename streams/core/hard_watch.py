@@ -177,7 +177,7 @@ class HardWatch:
             assert gpus.parent is not None
             self._readings(gpus, node, ts, ok_sample, hits)
         if xids.n:
-            self._xids(xids, ok_sample, hits)
+            self._xids(xids, gpus, ok_sample, hits)
         out = [self._finding(s, idx, hit, node, ts, gpus) for (s, idx), hit in sorted(hits.items())]
         found = [f for f in out if f is not None]
         self.findings += len(found)
@@ -296,17 +296,24 @@ class HardWatch:
             hit = hits.setdefault((s, idx), [0, [], int(gid[r]), int(rows[r])])
             hit[0] |= int(bits[k])
 
-    def _xids(self, xids: Table, ok_sample: np.ndarray,
+    def _xids(self, xids: Table, gpus: Table, ok_sample: np.ndarray,
               hits: dict[tuple[int, int], list[Any]]) -> None:  # fmt: skip
         assert xids.parent is not None
         hard = self.settings.hard_xids
         codes = xids.values["xid"]
+        reading: dict[tuple[int, int], int] = {}  # (sample, GPU index) -> its reading (UUID)
+        if gpus.n:
+            assert gpus.parent is not None
+            carriers = np.flatnonzero(np.isin(gpus.parent, xids.parent))
+            for r, s, i in zip(carriers.tolist(), gpus.parent[carriers].tolist(),
+                               gpus.values["index"][carriers].tolist(), strict=True):  # fmt: skip
+                reading.setdefault((int(s), int(i)), r)
         for i in np.flatnonzero(ok_sample[xids.parent]).tolist():
             code = int(codes[i])
             if code not in hard:
                 continue
             s, idx = int(xids.parent[i]), int(xids.values["gpu_index"][i])
-            hit = hits.setdefault((s, idx), [0, [], -1, -1])
+            hit = hits.setdefault((s, idx), [0, [], -1, reading.get((s, idx), -1)])
             if code not in hit[1]:
                 hit[1].append(code)
 
