@@ -69,7 +69,10 @@ def test_a_hard_xid_fires_at_its_sample_with_the_owner_and_the_sample_time() -> 
     assert rules(found) == [("n1", 1, ["xid_79"], 61_500)]
     f = found[0]
     assert (f["job_id"], f["status"], f["cause"], f["gpu_uuid"]) == (
-        "42", "HARD_ERROR", "HARDWARE", "GPU-1"
+        "42",
+        "HARD_ERROR",
+        "HARDWARE",
+        "GPU-1",
     )
     assert (f["window_start_ms"], f["window_end_ms"]) == (60_000, 90_000)
 
@@ -207,7 +210,7 @@ def test_a_rack_going_quiet_is_one_fleet_wide_finding_a_job_one_job_finding() ->
         for n in nodes:
             # the rack stops at 10 s (one node 2 s later); j3 stops at 40 s; z never reports
             stop = {"r9": 12_000, "y0": 40_000, "y1": 40_000, "z": 0}.get(n, 10_000)
-            if n not in quiet and n not in ("y0", "y1", "z") or t < stop:
+            if (n not in quiet and n not in ("y0", "y1", "z")) or t < stop:
                 sw.saw(n, t)
         for f in sw.check(nodes, t):
             seen.append((t, f["status"], f["job_id"], f["node"], f["peer_group_size"]))
