@@ -26,7 +26,7 @@ per watched node and one entry per open event.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from peerwatch.schemas.records import FindingStatus, StragglerFinding
@@ -78,17 +78,27 @@ class SilenceWatch:
         if ts_ms > self.last_ms.get(node, _FAR_PAST):
             self.last_ms[node] = ts_ms
 
-    def check(self, watched: Mapping[str, tuple[str, int]], now_ms: int) -> list[StragglerFinding]:
+    def check(
+        self,
+        watched: Mapping[str, tuple[str, int]],
+        now_ms: int,
+        clock: Callable[[str], int | None] | None = None,
+    ) -> list[StragglerFinding]:
         """Findings at event time ``now_ms`` for the nodes of ``watched`` (node -> (job id, job
-        start ms)): CLEARED ones first, then new SILENT / FLEET_WIDE ones."""
+        start ms)): CLEARED ones first, then new SILENT / FLEET_WIDE ones. ``clock`` gives a
+        node's own event time where it differs (live: its partition's; None: not known yet,
+        the node is not looked at)."""
         out = self._clear(watched, now_ms)
         crossed: list[str] = []
         near: list[str] = []
         for node, (_job, start_ms) in watched.items():
-            since = self.watched_since.setdefault(node, now_ms)
+            at = now_ms if clock is None else clock(node)
+            if at is None:
+                continue
+            since = self.watched_since.setdefault(node, at)
             if node in self.silent:
                 continue
-            quiet = now_ms - max(self.last_ms.get(node, _FAR_PAST), start_ms, since)
+            quiet = at - max(self.last_ms.get(node, _FAR_PAST), start_ms, since)
             if quiet >= self.silent_after_ms:
                 crossed.append(node)
             elif quiet >= self.silent_after_ms - self.group_ms:
@@ -114,7 +124,7 @@ class SilenceWatch:
         watched: Mapping[str, tuple[str, int]],
         now_ms: int,
     ) -> list[StragglerFinding]:
-        detected = min(now_ms, max(self._since(n, watched) for n in crossed) + self.silent_after_ms)
+        detected = max(self._since(n, watched) for n in crossed) + self.silent_after_ms
         by_job: dict[str, list[str]] = {}
         for n in nodes:
             by_job.setdefault(watched[n][0], []).append(n)
