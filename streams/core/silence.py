@@ -83,11 +83,14 @@ class SilenceWatch:
         watched: Mapping[str, tuple[str, int]],
         now_ms: int,
         clock: Callable[[str], int | None] | None = None,
+        watch_from: Callable[[str], int | None] | None = None,
     ) -> list[StragglerFinding]:
         """Findings at event time ``now_ms`` for the nodes of ``watched`` (node -> (job id, job
         start ms)): CLEARED ones first, then new SILENT / FLEET_WIDE ones. ``clock`` gives a
         node's own event time where it differs (live: its partition's; None: not known yet,
-        the node is not looked at)."""
+        the node is not looked at). ``watch_from`` gives, for a node watched for the first
+        time, since when the driver has read its samples (live: the first sample time of its
+        partition since the assignment); default: the node's clock now."""
         out = self._clear(watched, now_ms)
         crossed: list[str] = []
         near: list[str] = []
@@ -95,7 +98,10 @@ class SilenceWatch:
             at = now_ms if clock is None else clock(node)
             if at is None:
                 continue
-            since = self.watched_since.setdefault(node, at)
+            since = self.watched_since.get(node)
+            if since is None:
+                begun = watch_from(node) if watch_from is not None else None
+                since = self.watched_since[node] = at if begun is None else min(begun, at)
             if node in self.silent:
                 continue
             quiet = at - max(self.last_ms.get(node, _FAR_PAST), start_ms, since)

@@ -89,6 +89,7 @@ class _Partition:
         self.hard = hard
         self.dirty = False  # windows closed since the last commit
         self.max_ts_ms: int | None = None  # latest sample time (the silence clock)
+        self.first_ts_ms: int | None = None  # first sample time read since the assignment
         self.arrival_wall_s = time.time()  # when its latest samples arrived
 
 
@@ -391,6 +392,8 @@ class HotStage:
         for code, t in zip(codes.tolist(), latest.tolist(), strict=True):
             self.silence.saw(part.aggregator.name(int(code)), int(t))
         top_ms = int(latest.max())
+        if part.first_ts_ms is None:
+            part.first_ts_ms = int(latest.min())
         part.max_ts_ms = top_ms if part.max_ts_ms is None else max(part.max_ts_ms, top_ms)
         part.arrival_wall_s = time.time()
 
@@ -463,8 +466,15 @@ class HotStage:
             self._watched = {
                 n: v for n, v in self.alloc.open_nodes().items() if self._node_part[n] in self.parts
             }
-        node_part = self._node_part
-        for f in self.silence.check(self._watched, now, lambda n: clocks.get(node_part[n])):
+        node_part, parts = self._node_part, self.parts
+
+        def first(node: str) -> int | None:
+            q = parts.get(node_part[node])
+            return None if q is None else q.first_ts_ms
+
+        for f in self.silence.check(
+            self._watched, now, lambda n: clocks.get(node_part[n]), watch_from=first
+        ):
             self.counters.silence_findings += 1
             self._publish_finding(f)
 

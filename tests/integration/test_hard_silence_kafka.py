@@ -46,8 +46,18 @@ def build(doc: dict[str, Any], duration_s: int) -> Scenario:
 
 
 def decoded(kafka: KafkaSettings, topic: str) -> list[tuple[dict[str, Any], int]]:
-    """(record, broker timestamp ms) of every record of ``topic``."""
-    return [(decode_any(r.value)[1], r.ts_ms) for r in read_topic(kafka, topic)]
+    """(record, broker timestamp ms) of every record of ``topic`` (asked again while a new
+    topic's partition leaders are still being elected)."""
+    from confluent_kafka import KafkaException
+
+    for attempt in range(10):
+        try:
+            return [(decode_any(r.value)[1], r.ts_ms) for r in read_topic(kafka, topic)]
+        except KafkaException:
+            if attempt == 9:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
 
 
 def samples_in(sc: Scenario, since_ms: int, until_ms: int) -> int:
