@@ -308,8 +308,8 @@ def test_a_silent_agent_sends_nothing_while_its_gpus_run_on() -> None:
                     "params": {"xid": 94}}],
     }  # fmt: skip
     fleet = Fleet(parse_scenario(doc))
-    times = {0: [], 1: []}  # type: dict[int, list[int]]
-    xids_at = []
+    times: dict[int, list[int]] = {0: [], 1: []}
+    xids_at: list[tuple[int, int]] = []
     for tick_ms, records in fleet.timed_ticks():
         for r in records:
             if r.stream == "samples":
