@@ -247,3 +247,19 @@ def test_policy_alerts_on_silence_and_drains_only_when_configured() -> None:
 def test_silence_watch_refuses_bad_settings(bad: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         SilenceWatch(**bad)
+
+
+def test_per_node_clocks_and_the_start_of_reading_decide_silence() -> None:
+    sw = SilenceWatch(silent_after_ms=30_000, group_ms=0)
+    nodes = watched(j=["a", "b", "c"])
+    for n in "abc":
+        sw.saw(n, 10_000)
+    clocks = {"a": 50_000, "b": 20_000, "c": None}  # b's partition is still being read
+    # a: quiet since 10 s by its clock; b: not yet; c: its clock unknown, not looked at
+    found = sw.check(nodes, 50_000, clocks.get, watch_from=lambda n: 0)
+    assert [(f["status"], f["node"], f["detected_ms"]) for f in found] == [("SILENT", "a", 40_000)]
+    # a node first watched now is watched from when its partition was first read
+    late = SilenceWatch(silent_after_ms=30_000, group_ms=0)
+    assert late.check({"d": ("j", 0)}, 100_000, watch_from=lambda n: 60_000)[0]["node"] == "d"
+    fresh = SilenceWatch(silent_after_ms=30_000, group_ms=0)
+    assert fresh.check({"d": ("j", 0)}, 100_000) == []  # without it: from now
