@@ -247,12 +247,15 @@ class HardWatch:
 
         ts_a = spread(t, g["ts"][groups])
         # a reading moves its GPU's clock on when it is later than every earlier one
-        grp = np.repeat(np.arange(len(heads)), np.diff(np.r_[head_pos, size]))
-        uniq, rank = np.unique(ts_a, return_inverse=True)
-        span = size + 1
-        run = uniq[np.maximum.accumulate(grp * span + rank) - grp * span]
-        before = np.r_[np.int64(_FAR_PAST), run[:-1]]
-        adv = is_head | (ts_a > before)
+        if bool(np.all(ts_a[pos] > ts_a[pos - 1])):
+            adv = np.ones(size, np.bool_)  # the usual case: each one later than the one before
+        else:
+            grp = np.repeat(np.arange(len(heads)), np.diff(np.r_[head_pos, size]))
+            uniq, rank = np.unique(ts_a, return_inverse=True)
+            span = size + 1
+            run = uniq[np.maximum.accumulate(grp * span + rank) - grp * span]
+            before = np.r_[np.int64(_FAR_PAST), run[:-1]]
+            adv = is_head | (ts_a > before)
         keep = np.flatnonzero(adv)
         head_k = is_head[keep]
         lost_k = spread(lost.astype(np.int64), np.zeros(len(groups), np.int64))[keep] > 0
