@@ -263,3 +263,54 @@ def test_per_node_clocks_and_the_start_of_reading_decide_silence() -> None:
     assert late.check({"d": ("j", 0)}, 100_000, watch_from=lambda n: 60_000)[0]["node"] == "d"
     fresh = SilenceWatch(silent_after_ms=30_000, group_ms=0)
     assert fresh.check({"d": ("j", 0)}, 100_000) == []  # without it: from now
+
+
+def test_replay_paths_agree_on_arrival_and_silence_findings(tmp_path: Any) -> None:
+    """The archive replay (columns; one process and split over two) and the decoded records
+    give the same hard-on-arrival and silence findings and recommendations, in order."""
+    from peerwatch.producers.sim.fleet import Fleet
+    from peerwatch.producers.sim.publish import write_archive
+    from peerwatch.producers.sim.scenario import parse_scenario
+    from peerwatch.streams.offline.replay import (
+        TimeRange,
+        archive_records,
+        live_equivalent_settings,
+        replay,
+        sort_records,
+    )
+    from peerwatch.streams.offline.split import SplitReplay
+
+    doc = {
+        "fleet": {"nodes": 6, "gpus_per_node": 8, "interval_s": 2.0, "duration_s": 300,
+                  "seed": 9},
+        "jobs": [{"job_id": "61", "gpus": 32, "first_node": 0, "warmup_s": 0}],
+        "faults": [
+            {"name": "xid", "node": 1, "gpu_index": 2, "start_s": 101, "params": {"xid": 94}},
+            {"name": "gpu_lost", "node": 5, "gpu_index": 0, "start_s": 0},  # idle, at start
+            {"name": "agent_silent", "node": 3, "start_s": 150, "end_s": 230},
+        ],
+    }  # fmt: skip
+    fleet = Fleet(parse_scenario(doc))
+    write_archive(fleet, tmp_path)
+    settings = live_equivalent_settings()
+    span = TimeRange(fleet.spec.start_ms, fleet.spec.start_ms + 3_600_000)
+    columns = replay(archive_records(tmp_path, span), settings)
+    with SplitReplay(settings) as split:
+        two = split.run(archive_records(tmp_path, span))
+    mem = replay(sort_records((r.stream, r.value) for t in fleet.ticks() for r in t), settings)
+    for result in (two, mem):
+        assert result.findings == columns.findings
+        assert result.recommendations == columns.recommendations
+    kinds = [(f["status"], f["node"], f["cause"]) for f in columns.findings
+             if f["cause"] in ("HARDWARE", "NO_SAMPLES")]  # fmt: skip
+    assert kinds[0] == ("HARD_ERROR", "gpu00005", "HARDWARE")  # the first sample shows it
+    assert ("HARD_ERROR", "gpu00001", "HARDWARE") in kinds
+    assert kinds[-2:] == [
+        ("SILENT", "gpu00003", "NO_SAMPLES"),
+        ("CLEARED", "gpu00003", "NO_SAMPLES"),
+    ]
+    assert {(r["node"], r["action"]) for r in columns.recommendations} == {
+        ("gpu00005", "DRAIN"),
+        ("gpu00001", "DRAIN"),
+        ("gpu00003", "ALERT"),
+    }
