@@ -172,7 +172,7 @@ class SilenceWatch:
                 del event.members[node]
                 if not event.members:
                     del self.events[fid]
-                    why = "samples again" if back else "no longer allocated"
+                    why = "samples again" if back else "no longer watched (job ended, moved)"
                     out.append(self._finding(event, CLEARED, now_ms, now_ms, 0, why))
         return out
 
