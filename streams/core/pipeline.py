@@ -10,6 +10,13 @@ the evaluation harness. Each stage is a separable object with serialisable state
    ``detect_job_window``, findings routed to nodes; keyed by job);
 4. :class:`PolicyStage` (findings, health results, node events -> ``policy.apply``; by node).
 
+Beside stage 2, on the same sample columns (as the live hot stage):
+:class:`~peerwatch.streams.core.hard_watch.HardWatch` (hard rules on arrival) and
+:class:`~peerwatch.streams.core.silence.SilenceWatch` (allocated nodes gone quiet, checked every
+``silent_check_s`` of event time). Their findings go out, and through the policy, at once; their
+outputs' ``stream_ms`` is the event time a live worker publishes them at (the sample's time, or
+the check's).
+
 Input: ``(stream, key, value)`` records in roughly event-time order, streams ``samples``,
 ``job-events``, ``node-events``, ``health`` and the optional ``step-times`` (per-rank step
 durations: a GPU's window gets the mean ``step_ms`` of its steps in that window, see
@@ -62,8 +69,9 @@ class PipelineSettings:
     """Settings of the composed pipeline; the window length is ``detector.window_s``.
 
     ``lateness_s``, ``job_grace_s``, ``fan_out_job_wide``, ``allocation_retention_s`` and the
-    ``silent_*`` settings: as the tree's ``[stream]`` table, whose defaults they take (so the defaults replay what the live
-    worker does; see :class:`~peerwatch.streams.core.settings.StreamSettings`).
+    ``silent_*`` settings: as the tree's ``[stream]`` table, whose defaults they take (so the
+    defaults replay what the live worker does; see
+    :class:`~peerwatch.streams.core.settings.StreamSettings`).
     ``max_batch``: most sample records handed to the aggregator at once (offline only).
     """
 
