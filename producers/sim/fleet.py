@@ -12,7 +12,9 @@ A final, samples-free list carries scheduler events between the last tick and th
 Missing samples (``missing_samples`` confounder) are dropped: with ``mode: not_sampled`` (default)
 the agent never produced them, so ``seq`` has no gap; with ``mode: lost`` they were produced and
 lost in transit, so ``seq`` skips. Clock skew shifts the node's ``ts_ms`` (and its XID times) only;
-job and node events carry the controller's true time.
+job and node events carry the controller's true time. An ``agent_silent`` fault stops the
+node's samples altogether (agent dead, NVML hung, network cut) while its GPUs run on; XIDs of
+that time come with its first sample after.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from peerwatch.producers.sim.scheduler import JobRun, Schedule, build_schedule
 
 STREAMS = ("samples", "job-events", "node-events", "step-times")
 _JOB_WIDE = frozenset({"checkpoint", "eval_pause", "pipeline_stages", "network_slowdown"})
-_NODE_WIDE = frozenset({"clock_skew", "missing_samples"})
+_NODE_WIDE = frozenset({"clock_skew", "missing_samples", "agent_silent"})
 _DEFAULT_STAGE_SM = (1.0, 0.92, 0.85, 0.78)
 
 
@@ -285,6 +287,8 @@ class Fleet:
                 continue
             if w.inj.name == "clock_skew":
                 skew = int(w.inj.param("offset_ms", 1500.0))
+            elif w.inj.name == "agent_silent":  # the agent is dead or hung: no sample at all
+                keep = advance = False
             elif _fraction(self.spec.seed, n, tick) < w.inj.param("drop_prob", 0.5):
                 keep = False
                 advance = w.inj.params.get("mode", "not_sampled") == "lost"

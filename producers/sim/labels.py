@@ -4,7 +4,7 @@ A label is a JSON-ready dict::
 
     {"kind": "fault" | "confounder", "name": str, "node": str | None, "gpu_index": int | None,
      "job_id": str | None, "start_ms": int, "end_ms": int, "expect": "straggler" | "drain" |
-     "nothing", "params": {...}}
+     "silent" | "nothing", "params": {...}}
 
 ``job_id`` is the job that owned the GPU (any GPU of the node when ``gpu_index`` is None) at onset;
 times are epoch ms on the true clock. What the detector should conclude (DETECTION.md):
@@ -14,6 +14,8 @@ times are epoch ms on the true clock. What the detector should conclude (DETECTI
   elsewhere (idle GPU, small job, a drop under 5%): ``nothing``;
 - hard errors (hardware XIDs, NVLink storm, PCIe downtrain, GPU lost): ``drain``; application XIDs
   (13, 31, 43, 45, 68) and unknown codes: ``nothing``;
+- ``agent_silent`` (a node's samples stop): ``silent`` while a job owns the node, else
+  ``nothing`` (an idle node is not watched);
 - every confounder: ``nothing``.
 """
 
@@ -36,6 +38,8 @@ DRAIN_AFTER_MS = 10 * 60 * 1000
 def _expect(inj: Injection, job_gpus: int, overlap_ms: int) -> str:
     if inj.kind == "confounder":
         return "nothing"
+    if inj.name == "agent_silent":
+        return "silent" if overlap_ms > 0 else "nothing"
     if inj.name in HARD_FAULTS:
         return "drain"
     if inj.name == "xid":

@@ -29,6 +29,7 @@ FAULT_KINDS: frozenset[str] = frozenset(
         "nvlink_error_storm",
         "pcie_downtrain",
         "gpu_lost",
+        "agent_silent",
     }
 )
 #: Injected confounders: things that look odd but must not blame a GPU.

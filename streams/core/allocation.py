@@ -250,6 +250,18 @@ class AllocationTable:
     def version(self, node: str) -> int:
         return self._versions.get(node, 0)
 
+    def open_nodes(self) -> dict[str, tuple[str, int]]:
+        """Nodes with a GPU allocated now (an interval not yet ended): node -> (job id, start
+        ms) of the latest such interval. Walks every interval: callers cache it by
+        :attr:`generation`."""
+        out: dict[str, tuple[str, int]] = {}
+        for node, per_gpu in self._gpus.items():
+            for intervals in per_gpu.values():
+                for job_id, start, end in intervals:
+                    if end is _OPEN and (node not in out or start > out[node][1]):
+                        out[node] = (str(job_id), int(start))
+        return out
+
     def job(self, job_id: str) -> JobMeta | None:
         """Metadata of ``job_id`` or None when unknown (never started here, or pruned)."""
         return self._jobs.get(job_id)

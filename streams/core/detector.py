@@ -350,10 +350,9 @@ def _hard_finding(
     rules = hard_rules(window, settings)
     if is_idle_job(job.job_id):
         # On unallocated GPUs only new events count (XIDs, ECC and NVLink error increases).
-        # Lasting conditions (lost, remap pending/failed, PCIe width) found by a job's own
-        # windows are already reported there, and the prolog health check refuses a GPU in
-        # such a state before the next job starts; reporting them again here would race the
-        # job's own finding to open the node's drain episode.
+        # Lasting conditions (lost, remap pending/failed, PCIe width) of idle GPUs are
+        # reported on arrival, when they appear (streams/core/hard_watch.py); an idle window
+        # holding one is no new evidence.
         rules = [r for r in rules if r.startswith(_IDLE_RULE_PREFIXES)]
     if not rules:
         return None

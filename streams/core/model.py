@@ -21,6 +21,8 @@ CONFIRMED: Final = "CONFIRMED"
 CLEARED: Final = "CLEARED"
 JOB_WIDE: Final = "JOB_WIDE"
 HARD_ERROR: Final = "HARD_ERROR"
+SILENT: Final = "SILENT"
+FLEET_WIDE: Final = "FLEET_WIDE"
 
 #: Readings of GPUs no job owns are grouped per node under this pseudo job id ("idle:<node>"):
 #: hard errors on an idle GPU must drain the node before the next job lands on it, while peer

@@ -10,6 +10,13 @@ the evaluation harness. Each stage is a separable object with serialisable state
    ``detect_job_window``, findings routed to nodes; keyed by job);
 4. :class:`PolicyStage` (findings, health results, node events -> ``policy.apply``; by node).
 
+Beside stage 2, on the same sample columns (as the live hot stage):
+:class:`~peerwatch.streams.core.hard_watch.HardWatch` (hard rules on arrival) and
+:class:`~peerwatch.streams.core.silence.SilenceWatch` (allocated nodes gone quiet, checked every
+``silent_check_s`` of event time). Their findings go out, and through the policy, at once; their
+outputs' ``stream_ms`` is the event time a live worker publishes them at (the sample's time, or
+the check's).
+
 Input: ``(stream, key, value)`` records in roughly event-time order, streams ``samples``,
 ``job-events``, ``node-events``, ``health`` and the optional ``step-times`` (per-rank step
 durations: a GPU's window gets the mean ``step_ms`` of its steps in that window, see
@@ -20,21 +27,29 @@ Output: :class:`Output` records. Deterministic: the same input gives the same ou
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from peerwatch.schemas.columns import Table, slice_rows, tables_from_records
-from peerwatch.schemas.records import DrainRecommendation
+from peerwatch.schemas.records import DrainRecommendation, StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.policy import apply as policy_apply
 from peerwatch.streams.core.policy_state import DrainPolicyState
 from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
-from peerwatch.streams.core.windows import SAMPLE_SPEC, JobWindowBatch, WindowAggregator
+from peerwatch.streams.core.silence import SilenceWatch
+from peerwatch.streams.core.windows import (
+    SAMPLE_SPEC,
+    VALUE_LIMIT,
+    JobWindowBatch,
+    WindowAggregator,
+)
 
 WINDOW = "window"
 FINDING = "finding"
@@ -53,9 +68,10 @@ _STREAM = StreamSettings()
 class PipelineSettings:
     """Settings of the composed pipeline; the window length is ``detector.window_s``.
 
-    ``lateness_s``, ``job_grace_s``, ``fan_out_job_wide``, ``allocation_retention_s``: as the
-    tree's ``[stream]`` table, whose defaults they take (so the defaults replay what the live
-    worker does; see :class:`~peerwatch.streams.core.settings.StreamSettings`).
+    ``lateness_s``, ``job_grace_s``, ``fan_out_job_wide``, ``allocation_retention_s`` and the
+    ``silent_*`` settings: as the tree's ``[stream]`` table, whose defaults they take (so the
+    defaults replay what the live worker does; see
+    :class:`~peerwatch.streams.core.settings.StreamSettings`).
     ``max_batch``: most sample records handed to the aggregator at once (offline only).
     """
 
@@ -65,6 +81,10 @@ class PipelineSettings:
     job_grace_s: float = _STREAM.job_grace_s
     fan_out_job_wide: bool = _STREAM.fan_out_job_wide
     allocation_retention_s: int = _STREAM.allocation_retention_s
+    silent_after_s: float = _STREAM.silent_after_s
+    silent_group_s: float = _STREAM.silent_group_s
+    silent_fleet_min_nodes: int = _STREAM.silent_fleet_min_nodes
+    silent_check_s: float = _STREAM.silent_check_s
     max_batch: int = 1024
 
 
@@ -113,6 +133,20 @@ class Pipeline:
             fan_out_job_wide=settings.fan_out_job_wide,
         )
         self.policy = PolicyStage(settings.policy)
+        # Beside stage 2, on the same samples: hard rules on arrival and the silence watch.
+        self.hard = HardWatch(self.allocations, self.aggregator.name, settings.detector)
+        self.silence = SilenceWatch(
+            int(settings.silent_after_s * 1000),
+            int(settings.silent_group_s * 1000),
+            settings.silent_fleet_min_nodes,
+            settings.detector.window_ms,
+            settings.detector.id_hex_chars,
+        )
+        self._silence_every_ms = max(1, int(settings.silent_check_s * 1000))
+        self._next_silence_ms = -_FAR_FUTURE_MS
+        self._max_sample_ms = -_FAR_FUTURE_MS
+        self._open_nodes: dict[str, tuple[str, int]] = {}
+        self._open_generation = -1
         self.step_times = 0
         self._batch: list[Mapping[str, Any]] = []
         self._pending = 0  # samples of column runs aggregated since the last drain
@@ -133,10 +167,13 @@ class Pipeline:
         if stream == "samples":
             self._batch.append(value)
             ts = int(value["ts_ms"])
-            # Close as soon as a sample moves the watermark past a window end, so outputs come
-            # out at the event time a live stream would publish them.
-            if ts >= self._next_close_ms or len(self._batch) >= self.settings.max_batch:
-                return self._drain()
+            # A part ends at the first sample at or past the next closing time (so outputs come
+            # out at the event time a live stream would publish them) or silence check.
+            if (
+                ts >= min(self._next_close_ms, self._next_silence_ms)
+                or len(self._batch) + self._pending >= self.settings.max_batch
+            ):
+                return self._part_done(self._flush_batch(), ts)
             return []
         if stream == "step-times":
             self.step_times += 1
@@ -175,18 +212,85 @@ class Pipeline:
         start = 0
         while start < n:
             end = min(n, start + self.settings.max_batch - self._pending)
-            # the first sample at or past the next closing time ends the batch (it is in it)
-            hits = np.flatnonzero(ts[start:end] >= self._next_close_ms)
+            # the first sample at or past the next closing (or silence check) time ends the
+            # batch (it is in it)
+            cut = min(self._next_close_ms, self._next_silence_ms)
+            hits = np.flatnonzero(ts[start:end] >= cut)
             if hits.size:
                 end = start + int(hits[0]) + 1
             part = slice_rows(tables, start, end)
-            result = self.aggregator.add_columns(part)
-            for kind, rows in ((LATE_SAMPLE, result.late), (INVALID, result.invalid)):
-                self._refused += [(kind, self._sample_of(part, r)) for r in rows.tolist()]
-            self._pending += end - start
+            out += self._part(part, functools.partial(self._sample_of, part))
             start = end
-            if hits.size or self._pending >= self.settings.max_batch:
-                out += self._drain()
+            out += self._part_done([], int(ts[end - 1]))
+        return out
+
+    def _flush_batch(self) -> list[Output]:
+        """The decoded samples gathered by :meth:`feed`, as one part."""
+        if not self._batch:
+            return []
+        batch, self._batch = self._batch, []
+        tables = tables_from_records(SAMPLE_SPEC, batch, self.aggregator.strings)
+        return self._part(tables, lambda r: dict(batch[r]))
+
+    def _part(
+        self, tables: Mapping[str, Table], sample_of: Callable[[int], dict[str, Any]]
+    ) -> list[Output]:
+        """One part of the samples: hard rules on arrival, the silence watch's last times, the
+        aggregator (late and invalid samples kept for the next drain)."""
+        out = self._arrivals(tables)
+        self._saw_columns(tables)
+        result = self.aggregator.add_columns(tables)
+        for kind, rows in ((LATE_SAMPLE, result.late), (INVALID, result.invalid)):
+            self._refused += [(kind, sample_of(r)) for r in rows.tolist()]
+        self._pending += tables[""].n
+        return out
+
+    def _part_done(self, out: list[Output], last_ts_ms: int) -> list[Output]:
+        """After a part ending with a sample at ``last_ts_ms``: a drain when it closes windows
+        or fills a batch, then the silence check when it is due."""
+        if last_ts_ms >= self._next_close_ms or self._pending >= self.settings.max_batch:
+            out += self._drain()
+        if self._max_sample_ms >= self._next_silence_ms:
+            out += self._check_silence()
+        return out
+
+    def _saw_columns(self, tables: Mapping[str, Table]) -> None:
+        """The silence watch's last sample time of each node of a column batch."""
+        top = tables[""]
+        ts = top.values["ts_ms"]
+        ok = (ts >= 0) & (ts < VALUE_LIMIT)
+        if not ok.any():
+            return
+        codes, inverse = np.unique(top.values["node"][ok], return_inverse=True)
+        latest = np.full(len(codes), -_FAR_FUTURE_MS, np.int64)
+        np.maximum.at(latest, inverse, ts[ok])
+        for code, t in zip(codes.tolist(), latest.tolist(), strict=True):
+            self.silence.saw(self.aggregator.name(int(code)), int(t))
+        self._max_sample_ms = max(self._max_sample_ms, int(latest.max()))
+
+    # -- hard rules on arrival, silence ---------------------------------------------------------
+    def _arrivals(self, tables: Mapping[str, Table]) -> list[Output]:
+        """Hard rules on arrival over a column batch (before its aggregation)."""
+        found = self.hard.add_columns(tables)
+        return self._hot([(f, int(f["detected_ms"] or 0)) for f in found]) if found else []
+
+    def _check_silence(self) -> list[Output]:
+        now = self._max_sample_ms
+        self._next_silence_ms = now - now % self._silence_every_ms + self._silence_every_ms
+        if self.allocations.generation != self._open_generation:
+            self._open_generation = self.allocations.generation
+            self._open_nodes = self.allocations.open_nodes()
+        found = self.silence.check(self._open_nodes, now)
+        return self._hot([(f, now) for f in found]) if found else []
+
+    def _hot(self, found: list[tuple[StragglerFinding, int]]) -> list[Output]:
+        """Findings made beside stage 2 (hard rules on arrival, silence), each with the event
+        time a live worker publishes it at: out as findings, and through the policy."""
+        out: list[Output] = []
+        for f, stream_ms in found:
+            out.append(Output(FINDING, str(f["job_id"]), dict(f), stream_ms))
+            if f.get("node") is not None:
+                out += self._recommend(f, stream_ms)
         return out
 
     def _sample_of(self, tables: Mapping[str, Table], row: int) -> dict[str, Any]:
@@ -198,17 +302,12 @@ class Pipeline:
         }
 
     def _drain(self) -> list[Output]:
-        if self._batch:  # decoded dicts (the evaluation, the decoded replay path)
-            batch, self._batch = self._batch, []
-            tables = tables_from_records(SAMPLE_SPEC, batch, self.aggregator.strings)
-            result = self.aggregator.add_columns(tables)
-            for kind, rows in ((LATE_SAMPLE, result.late), (INVALID, result.invalid)):
-                self._refused += [(kind, dict(batch[r])) for r in rows.tolist()]
-        elif not self._pending:
-            return []
+        out = self._flush_batch()
+        if not self._pending:
+            return out
         self._pending = 0
         refused, self._refused = self._refused, []
-        out = [
+        out += [
             Output(kind, str(s.get("node")), s, self._stream_ms)
             if kind == LATE_SAMPLE
             else self._invalid("samples", str(s.get("node")), s, ValueError("time out of range"))
@@ -239,6 +338,7 @@ class Pipeline:
         if self.allocations.prune(watermark_ms):
             self._allocations_changed()
         self.jobs.prune(watermark_ms, self.settings.allocation_retention_s * 1000)
+        self.hard.prune(watermark_ms - self.settings.allocation_retention_s * 1000)
 
     def _allocations_changed(self) -> None:
         """Hook: the allocation table changed (events applied or pruned)."""
@@ -263,12 +363,13 @@ class Pipeline:
                     out += self._recommend(copy)
         return out
 
-    def _recommend(self, record: Mapping[str, Any]) -> list[Output]:
+    def _recommend(self, record: Mapping[str, Any], stream_ms: int | None = None) -> list[Output]:
         try:
             recs = self.policy.apply(record)
         except InvalidRecordError as exc:
             return [self._invalid("policy", str(record.get("node")), record, exc)]
-        return [Output(RECOMMENDATION, r["node"], dict(r), self._stream_ms) for r in recs]
+        at = self._stream_ms if stream_ms is None else stream_ms
+        return [Output(RECOMMENDATION, r["node"], dict(r), at) for r in recs]
 
     def _invalid(self, stream: str, key: str, value: Mapping[str, Any], exc: Exception) -> Output:
         return Output(
@@ -279,8 +380,14 @@ class Pipeline:
         )
 
     def counters(self) -> dict[str, int]:
-        """The aggregator's counters plus step-time records seen."""
-        return {**self.aggregator.counters(), "step_times": self.step_times}
+        """The aggregator's, the hard watch's and the silence watch's counters plus step-time
+        records seen."""
+        return {
+            **self.aggregator.counters(),
+            **self.hard.counters(),
+            **self.silence.counters(),
+            "step_times": self.step_times,
+        }
 
 
 def run_records(

@@ -8,6 +8,8 @@ DrainRecommendation dicts; time comes from the records. DETECTION.md's rules:
   throttle evidence (the detector re-emits CONFIRMED as a heartbeat while the episode lasts);
 * DRAIN (WARNING) for a repeat offender: confirmed, with clock/throttle evidence, in
   ``repeat_offender_jobs`` different jobs within ``repeat_offender_window_s``;
+* ALERT (WARNING) for a node-level SILENT finding (its samples stopped), a DRAIN instead only
+  with ``drain_on_silent``; job- and fleet-wide silences name no node and recommend nothing;
 * ALERT only for a SUSPECT (e.g. low sm alone), a CONFIRMED without clock/throttle evidence, a
   JOB_WIDE finding that names a node (one with ``node`` None has no node to alert on) and a
   WARNING health result. Low sm alone or a job-wide event never drains.
@@ -35,8 +37,10 @@ from peerwatch.schemas.records import (
 from peerwatch.streams.core.model import (
     CLEARED,
     CONFIRMED,
+    FLEET_WIDE,
     HARD_ERROR,
     JOB_WIDE,
+    SILENT,
     SUSPECT,
     InvalidRecordError,
     require,
@@ -120,9 +124,16 @@ def apply_finding(
         return []  # job-level event: there is no node to recommend anything for
     ns = state.node(str(node))
     ts_ms = int(finding["window_end_ms"])
+    detected = finding.get("detected_ms")
+    if status in (HARD_ERROR, SILENT) and detected is not None:
+        ts_ms = int(detected)  # hard rules on arrival, silence: the evidence's own time
     _prune(ns, ts_ms, settings)
     if status == HARD_ERROR:
         return _hard_error(ns, finding, ts_ms, settings)
+    if status == SILENT:
+        return _silent(ns, finding, ts_ms, settings)
+    if status == FLEET_WIDE or finding.get("cause") == "NO_SAMPLES":
+        return []  # fleet-wide events name no node; a silence's CLEARED needs no action
     if status == JOB_WIDE:
         return emit(
             ns,
@@ -271,6 +282,47 @@ def _repeat_offender(
         evidence_kind="repeat_offender",
         expiry_s=settings.drain_expiry_s,
         evidence=evidence,
+    )
+
+
+def _silent(
+    ns: NodePolicyState, finding: StragglerFinding, ts_ms: int, settings: PolicySettings
+) -> list[DrainRecommendation]:
+    """A node's samples stopped while its GPUs are allocated: ALERT (WARNING) by default, a
+    DRAIN (WARNING, not hard) only with ``policy.drain_on_silent``. One per silence episode."""
+    since = finding.get("first_flagged_ms")
+    episode = (int(since if since is not None else finding["window_start_ms"]),)
+    reason = f"silent: {finding.get('reason') or 'no samples'}"
+    if settings.drain_on_silent:
+        return emit(
+            ns,
+            settings,
+            cause="silent_drain",
+            episode=episode,
+            ts_ms=ts_ms,
+            action="DRAIN",
+            severity="WARNING",
+            reason=reason,
+            finding=finding,
+            evidence_kind="silent",
+            expiry_s=settings.drain_expiry_s,
+            gpus=[],
+        )
+    if not settings.alert_on_silent:
+        return []
+    return emit(
+        ns,
+        settings,
+        cause="silent",
+        episode=episode,
+        ts_ms=ts_ms,
+        action="ALERT",
+        severity="WARNING",
+        reason=reason,
+        finding=finding,
+        evidence_kind="silent",
+        expiry_s=settings.alert_expiry_s,
+        gpus=[],
     )
 
 

@@ -60,11 +60,26 @@ class StreamSettings:
         None, "write the worker's counters as JSON to this file (benchmarks, tests)"
     )
     counters_interval_s: float = setting(5.0, "how often counters_path is rewritten (s)")
+    silent_after_s: float = setting(
+        30.0, "a node with allocated GPUs and no sample for this long is SILENT (s)"
+    )
+    silent_group_s: float = setting(
+        10.0, "nodes within this much of going silent with it are one silence event (s)"
+    )
+    silent_fleet_min_nodes: int = setting(
+        8, "a silence event of this many nodes over several jobs is one FLEET_WIDE finding"
+    )
+    silent_check_s: float = setting(2.0, "how often the silence watch looks (event time, s)")
 
     def __post_init__(self) -> None:
         t = "stream"
         check_types(self, t)
         check_at_least(self, t, 0, "lateness_s", "job_grace_s", "allocation_retention_s")
+        check_at_least(self, t, 0, "silent_group_s")
+        check_at_least(self, t, 2, "silent_fleet_min_nodes")
+        check_positive(self, t, "silent_after_s", "silent_check_s")
+        if self.silent_group_s >= self.silent_after_s:
+            raise ConfigError(f"{t}.silent_group_s", "must be below silent_after_s")
         check_positive(self, t, "batch_max", "batch_within_s", "counters_interval_s")
         if not self.app_id.strip():
             raise ConfigError(f"{t}.app_id", "must not be empty")
@@ -208,6 +223,10 @@ class PolicySettings:
     alert_on_suspect: bool = setting(True, "ALERT on a SUSPECT episode")
     alert_on_confirmed: bool = setting(True, "ALERT on a CONFIRMED episode")
     alert_on_health_warning: bool = setting(True, "ALERT on a WARNING health result")
+    alert_on_silent: bool = setting(True, "ALERT on a node whose samples stopped (SILENT)")
+    drain_on_silent: bool = setting(
+        False, "DRAIN (not only alert) a node whose samples stopped while its GPUs are allocated"
+    )
     id_hex_chars: int = setting(32, "length of the hex ids (sha256, truncated)")
 
     def __post_init__(self) -> None:

@@ -13,7 +13,9 @@ changelog-backed tables, so a restarted or moved worker recovers it):
    (:mod:`~peerwatch.streams.live.hot_stage`): batches of up to ``batch_max`` samples are decoded,
    attributed and aggregated by the pure
    :class:`~peerwatch.streams.core.windows.WindowAggregator`; closed windows leave as one compact
-   record per (job, window) on ``<id>-window-batches`` keyed by job. Faust's per-event overhead
+   record per (job, window) on ``<id>-window-batches`` keyed by job. Hard rules fire there on
+   arrival and the silence watch runs there; their findings go straight to the findings topic
+   and, keyed by node, to ``<id>-findings``. Faust's per-event overhead
    is the known bottleneck (profiled: more than decoding and aggregating), so samples never
    pass through it. Its offsets trail the oldest open window, so a crash loses no open window.
 3. ``jobs`` (job-events + window batches, key job) gathers a job's windows from all its nodes and
@@ -191,10 +193,13 @@ def build_app(settings: Settings) -> faust.App:
             batches=batches_t.get_topic_name(),
             deadletter=deadletter.get_topic_name(),
             job_partitions=job_partitions,
+            findings=stragglers_out.get_topic_name(),
+            node_findings=findings_t.get_topic_name(),
         ),
         counters,
         window_s=settings.detector.window_s, lateness_s=cfg.lateness_s, batch_max=cfg.batch_max,
         batch_within_s=cfg.batch_within_s, allocation_retention_s=cfg.allocation_retention_s,
+        partition_of=lambda node: _samples_partition(node, node_partitions),
     )  # fmt: skip
 
     telemetry: list[Any] = []

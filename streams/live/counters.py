@@ -45,6 +45,10 @@ class StreamCounters:
     consumer_lag: int | None = None
     #: GPU readings no job owned at their time (no allocation known): counted, not windowed.
     unattributed: int = 0
+    #: Findings of the hot stage: hard rules on arrival, and silence (SILENT, FLEET_WIDE,
+    #: their CLEARED).
+    hard_findings: int = 0
+    silence_findings: int = 0
     first_batch_wall_s: float | None = None
     first_batch_cpu_s: float | None = None
     last_batch_wall_s: float | None = None

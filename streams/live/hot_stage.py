@@ -21,6 +21,16 @@ Offsets: see :mod:`peerwatch.streams.live.hot_progress` (commit at the oldest op
 crash loses no open window and duplicates no emitted one). Commits follow a producer flush,
 so every output of the committed input is acknowledged first.
 
+Beside the windows, on the same decoded columns: the pure
+:class:`~peerwatch.streams.core.hard_watch.HardWatch` of each partition fires hard rules on the
+sample that shows them, and one :class:`~peerwatch.streams.core.silence.SilenceWatch` per worker
+notices allocated nodes of its partitions that stopped sending. Their findings go out at once,
+Avro on the public findings topic (key job) and, when they name a node, JSON on the internal
+``<id>-findings`` topic (key node) that the policy agent reads. The silence watch's clock is
+event time: the slowest assigned partition's latest sample, moved on by the wall clock for as
+long as that partition receives nothing at all (so a fleet gone quiet is still seen, while a
+consumer catching up never is mistaken for silence).
+
 Undecodable samples go to the dead-letter topic (reason ``undecodable``), late ones (reason
 ``late``), with their original bytes. If this thread fails, the worker is stopped (SIGTERM to
 itself): a worker that no longer reads samples must not look healthy.
@@ -34,6 +44,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +56,10 @@ from peerwatch.schemas.codec import AvroCodec
 from peerwatch.schemas.columns import MessageColumns, select_rows
 from peerwatch.settings import Settings
 from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
-from peerwatch.streams.core.windows import SAMPLE_SPEC, WindowAggregator
+from peerwatch.streams.core.silence import SilenceWatch
+from peerwatch.streams.core.windows import SAMPLE_SPEC, VALUE_LIMIT, WindowAggregator
 from peerwatch.streams.live.hot_progress import PartitionProgress
 
 log = logging.getLogger(__name__)
@@ -59,15 +72,25 @@ class HotTopics:
     batches: str
     deadletter: str
     job_partitions: int
+    #: The public findings topic (Avro, key job) and the internal one the policy reads (JSON,
+    #: key node).
+    findings: str = ""
+    node_findings: str = ""
 
 
 class _Partition:
     """One assigned samples partition: its aggregator and its offsets."""
 
-    def __init__(self, aggregator: WindowAggregator, progress: PartitionProgress) -> None:
+    def __init__(
+        self, aggregator: WindowAggregator, progress: PartitionProgress, hard: HardWatch
+    ) -> None:
         self.aggregator = aggregator
         self.progress = progress
+        self.hard = hard
         self.dirty = False  # windows closed since the last commit
+        self.max_ts_ms: int | None = None  # latest sample time (the silence clock)
+        self.first_ts_ms: int | None = None  # first sample time read since the assignment
+        self.arrival_wall_s = time.time()  # when its latest samples arrived
 
 
 class HotStage:
@@ -85,7 +108,10 @@ class HotStage:
         batch_max: int,
         batch_within_s: float,
         allocation_retention_s: int,
+        partition_of: Callable[[str], int] | None = None,
     ) -> None:
+        """``partition_of``: the samples partition of a node (the producers' partitioner), so
+        the silence watch looks only at the nodes of the assigned partitions (None: none)."""
         self.settings = settings
         self.group = f"{app_id}-hot"
         self.topics = topics
@@ -96,6 +122,19 @@ class HotStage:
         self.retention_ms = allocation_retention_s * 1000
         self.columns = MessageColumns("NodeGpuSample", SAMPLE_SPEC)
         self.job_codec = AvroCodec("JobEvent")
+        self.finding_codec = AvroCodec("StragglerFinding")
+        self.partition_of = partition_of
+        stream = settings.stream
+        self.silence = SilenceWatch(
+            int(stream.silent_after_s * 1000), int(stream.silent_group_s * 1000),
+            stream.silent_fleet_min_nodes, window_s * 1000, settings.detector.id_hex_chars,
+        )  # fmt: skip
+        self.silence_every_s = stream.silent_check_s
+        self._next_silence_s = 0.0
+        self._next_silence_ms = -(1 << 62)
+        self._watched: dict[str, tuple[str, int]] = {}
+        self._node_part: dict[str, int] = {}
+        self._watched_key: tuple[int, frozenset[int]] | None = None
         self.alloc = AllocationTable(self.retention_ms)
         self.parts: dict[int, _Partition] = {}
         self.job_events_seen = self.job_events_bad = 0
@@ -160,6 +199,7 @@ class HotStage:
                     self._sync_job_events()
                     self._process(messages)
                 self._measure_lag()
+                self._check_silence()
                 self._producer.poll(0)
             self._commit(list(self.parts))
         finally:
@@ -264,7 +304,8 @@ class HotStage:
                 progress.resume(c.metadata)
             agg = WindowAggregator(self.alloc, self.window_s, self.lateness_s, idle_jobs=True)
             agg.closed_until_ms = progress.resumed_closed_until_ms
-            self.parts[tp.partition] = _Partition(agg, progress)
+            hard = HardWatch(self.alloc, agg.name, self.settings.detector)
+            self.parts[tp.partition] = _Partition(agg, progress, hard)
         log.info("hot stage assigned samples partitions %s", sorted(self.parts))
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
@@ -318,6 +359,7 @@ class HotStage:
             row += 1
         if not keep.all():
             tables, rows = select_rows(tables, keep), rows[keep]
+        self._arrivals(part, tables)
         unattributed_before = agg.unattributed
         result = agg.add_columns(tables)
         self.counters.unattributed += agg.unattributed - unattributed_before
@@ -351,7 +393,113 @@ class HotStage:
         if slowest is not None and slowest >= self.last_prune_ms + self.window_ms:
             self.last_prune_ms = slowest
             self.alloc.prune(slowest - self.retention_ms)
+            for other in self.parts.values():
+                other.hard.prune(slowest - self.retention_ms)
         return tables[""].n, tables["gpus."].n
+
+    # -- hard rules on arrival, silence ----------------------------------------------------------
+    def _arrivals(self, part: _Partition, tables: Any) -> None:
+        """Hard rules on arrival over one partition's decoded batch; the silence watch's last
+        sample time of each node in it."""
+        for f in part.hard.add_columns(tables):
+            self.counters.hard_findings += 1
+            self._publish_finding(f)
+        top = tables[""]
+        ts = top.values["ts_ms"]
+        ok = (ts >= 0) & (ts < VALUE_LIMIT)
+        if not ok.any():
+            return
+        codes, inverse = np.unique(top.values["node"][ok], return_inverse=True)
+        latest = np.full(len(codes), -(1 << 62), np.int64)
+        np.maximum.at(latest, inverse, ts[ok])
+        for code, t in zip(codes.tolist(), latest.tolist(), strict=True):
+            self.silence.saw(part.aggregator.name(int(code)), int(t))
+        top_ms = int(latest.max())
+        if part.first_ts_ms is None:
+            part.first_ts_ms = int(latest.min())
+        part.max_ts_ms = top_ms if part.max_ts_ms is None else max(part.max_ts_ms, top_ms)
+        part.arrival_wall_s = time.time()
+
+    def _publish_finding(self, f: Any) -> None:
+        self._send(self.topics.findings, str(f["job_id"]).encode(), self.finding_codec.encode(f))
+        if f.get("node") is not None:
+            self._send(self.topics.node_findings, str(f["node"]).encode(), json.dumps(f).encode())
+
+    def silence_clocks(self, wall_s: float | None = None) -> tuple[int | None, dict[int, int]]:
+        """The silence watch's event time ("now") and the clock of each assigned partition.
+
+        A partition's own clock is its latest sample time, moved on by the wall time since its
+        samples last arrived while it is live (they were at most ``silent_after_s`` behind the
+        wall clock when they came: a consumer reading a backlog never extrapolates). "Now" is
+        the latest of them. A partition with nothing left to read (its position at its high
+        watermark) is at "now": its nodes are as quiet as the others' samples say; one still
+        being read is at its own clock (catching up is not silence); one with neither is left
+        out."""
+        wall = time.time() if wall_s is None else wall_s
+        own: dict[int, int] = {}
+        for p, q in self.parts.items():
+            if q.max_ts_ms is None:
+                continue
+            clock = q.max_ts_ms
+            if q.max_ts_ms >= q.arrival_wall_s * 1000 - self.silence.silent_after_ms:
+                clock += max(0, int((wall - q.arrival_wall_s) * 1000))
+            own[p] = clock
+        if not own:
+            return None, {}
+        now = max(own.values())
+        caught_up = self._caught_up()
+        return now, {**own, **dict.fromkeys(caught_up, now)}
+
+    def _caught_up(self) -> set[int]:
+        """Assigned samples partitions with nothing left to read (local: the consumer's
+        position against the high watermark librdkafka caches from its fetches)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        out: set[int] = set()
+        try:
+            tps = [TopicPartition(self.topics.samples, p) for p in self.parts]
+            for tp in self._consumer.position(tps):
+                marks = self._consumer.get_watermark_offsets(tp, cached=True)
+                if not marks:
+                    continue
+                low, high = marks
+                if high >= 0 and (tp.offset >= high or (tp.offset < 0 and high == low)):
+                    out.add(tp.partition)
+        except KafkaException as exc:  # not known yet: no partition counts as caught up
+            log.debug("hot stage: positions unavailable (%s)", exc)
+        return out
+
+    def _check_silence(self) -> None:
+        """Every ``silent_check_s`` of wall time, or of event time, whichever comes first."""
+        if self.partition_of is None:
+            return
+        wall = time.time()
+        now, clocks = self.silence_clocks(wall)
+        if now is None:
+            return
+        if wall < self._next_silence_s and now < self._next_silence_ms:
+            return
+        self._next_silence_s = wall + self.silence_every_s
+        self._next_silence_ms = now + int(self.silence_every_s * 1000)
+        key = (self.alloc.generation, frozenset(self.parts))
+        if key != self._watched_key:
+            self._watched_key = key
+            part_of = self.partition_of
+            self._node_part = {n: part_of(n) for n in self.alloc.open_nodes()}
+            self._watched = {
+                n: v for n, v in self.alloc.open_nodes().items() if self._node_part[n] in self.parts
+            }
+        node_part, parts = self._node_part, self.parts
+
+        def first(node: str) -> int | None:
+            q = parts.get(node_part[node])
+            return None if q is None else q.first_ts_ms
+
+        for f in self.silence.check(
+            self._watched, now, lambda n: clocks.get(node_part[n]), watch_from=first
+        ):
+            self.counters.silence_findings += 1
+            self._publish_finding(f)
 
     def _send(self, topic: str, key: bytes, value: bytes, **kw: Any) -> None:
         from confluent_kafka import KafkaError, KafkaException

@@ -101,6 +101,10 @@ def live_equivalent_settings(settings: Settings | None = None) -> PipelineSettin
         job_grace_s=stream.job_grace_s,
         fan_out_job_wide=stream.fan_out_job_wide,
         allocation_retention_s=stream.allocation_retention_s,
+        silent_after_s=stream.silent_after_s,
+        silent_group_s=stream.silent_group_s,
+        silent_fleet_min_nodes=stream.silent_fleet_min_nodes,
+        silent_check_s=stream.silent_check_s,
     )
 
 

@@ -12,6 +12,8 @@ detector) and stage 4 (the policy) exactly where the one-process pipeline runs t
 * ``("drain", refused, max_ts_ms, watermark_ms, closed)``: a batch ended: the outputs of its
   late and invalid samples, the highest sample time aggregated, the watermark and the closed
   ``(window start, job id, GpuWindow)`` triples (None: no watermark yet);
+* ``("hot", findings)``: findings made beside stage 2 (hard rules on arrival, silence), with
+  the event time of each, for the policy;
 * ``("finish", closed, counters)``: end of input, every open window.
 
 Both sides keep an allocation table (the front to attribute readings and fill a window's job
@@ -58,6 +60,10 @@ class FrontPipeline(Pipeline):
         self.send(("feed", stream, key, value))
         return []
 
+    def _hot(self, found: list[tuple[Any, int]]) -> list[Output]:
+        self.send(("hot", found))  # the back runs them through the policy, in this order
+        return []
+
     def _after_batch(self, out: list[Output]) -> list[Output]:
         agg = self.aggregator
         if agg.max_ts_ms is not None:
@@ -98,6 +104,8 @@ class BackPipeline(Pipeline):
             out += self._detect(self.aggregator.group(closed), watermark)
             self._closed_to(watermark)
             return out
+        if kind == "hot":
+            return self._hot(message[1])
         if kind == "finish":
             _, closed, counters = message
             self.front_counters = dict(counters)

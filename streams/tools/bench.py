@@ -19,6 +19,11 @@ Pure except :func:`read_proc` (two small file reads). The measurements come from
   (``--paced``, default 120 s: the last seconds of the input published one tick per second of
   wall time, as agents publish; a second fault starts in it). The target is judged on the
   paced phase when it has findings;
+- *hard fault -> recommendation*: in the paced phase, hard faults (XIDs 48/94/63/64/95/74, a
+  PCIe downtrain, an NVLink storm) on other nodes, one every 2 s from 10 s in: wall time from
+  the benchmark handing the tick that shows one to its producer to the broker's timestamp of
+  the first hard DrainRecommendation for its node (hard rules fire on arrival); p50/p99, a
+  fault without one counts as a failure;
 - *replay / worker*: ``peerwatch replay --archive`` over the same records (written as archive
   files before the worker starts), its node records per second over the worker's. The replay
   times itself from reading the first file to its last output (interpreter start-up excluded).
@@ -39,6 +44,8 @@ TARGET_FLOOR_RATIO = 2.0
 TARGET_RSS_BYTES = 1 << 30
 TARGET_RSS_GPUS = 100_000
 TARGET_LATENCY_S = 2.0
+#: Hard fault (the sample that shows it, published) -> DrainRecommendation on the topic, p99.
+TARGET_HARD_P99_S = 5.0
 TARGET_REPLAY_OVER_WORKER = 10.0
 #: ... or, where the worker itself got much faster (the same aggregator runs in both now), at
 #: least the replay rate of the last session's run (node records/s).
@@ -105,12 +112,13 @@ def rate(count: float, seconds: float | None) -> float | None:
 
 
 def latency_summary(values: Sequence[float]) -> dict[str, Any]:
-    """count, p50, p95 and max of latencies (ms)."""
+    """count, p50, p95, p99 and max of latencies (ms)."""
     lat = [float(v) for v in values]
     return {
         "count": len(lat),
         "p50": percentile(lat, 0.5),
         "p95": percentile(lat, 0.95),
+        "p99": percentile(lat, 0.99),
         "max": max(lat) if lat else None,
     }
 
@@ -168,6 +176,14 @@ def verdicts(report: Mapping[str, Any]) -> dict[str, str]:
     def judge(ok: bool | None) -> str:
         return "N/A" if ok is None else "PASS" if ok else "FAIL"
 
+    paced_all = report.get("paced") or {}
+    hard = paced_all.get("hard_to_recommendation_ms") or {}
+    hard_ok: bool | None = None
+    if hard.get("count") or paced_all.get("hard_faults_without_recommendation"):
+        hard_ok = not paced_all.get("hard_faults_without_recommendation") and (
+            (hard.get("p99") or 0.0) / 1000.0 <= TARGET_HARD_P99_S
+        )
+
     rss_ok: bool | None = None
     if rss_bytes is not None and rss_gpus:
         # Measured below the target's GPU count: only a PASS at or above it counts as measured.
@@ -177,6 +193,7 @@ def verdicts(report: Mapping[str, Any]) -> dict[str, str]:
         "processor_over_floor": judge(None if ratio is None else ratio >= TARGET_FLOOR_RATIO),
         "rss_100k_gpus": judge(rss_ok),
         "finding_latency": judge(None if lat is None else lat / 1000.0 < TARGET_LATENCY_S),
+        **({"hard_latency": judge(hard_ok)} if hard_ok is not None else {}),
         "replay_over_worker": judge(
             None
             if replay_ratio is None
@@ -220,6 +237,13 @@ def format_table(report: Mapping[str, Any]) -> str:
         rows.append((f"finding latency, paced p50/p95/max (ms, n={paced['count']})",
                      "/".join(_fmt(paced[k], ",.0f") for k in ("p50", "p95", "max")),
                      "< 2,000 (max)", v["finding_latency"]))  # fmt: skip
+    hard = (report.get("paced") or {}).get("hard_to_recommendation_ms") or {}
+    missing = (report.get("paced") or {}).get("hard_faults_without_recommendation") or 0
+    if hard.get("count") or missing:
+        rows.append((f"hard fault -> DrainRecommendation, paced p50/p99 (ms, n={hard['count']}"
+                     + (f", {missing} without" if missing else "") + ")",
+                     "/".join(_fmt(hard[k], ",.0f") for k in ("p50", "p99")),
+                     "<= 5,000 (p99)", v.get("hard_latency", "")))  # fmt: skip
     replay = report.get("replay") or {}
     if replay:
         rows.append(

@@ -22,11 +22,11 @@ from typing import Any
 from peerwatch.kafka_config import consumer_config, producer_config
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import STREAM_TOPICS, PublishStats, publish_to_kafka
-from peerwatch.schemas.codec import AvroCodec
+from peerwatch.schemas.codec import AvroCodec, decode_any
 from peerwatch.settings import KafkaSettings
 from peerwatch.streams.tools.bench import ProcSnapshot, read_proc
 from peerwatch.topic_admin import ensure_topics
-from peerwatch.topics import SAMPLES, catalogue
+from peerwatch.topics import RECOMMENDATIONS, SAMPLES, catalogue
 
 #: (topic, key, value, timestamp ms or None): one record to publish as it is.
 Raw = tuple[str, bytes | None, bytes, int | None]
@@ -334,7 +334,8 @@ def bench_fleet(
     """A busy fleet stamped in the recent past: jobs of up to 512 GPUs side by side, each with
     an 8% SM-clock drop on one GPU from 60 s (so the benchmark sees findings and latencies).
     ``paced_s`` more seconds follow, with a second drop on another GPU 5 s into them (findings
-    for the paced phase, see :func:`run_worker_over`)."""
+    for the paced phase, see :func:`run_worker_over`), and hard faults on other nodes, one
+    every :data:`HARD_EVERY_S` seconds from 10 s into them (see :func:`paced_hard_faults`)."""
     from peerwatch.producers.sim.scenario import parse_scenario
 
     total_s = duration_s + paced_s
@@ -351,6 +352,15 @@ def bench_fleet(
         if count * gpus_per_node >= 16 and paced_s >= 60:
             faults.append({"name": "sm_clock_drop", "node": first, "gpu_index": 1,
                            "start_s": duration_s + 5, "params": {"pct": 8}})  # fmt: skip
+    if paced_s >= 20:
+        taken = {f["node"] for f in faults}
+        free = [n for n in range(nodes) if n not in taken]
+        for i, at_s in enumerate(range(10, int(paced_s) - 5, HARD_EVERY_S)):
+            if i >= len(free):
+                break
+            name, params = HARD_KINDS[i % len(HARD_KINDS)]
+            faults.append({"name": name, "node": free[i], "gpu_index": 2 % gpus_per_node,
+                           "start_s": duration_s + at_s, "params": dict(params)})  # fmt: skip
     doc = {
         "fleet": {"nodes": nodes, "gpus_per_node": gpus_per_node, "interval_s": 1.0,
                   "duration_s": total_s, "seed": seed, "start_ms": now_ms - now_ms % 30_000},
@@ -358,6 +368,54 @@ def bench_fleet(
         "faults": faults,
     }  # fmt: skip
     return Fleet(parse_scenario(doc))
+
+
+#: Hard faults of the paced phase (none fails its job: the input stays the same size).
+HARD_KINDS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("xid", {"xid": 48}), ("xid", {"xid": 94}), ("pcie_downtrain", {"width": 8}),
+    ("xid", {"xid": 63}), ("nvlink_error_storm", {}), ("xid", {"xid": 64}),
+    ("xid", {"xid": 95}), ("xid", {"xid": 74}),
+)  # fmt: skip
+#: One hard fault every this many seconds of the paced phase.
+HARD_EVERY_S = 2
+
+
+def paced_hard_faults(fleet: Fleet) -> list[tuple[str, int]]:
+    """(node, first tick showing it, epoch ms) of every hard fault of the fleet's scenario."""
+    spec = fleet.spec
+    out = []
+    for inj in fleet.scenario.faults:
+        if inj.name in ("xid", "pcie_downtrain", "nvlink_error_storm") and inj.node is not None:
+            onset_ms = round(inj.start_s * 1000)
+            tick_ms = -(-onset_ms // spec.interval_ms) * spec.interval_ms
+            out.append((spec.node_name(inj.node), spec.start_ms + tick_ms))
+    return out
+
+
+def hard_latencies(
+    faults: Sequence[tuple[str, int]],
+    published_ms: dict[int, float],
+    recommendations: Sequence[tuple[dict[str, Any], int]],
+) -> tuple[list[float], int]:
+    """Per hard fault whose sample was published paced: wall ms from publishing the tick that
+    shows it to the first hard DRAIN recommendation for its node on the topic (the broker's
+    timestamp); and how many such faults got none."""
+    first: dict[str, int] = {}
+    for rec, ts_ms in recommendations:
+        if rec.get("action") == "DRAIN" and rec.get("hard"):
+            node = str(rec["node"])
+            first[node] = min(first.get(node, ts_ms), ts_ms)
+    out: list[float] = []
+    missing = 0
+    for node, tick_ms in faults:
+        sent = published_ms.get(tick_ms)
+        if sent is None:
+            continue
+        if node in first:
+            out.append(first[node] - sent)
+        else:
+            missing += 1
+    return out, missing
 
 
 def encode_fleet(fleet: Fleet, topic_prefix: str) -> tuple[list[Raw], list[Raw], int]:
@@ -392,6 +450,10 @@ class WorkerRun:
     paced_latency_ms: list[float] = field(default_factory=list)
     #: Node records published paced (included in ``node_records``).
     paced_records: int = 0
+    #: Hard faults of the paced phase: sample published -> hard DrainRecommendation on the
+    #: topic (wall ms), and how many got none.
+    hard_latency_ms: list[float] = field(default_factory=list)
+    hard_missing: int = 0
 
 
 def archive_raw(records: Sequence[Raw], root: Path, topic_prefix: str) -> int:
@@ -445,22 +507,29 @@ def delete_prefixed_topics(kafka: KafkaSettings, prefix: str) -> int:
     return len(names)
 
 
-def publish_paced(kafka: KafkaSettings, records: Sequence[Raw], interval_s: float) -> None:
+def publish_paced(
+    kafka: KafkaSettings, records: Sequence[Raw], interval_s: float
+) -> dict[int, float]:
     """Publish ``records`` grouped by their timestamp's tick, one tick every ``interval_s`` of
-    wall time from now (each tick flushed, like an agent's send). Raises RuntimeError if a
-    record is not acked."""
+    wall time from now (each tick flushed, like an agent's send). Returns, per tick (its start,
+    epoch ms of event time), the wall time (ms) its first record was handed to the producer.
+    Raises RuntimeError if a record is not acked."""
     sink = _ConfluentSink(kafka)
+    step_ms = int(interval_s * 1000)
     ticks: dict[int, list[Raw]] = {}
     for r in records:
-        ticks.setdefault(int((r[3] or 0) // (interval_s * 1000)), []).append(r)
+        ticks.setdefault(int((r[3] or 0) // step_ms), []).append(r)
+    sent: dict[int, float] = {}
     t0 = time.monotonic()
     for i, tick in enumerate(sorted(ticks)):
         delay = t0 + i * interval_s - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+        sent[tick * step_ms] = time.time() * 1000.0
         for topic, key, value, ts_ms in ticks[tick]:
             sink.send(topic, key, value, (), ts_ms or 0)
         sink.flush(30)
+    return sent
 
 
 def run_worker_over(
@@ -518,16 +587,21 @@ def run_worker_over(
         if state[0] < burst:
             raise TimeoutError(f"worker took {state[0]} of {burst}:\n{worker.log_tail()}")
         paced_latency: list[float] = []
+        hard: tuple[list[float], int] = ([], 0)
         if paced:
             log(f"publishing {paced_samples} node records paced over {paced_s:g} s ...")
             before = len(worker.counters().get("finding_latency_ms") or [])
-            publish_paced(kafka, paced, interval_s=1.0)
+            sent = publish_paced(kafka, paced, interval_s=1.0)
             state = wait_stable(poll, lambda s: s[0] >= total, timeout_s, settle_s=5.0)
             paced_latency = list(worker.counters().get("finding_latency_ms") or [])[before:]
+            recs = [(decode_any(r.value)[1], r.ts_ms)
+                    for r in read_topic(kafka, prefix + RECOMMENDATIONS.name)]  # fmt: skip
+            hard = hard_latencies(paced_hard_faults(fleet), sent, recs)
         snapshot = worker.proc_snapshot()
         return WorkerRun(
-            worker.counters(), snapshot, since, prefix, total, paced_latency, paced_samples
-        )
+            worker.counters(), snapshot, since, prefix, total, paced_latency, paced_samples,
+            hard[0], hard[1],
+        )  # fmt: skip
 
 
 def run_stream_bench(
@@ -595,6 +669,8 @@ def run_stream_bench(
             "seconds": paced_s,
             "node_records": run.paced_records,
             "finding_latency_ms": latency_summary(run.paced_latency_ms),
+            "hard_to_recommendation_ms": latency_summary(run.hard_latency_ms),
+            "hard_faults_without_recommendation": run.hard_missing,
         },
     }
     report["replay"] = None

@@ -9,7 +9,10 @@ so the suites cover every fault and confounder, several seeds and job sizes 1-51
 - ``hard``: every hard XID, the application XIDs, an NVLink storm, a PCIe downtrain and a lost
   GPU, each in its own job (8 GPUs, and a 2-GPU job for the small-job case);
 - ``confounders``: every confounder, with small jobs, a requeue, skewed and lossy nodes;
-- ``big``: a 512-GPU job with a 6% drop and a throttle, plus a random 1-64 GPU workload.
+- ``big``: a 512-GPU job with a 6% drop and a throttle, plus a random 1-64 GPU workload;
+- ``idle-hard``: hard conditions on idle GPUs and hard conditions present at agent start;
+- ``silent``: agents going quiet (a node, a rack across jobs, a whole job, a node that never
+  reported, an idle node).
 """
 
 from __future__ import annotations
@@ -174,6 +177,67 @@ def big_job(seed: int, duration_s: float = 1200.0) -> EvalScenario:
     return EvalScenario(f"big512-s{seed}", doc)
 
 
+# -- hard faults on arrival, idle GPUs, silent agents (issue 13, items 1, 4, 5 and 7) -----------
+def idle_hard(seed: int, duration_s: float = 600.0) -> EvalScenario:
+    """Hard conditions on idle GPUs (a lost GPU, a PCIe downtrain, a remap pending: each on an
+    idle node, mid-run) and hard conditions already present when the agents start (a lost GPU
+    and a failed remap on idle nodes, a PCIe downtrain on a busy GPU). Every one expects a
+    drain from the sample that shows it."""
+    jobs = [
+        {"job_id": "7500", "gpus": 32, "first_node": 0, "duration_s": 7200},
+        {"job_id": "7501", "gpus": 16, "first_node": 4, "duration_s": 7200},
+    ]  # nodes 6-11 stay idle
+    g = seed % 8
+    faults = [
+        {"name": "gpu_lost", "node": 6, "gpu_index": g, "start_s": _onset(seed, 0, 150.0)},
+        {"name": "pcie_downtrain", "node": 7, "gpu_index": (g + 1) % 8,
+         "start_s": _onset(seed, 1, 150.0), "params": {"width": 8}},
+        {"name": "xid", "node": 8, "gpu_index": (g + 2) % 8, "start_s": _onset(seed, 2, 150.0),
+         "params": {"xid": 63}},
+        # present at agent start
+        {"name": "gpu_lost", "node": 9, "gpu_index": (g + 3) % 8, "start_s": 0},
+        {"name": "xid", "node": 10, "gpu_index": (g + 4) % 8, "start_s": 0, "params": {"xid": 64}},
+        {"name": "pcie_downtrain", "node": 1, "gpu_index": (g + 5) % 8, "start_s": 0,
+         "params": {"width": 4}},
+    ]  # fmt: skip
+    doc = {"fleet": _fleet(12, seed, duration_s, 2.0), "jobs": jobs, "faults": faults}
+    return EvalScenario(f"idle-hard-s{seed}", doc)
+
+
+def silent_agents(seed: int, duration_s: float = 900.0) -> EvalScenario:
+    """Agents that go quiet while their GPUs are allocated: one node of a job (2 minutes), a
+    rack of 8 nodes across two jobs at once (one FLEET_WIDE finding expected), a 2-node job's
+    both nodes (one job-level finding), a node that never reports from its job's start, and an
+    idle node (nothing expected)."""
+    jobs = [
+        {"job_id": "7600", "gpus": 64, "first_node": 0, "duration_s": 7200},
+        {"job_id": "7601", "gpus": 64, "first_node": 8, "duration_s": 7200},
+        {"job_id": "7602", "gpus": 64, "first_node": 16, "duration_s": 7200},
+        {"job_id": "7603", "gpus": 8, "first_node": 24, "duration_s": 7200},
+        {"job_id": "7604", "gpus": 16, "first_node": 25, "duration_s": 7200},
+    ]  # nodes 27-31 stay idle
+    one = _onset(seed, 0)
+    rack = 450.0 + seed % 7
+    faults: list[dict[str, Any]] = [
+        {"name": "agent_silent", "node": seed % 8, "start_s": one, "end_s": one + 120},
+        {"name": "agent_silent", "node": 24, "start_s": 0, "end_s": 240},
+        {"name": "agent_silent", "node": 29, "start_s": 300, "end_s": 400},
+    ]
+    faults += [
+        {"name": "agent_silent", "node": n, "start_s": rack, "end_s": rack + 110}
+        for n in range(12, 20)
+    ]
+    faults += [{"name": "agent_silent", "node": n, "start_s": 650, "end_s": 750} for n in (25, 26)]
+    doc = {"fleet": _fleet(32, seed, duration_s, 2.0), "jobs": jobs, "faults": faults}
+    return EvalScenario(f"silent-s{seed}", doc)
+
+
+def hardfast_scenarios(seed: int) -> list[EvalScenario]:
+    """This block's scenarios for one seed."""
+    return [idle_hard(seed), silent_agents(seed)]
+
+
+# -- end of the hard-faults / silence block ------------------------------------------------------
 def suite(name: str) -> list[EvalScenario]:
     """The scenarios of suite ``quick`` or ``full``; raises ValueError for another name."""
     seeds: tuple[int, ...]
@@ -188,5 +252,6 @@ def suite(name: str) -> list[EvalScenario]:
     for seed in seeds:
         out += [clock_sweep(p, seed, long_s) for p in pcts]
         out += [throttle(seed, long_s), hard_errors(seed), confounders(seed, long_s)]
+        out += hardfast_scenarios(seed)
     out += [big_job(seed) for seed in (seeds[:1] if name == "quick" else seeds)]
     return out

@@ -63,16 +63,25 @@ class Score:
     false_drain_records: list[dict[str, Any]] = field(default_factory=list)
     #: Recommendations by what they cost on-call, per fleet time (see the soak suite).
     alerts: AlertCensus = field(default_factory=AlertCensus)
+    #: Silent agents (``expect == "silent"``): labels, those found by a SILENT or FLEET_WIDE
+    #: finding, such findings made and those a silent label explains, onset -> detected_ms.
+    silent_labels: int = 0
+    silent_hits: int = 0
+    silent_findings: int = 0
+    silent_findings_explained: int = 0
+    silent_latency_ms: list[int] = field(default_factory=list)
 
     def add(self, other: Score) -> None:
         for name in (
             "straggler_labels", "straggler_hits", "drain_labels", "drain_hits", "hard_labels",
             "hard_in_window", "episodes", "episodes_explained", "drains", "false_drains",
-            "false_alerts",
+            "false_alerts", "silent_labels", "silent_hits", "silent_findings",
+            "silent_findings_explained",
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.finding_latency_ms += other.finding_latency_ms
         self.rec_latency_ms += other.rec_latency_ms
+        self.silent_latency_ms += other.silent_latency_ms
         for k, (n, hit) in other.by_kind.items():
             mine = self.by_kind.setdefault(k, [0, 0])
             mine[0] += n
@@ -112,6 +121,11 @@ class Score:
             "missed": self.missed,
             "false_drain_records": self.false_drain_records,
             "alerts": self.alerts.to_dict(),
+            "silent_labels": self.silent_labels,
+            "silent_recalled": self.silent_hits,
+            "silent_findings": self.silent_findings,
+            "silent_findings_explained": self.silent_findings_explained,
+            "onset_to_silent_s": latency_summary(self.silent_latency_ms),
         }
 
 
@@ -204,6 +218,7 @@ def score(
                 out.hard_labels += 1
                 if any(int(r["ts_ms"]) - start <= window_ms + interval_ms for r, _ in drains):
                     out.hard_in_window += 1
+    score_silence(labels, [f for f, _ in findings], slack_ms, out)
     seen: set[tuple[Any, ...]] = set()
     for f, _ in findings:
         if f["status"] not in EPISODE_STATUSES:
@@ -230,7 +245,9 @@ def score(
         ):
             out.episodes_explained += 1
     for r, _ in recs:
-        ts = int(r["ts_ms"])
+        # The evidence of a recommendation: the window up to and including its event time (a
+        # hard rule on arrival is at the very sample that shows the fault, maybe its onset).
+        ts = int(r["ts_ms"]) + 1
         if r["action"] == "DRAIN":
             out.drains += 1
             if not _explained(faults, r["node"], None, ts - window_ms, ts, slack_ms):
@@ -249,6 +266,50 @@ def score(
 
     out.alerts = census((r for r, _ in recs), node_s, explained)
     return out
+
+
+def _silence_covers(f: Mapping[str, Any], lb: Mapping[str, Any]) -> bool:
+    """Whether a silence finding names the label's node: itself, its job (a job-level finding),
+    or the fleet (a FLEET_WIDE one)."""
+    if f.get("node") is not None:
+        return bool(f["node"] == lb["node"])
+    return bool(f["status"] == "FLEET_WIDE" or f["job_id"] == lb.get("job_id"))
+
+
+def score_silence(
+    labels: Sequence[Mapping[str, Any]],
+    findings: Sequence[Mapping[str, Any]],
+    slack_ms: int,
+    out: Score,
+) -> None:
+    """Silent agents: a label expecting ``silent`` is found by a SILENT / FLEET_WIDE finding
+    (cause NO_SAMPLES) covering its node (:func:`_silence_covers`) detected within its time
+    (plus slack); every such finding is explained by a silent label it covers."""
+    silent = [
+        f
+        for f in findings
+        if f["status"] in ("SILENT", "FLEET_WIDE") and f.get("cause") == "NO_SAMPLES"
+    ]
+    wanted = [lb for lb in labels if lb["expect"] == "silent"]
+
+    def detected(f: Mapping[str, Any]) -> int:
+        return int(f.get("detected_ms") or f["window_end_ms"])
+
+    def within(f: Mapping[str, Any], lb: Mapping[str, Any]) -> bool:
+        return int(lb["start_ms"]) <= detected(f) <= int(lb["end_ms"]) + slack_ms
+
+    for lb in wanted:
+        out.silent_labels += 1
+        hits = [detected(f) for f in silent if _silence_covers(f, lb) and within(f, lb)]
+        if hits:
+            out.silent_hits += 1
+            out.silent_latency_ms.append(min(hits) - int(lb["start_ms"]))
+        else:
+            out.missed.append({**lb, "missing": "silent"})
+    for f in silent:
+        out.silent_findings += 1
+        if any(_silence_covers(f, lb) and within(f, lb) for lb in wanted):
+            out.silent_findings_explained += 1
 
 
 def _explained(
@@ -328,7 +389,7 @@ def targets(total: Score, window_s: int) -> list[Target]:
     clock_recall = clock_hit / clock_n if clock_n else None
     hard = total.hard_in_window / total.hard_labels if total.hard_labels else None
     med = latency_summary(total.finding_latency_ms)["median"]
-    return [
+    out = [
         Target(
             "recall, clock drops >= 5% / throttling, jobs >= 8 GPUs",
             clock_recall,
@@ -344,6 +405,18 @@ def targets(total: Score, window_s: int) -> list[Target]:
         Target("false drains", float(total.false_drains), "= 0", total.false_drains == 0),
         Target("median onset->finding (s)", med, "<= 60", med is not None and med <= 60.0),
     ]
+    if total.silent_labels or total.silent_findings:
+        found = total.silent_hits / total.silent_labels if total.silent_labels else None
+        right = total.silent_findings_explained == total.silent_findings
+        out.append(
+            Target(
+                "silent agents found (SILENT/FLEET_WIDE), no unexplained silence finding",
+                found,
+                "= 1.0",
+                found is not None and found >= 1.0 and right,
+            )
+        )
+    return out
 
 
 def soak_targets(total: AlertCensus) -> list[Target]:
@@ -451,6 +524,13 @@ def format_report(results: Sequence[ScenarioResult], total: Score, checks: Seque
         f"{_fmt(rec['median'], 1)} s, p95 {_fmt(rec['p95'], 1)} s; false alerts "
         f"{total.false_alerts}"
     )
+    if total.silent_labels or total.silent_findings:
+        sil = latency_summary(total.silent_latency_ms)
+        lines.append(
+            f"silent agents found {total.silent_hits}/{total.silent_labels} by "
+            f"{total.silent_findings} findings ({total.silent_findings_explained} explained); "
+            f"onset->SILENT median {_fmt(sil['median'], 1)} s, p95 {_fmt(sil['p95'], 1)} s"
+        )
     lines.append("")
     for t in checks:
         lines.append(f"{'PASS' if t.passed else 'FAIL'}  {t.name}: {_fmt(t.value)} (goal {t.goal})")

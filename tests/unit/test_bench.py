@@ -142,7 +142,7 @@ def test_latency_is_judged_on_the_paced_phase_when_it_has_findings() -> None:
     # no finding in the paced phase: the burst figure is judged
     burst_slow["paced"]["finding_latency_ms"] = latency_summary([])
     assert verdicts(burst_slow)["finding_latency"] == "FAIL"
-    assert latency_summary([]) == {"count": 0, "p50": None, "p95": None, "max": None}
+    assert latency_summary([]) == {"count": 0, "p50": None, "p95": None, "p99": None, "max": None}
 
 
 def test_the_replay_phase_archive_holds_what_the_simulator_archives(
@@ -163,3 +163,31 @@ def test_the_replay_phase_archive_holds_what_the_simulator_archives(
     got = list(read_archive(tmp_path / "raw", SAMPLES.name, "NodeGpuSample"))
     want = list(read_archive(tmp_path / "sim", SAMPLES.name, "NodeGpuSample"))
     assert len(got) == total == len(want) and got == want
+
+
+def test_hard_fault_latency_is_publish_to_the_first_hard_drain_and_judged_on_p99() -> None:
+    from peerwatch.streams.tools.bench_run import hard_latencies
+
+    faults = [("n1", 1_000), ("n2", 2_000), ("n3", 3_000), ("n4", 9_000)]
+    sent = {1_000: 50_000.0, 2_000: 51_000.0, 3_000: 52_000.0}  # n4's tick: not paced
+    recs = [
+        ({"node": "n1", "action": "DRAIN", "hard": True}, 50_400),
+        ({"node": "n1", "action": "DRAIN", "hard": True}, 59_000),  # a later one: not counted
+        ({"node": "n2", "action": "ALERT", "hard": False}, 51_100),  # not a hard drain
+        ({"node": "n2", "action": "DRAIN", "hard": True}, 51_900),
+    ]
+    assert hard_latencies(faults, sent, recs) == ([400.0, 900.0], 1)  # n3 got none
+    rep = report(60_000.0, 2.1, 700 << 20, 100_000, 900.0)
+    rep["paced"] = {"seconds": 120.0, "node_records": 100,
+                       "finding_latency_ms": latency_summary([300.0]),
+                       "hard_to_recommendation_ms": latency_summary([400.0, 900.0]),
+                       "hard_faults_without_recommendation": 0}  # fmt: skip
+    assert verdicts(rep)["hard_latency"] == "PASS"
+    line = next(x for x in format_table({**rep, "verdicts": verdicts(rep)}).splitlines()
+                if x.startswith("hard fault"))  # fmt: skip
+    assert "400/900" in line and line.endswith("PASS")
+    rep["paced"]["hard_faults_without_recommendation"] = 1
+    assert verdicts(rep)["hard_latency"] == "FAIL"
+    rep["paced"]["hard_faults_without_recommendation"] = 0
+    rep["paced"]["hard_to_recommendation_ms"] = latency_summary([400.0] * 98 + [6000.0] * 2)
+    assert verdicts(rep)["hard_latency"] == "FAIL"

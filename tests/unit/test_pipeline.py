@@ -163,9 +163,14 @@ def test_hard_error_on_an_idle_gpu_drains_the_node_without_a_job() -> None:
     fleet = Fleet(parse_scenario(doc))
     outs = list(Pipeline().run((r.stream, r.key, r.value) for t in fleet.ticks() for r in t))
     hard = [f for f in of(outs, FINDING) if f["status"] == "HARD_ERROR"]
+    # On arrival (the sample that shows it), then the window rule of the same window (a
+    # backstop: same drain episode, no second drain).
     assert [(f["node"], f["gpu_index"], f["job_id"]) for f in hard] == [
         ("gpu00001", 4, "idle:gpu00001")
-    ]
+    ] * 2
+    assert hard[0]["detected_ms"] < hard[1]["detected_ms"] == hard[1]["window_end_ms"]
+    assert hard[0]["window_start_ms"] == hard[1]["window_start_ms"]
+    assert hard[0]["hard_rules"] == ["gpu_lost", "xid_79"]
     drains = [r for r in of(outs, RECOMMENDATION) if r["action"] == "DRAIN"]
     assert [(r["node"], r["gpu_indices"], r["job_ids"]) for r in drains] == [("gpu00001", [4], [])]
     # Idle GPUs never get peer verdicts, so nothing else on the idle node is flagged.

@@ -58,6 +58,7 @@ EVERYTHING: dict[str, Any] = {
         {"name": "nvlink_error_storm", "node": 3, "gpu_index": 4, "start_s": 100},
         {"name": "pcie_downtrain", "node": 3, "gpu_index": 5, "start_s": 100},
         {"name": "gpu_lost", "node": 12, "gpu_index": 6, "start_s": 500},
+        {"name": "agent_silent", "node": 1, "start_s": 400, "end_s": 500},
     ],
     "confounders": [
         {"name": "checkpoint", "node": 0, "start_s": 400, "end_s": 450},
@@ -254,7 +255,7 @@ def test_labels_cover_every_injection() -> None:
     assert {lb["name"] for lb in labels} == FAULT_KINDS | CONFOUNDER_KINDS
     json.dumps(labels)  # JSON-lines ready
     expect = [(lb["name"], lb["gpu_index"], lb["job_id"], lb["expect"]) for lb in labels]
-    assert expect[:9] == [
+    assert expect[:10] == [
         ("sm_clock_drop", 1, "a", "drain"),  # 12 min in a 32-GPU job
         ("sm_clock_drop", 2, "a", "nothing"),  # 3% is below the material threshold
         ("thermal_throttle", 2, "a", "straggler"),
@@ -264,8 +265,9 @@ def test_labels_cover_every_injection() -> None:
         ("nvlink_error_storm", 4, "a", "drain"),
         ("pcie_downtrain", 5, "a", "drain"),
         ("gpu_lost", 6, labels[8]["job_id"], "drain"),
+        ("agent_silent", None, "a", "silent"),  # a job owns the node
     ]
-    confounders = labels[9:]
+    confounders = labels[10:]
     assert all(lb["kind"] == "confounder" and lb["expect"] == "nothing" for lb in confounders)
     assert [lb["job_id"] for lb in confounders[:3]] == ["a", "a", "a"]
     requeue = next(lb for lb in confounders if lb["name"] == "requeue")
@@ -295,3 +297,28 @@ def test_demo_scenario_labels() -> None:
         ("thermal_throttle", "gpu00040", "1002", "straggler"),
         ("xid", "gpu00050", "1003", "drain"),
     ]
+
+
+def test_a_silent_agent_sends_nothing_while_its_gpus_run_on() -> None:
+    doc = {
+        "fleet": {"nodes": 2, "gpus_per_node": 2, "interval_s": 5, "duration_s": 120, "seed": 2},
+        "jobs": [{"job_id": "s", "gpus": 4, "first_node": 0, "warmup_s": 0}],
+        "faults": [{"name": "agent_silent", "node": 1, "start_s": 30, "end_s": 60},
+                   {"name": "xid", "node": 1, "gpu_index": 0, "start_s": 40,
+                    "params": {"xid": 94}}],
+    }  # fmt: skip
+    fleet = Fleet(parse_scenario(doc))
+    times: dict[int, list[int]] = {0: [], 1: []}
+    xids_at: list[tuple[int, int]] = []
+    for tick_ms, records in fleet.timed_ticks():
+        for r in records:
+            if r.stream == "samples":
+                n = int(r.value["node"][-1])
+                times[n].append((tick_ms - START_MS) // 1000)
+                if r.value["xids"]:
+                    xids_at.append((n, (tick_ms - START_MS) // 1000))
+    assert [t for t in times[1] if 30 <= t < 60] == [] and len(times[0]) == 24
+    assert times[1] == [t for t in range(0, 120, 5) if not 30 <= t < 60]
+    assert xids_at == [(1, 60)]  # the XID of the quiet time comes with the next sample
+    (silent,) = [lb for lb in fleet.labels() if lb["name"] == "agent_silent"]
+    assert (silent["node"], silent["job_id"], silent["expect"]) == ("gpu00001", "s", "silent")

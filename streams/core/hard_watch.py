@@ -1,0 +1,387 @@
+"""Hard rules on arrival: a HARD_ERROR finding from the sample that shows the fault.
+
+The window-based hard rules (:mod:`~peerwatch.streams.core.hard_rules`) wait for a window to
+close (30 s and the lateness). :class:`HardWatch` looks at every GPU reading as its batch comes
+in, with the same columns the :class:`~peerwatch.streams.core.windows.WindowAggregator` gets
+(:data:`~peerwatch.streams.core.windows.SAMPLE_SPEC`), and keeps per GPU the last counters and
+condition flags. A finding leaves at the sample that shows a *new* condition:
+
+- a hard XID (``detector.hard_xids``) carried by the sample;
+- a rise of the uncorrectable volatile ECC counter or of the NVLink error counters (replay +
+  recovery + CRC) over the GPU's previous reading (a counter rise needs that baseline; a
+  counter that went down was reset, and the new value is the rise, as in the windows);
+- remap pending, remap failed, PCIe link width below its maximum, GPU LOST: the condition set
+  where the previous reading had it unset, or already set at the GPU's first reading (a fault
+  present when the agent starts fires too).
+
+Idle GPUs (no owner) are watched the same way; their findings carry the node's pseudo job
+``idle:<node>``. A rule that fired on a GPU does not fire again on it within
+``clear_after_windows`` windows (as the window rules), so a storm is one finding.
+
+Readings whose time does not move their GPU's clock forward (a late or repeated sample) never
+change the memory and fire no counter or condition rule; an XID they carry still fires. Sample
+times outside ``[0, 2**53)`` are skipped and counted, counter values outside that range are
+missing (counted in ``bad_values``). State is one row per GPU seen; :meth:`HardWatch.prune`
+forgets GPUs silent for longer than a horizon.
+
+The finding: ``window_start_ms`` is the start of the window holding the sample (so the policy's
+drain episode and id are those of the window rule that fires later on the same fault),
+``window_end_ms`` that window's end, ``detected_ms`` the sample's own time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from peerwatch.schemas.columns import Table
+from peerwatch.schemas.records import StragglerFinding
+from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.model import HARD_ERROR, IDLE_JOB_PREFIX, stable_id
+from peerwatch.streams.core.settings import DetectorSettings
+from peerwatch.streams.core.windows import NVLINK_FIELDS, SAMPLE_SPEC, VALUE_LIMIT
+
+#: The rules with per-GPU memory, in bit order (XIDs are kept apart, by code).
+RULES = (
+    "gpu_lost",
+    "remap_pending",
+    "remap_failed",
+    "pcie_width_degraded",
+    "ecc_uncorrected",
+    "nvlink_errors",
+)
+_LOST_BIT, _REMAP_P_BIT, _REMAP_F_BIT, _PCIE_BIT, _ECC_BIT, _NVL_BIT = (1 << i for i in range(6))
+_LEVEL_BITS = _LOST_BIT | _REMAP_P_BIT | _REMAP_F_BIT | _PCIE_BIT
+_LOST = SAMPLE_SPEC.children[0][1].columns[2].symbols.index("LOST")  # type: ignore[union-attr]
+_FAR_PAST = -(1 << 62)
+
+
+def _delta(new: np.ndarray, old: np.ndarray) -> np.ndarray:
+    """Counter increase; a counter that went down was reset and restarts at zero."""
+    out: np.ndarray = np.where(new >= old, new - old, new)
+    return out
+
+
+class _Rows:
+    """Named int64 arrays, one row per GPU, that grow together."""
+
+    def __init__(self, fill: Mapping[str, int]) -> None:
+        self.fill = dict(fill)
+        self.size = 0
+        self.arrays = {k: np.empty(0, np.int64) for k in fill}
+
+    def add(self, count: int) -> int:
+        first, need = self.size, self.size + count
+        if need > len(next(iter(self.arrays.values()))):
+            cap = max(need, 2 * need, 64)
+            for k, a in self.arrays.items():
+                grown = np.full(cap, self.fill[k], np.int64)
+                grown[:first] = a[:first]
+                self.arrays[k] = grown
+        self.size = need
+        return first
+
+    def keep(self, rows: np.ndarray) -> None:
+        """Only ``rows`` stay (in that order)."""
+        for k, a in self.arrays.items():
+            self.arrays[k] = a[rows].copy()
+        self.size = len(rows)
+
+
+class HardWatch:
+    """Hard rules on arrival for the nodes of one samples partition (offline: all nodes).
+
+    ``name_of`` turns the string codes of the columns (node names, UUIDs) into strings: the
+    aggregator's :meth:`~peerwatch.streams.core.windows.WindowAggregator.name` for tables it
+    decoded. ``allocations`` is read only (the owner of the GPU at the sample's time).
+    """
+
+    def __init__(
+        self,
+        allocations: AllocationTable,
+        name_of: Callable[[int], str],
+        settings: DetectorSettings | None = None,
+    ) -> None:
+        self.allocations = allocations
+        self.name_of = name_of
+        self.settings = settings = settings or DetectorSettings()
+        self.window_ms = settings.window_ms
+        self.memory_ms = settings.clear_after_windows * settings.window_ms
+        self._keys = np.empty(0, np.int64)  # sorted (node code << 32 | index) ...
+        self._rows_of_key = np.empty(0, np.int64)  # ... and their rows
+        fill = {"key": 0, "ts": -1, "ecc": 0, "ecc_ok": 0, "nvl": 0, "nvl_ok": 0, "flags": 0}
+        fill.update({f"fired_{r}": _FAR_PAST for r in RULES})
+        self._gpu = _Rows(fill)
+        self._xid_fired: dict[tuple[int, int], int] = {}  # (row, xid) -> ms it last fired
+        self.readings = 0
+        self.invalid_samples = 0
+        self.bad_values = 0
+        self.findings = 0
+
+    # -- per-GPU rows ---------------------------------------------------------------------------
+    def _rows(self, node: np.ndarray, index: np.ndarray) -> np.ndarray:
+        key = (node.astype(np.int64) << 32) | (index.astype(np.int64) & 0xFFFFFFFF)
+        pos = np.searchsorted(self._keys, key)
+        n = len(self._keys)
+        if n:
+            known = (pos < n) & (self._keys[np.minimum(pos, n - 1)] == key)
+        else:
+            known = np.zeros(len(key), np.bool_)
+        if not known.all():
+            new = np.unique(key[~known])
+            first = self._gpu.add(len(new))
+            rows = np.arange(first, first + len(new))
+            self._gpu.arrays["key"][rows] = new
+            keys = np.concatenate([self._keys, new])
+            order = np.argsort(keys, kind="stable")
+            self._keys = keys[order]
+            self._rows_of_key = np.concatenate([self._rows_of_key, rows])[order]
+            pos = np.searchsorted(self._keys, key)
+        out: np.ndarray = self._rows_of_key[pos]
+        return out
+
+    def prune(self, before_ms: int) -> int:
+        """Forget GPUs whose last reading is older than ``before_ms``; returns how many."""
+        g = self._gpu.arrays
+        live = np.flatnonzero(g["ts"][: self._gpu.size] >= before_ms)
+        dropped = self._gpu.size - len(live)
+        if not dropped:
+            return 0
+        remap = np.full(self._gpu.size, -1, np.int64)
+        remap[live] = np.arange(len(live))
+        self._gpu.keep(live)
+        keys = self._gpu.arrays["key"][: len(live)]
+        order = np.argsort(keys, kind="stable")
+        self._keys, self._rows_of_key = keys[order], order.astype(np.int64)
+        self._xid_fired = {
+            (int(remap[r]), x): ms for (r, x), ms in self._xid_fired.items() if remap[r] >= 0
+        }
+        return dropped
+
+    def __len__(self) -> int:
+        return self._gpu.size
+
+    # -- input ----------------------------------------------------------------------------------
+    def add_columns(self, tables: Mapping[str, Table]) -> list[StragglerFinding]:
+        """One batch of NodeGpuSample columns (in arrival order); returns the HARD_ERROR
+        findings it shows, in sample order."""
+        top, gpus, xids = tables[""], tables["gpus."], tables["xids."]
+        node, ts = top.values["node"], top.values["ts_ms"]
+        ok_sample = (ts >= 0) & (ts < VALUE_LIMIT)
+        self.invalid_samples += int(top.n - ok_sample.sum())
+        # (sample row, gpu index) -> rule bits and hard XIDs, for the findings
+        hits: dict[tuple[int, int], list[Any]] = {}
+        if gpus.n:
+            assert gpus.parent is not None
+            self._readings(gpus, node, ts, ok_sample, hits)
+        if xids.n:
+            self._xids(xids, gpus, ok_sample, hits)
+        out = [self._finding(s, idx, hit, node, ts, gpus) for (s, idx), hit in sorted(hits.items())]
+        found = [f for f in out if f is not None]
+        self.findings += len(found)
+        return found
+
+    def _counter(self, gpus: Table, rows: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+        x = gpus.values[name][rows].astype(np.int64)
+        valid = gpus.valid.get(name)
+        ok = valid[rows].astype(np.bool_) if valid is not None else np.ones(len(rows), np.bool_)
+        bad = ok & ((x < 0) | (x >= VALUE_LIMIT))
+        if bad.any():
+            self.bad_values += int(bad.sum())
+            ok = ok & ~bad
+        return x, ok
+
+    def _flag(self, gpus: Table, rows: np.ndarray, name: str) -> np.ndarray:
+        x = gpus.values[name][rows]
+        valid = gpus.valid.get(name)
+        on: np.ndarray = x.astype(np.bool_)
+        if valid is not None:
+            on = on & valid[rows].astype(np.bool_)
+        return on
+
+    def _readings(self, gpus: Table, node: np.ndarray, ts: np.ndarray, ok_sample: np.ndarray,
+                  hits: dict[tuple[int, int], list[Any]]) -> None:  # fmt: skip
+        assert gpus.parent is not None
+        rows = np.flatnonzero(ok_sample[gpus.parent])
+        m = len(rows)
+        if not m:
+            return
+        self.readings += m
+        parent = gpus.parent[rows]
+        index = gpus.values["index"][rows].astype(np.int64)
+        t = ts[parent].astype(np.int64)
+        gid = self._rows(node[parent], index)
+        lost = gpus.values["state"][rows] == _LOST
+        ecc, ecc_ok = self._counter(gpus, rows, "ecc_volatile_uncorrected")
+        parts = [self._counter(gpus, rows, f) for f in NVLINK_FIELDS]
+        nvl = np.zeros(len(rows), np.int64)
+        for x, o in parts:
+            nvl += np.where(o, x, 0)
+        nvl_ok = np.logical_or.reduce([o for _, o in parts])
+        w, w_ok = self._counter(gpus, rows, "pcie_link_width")
+        wmax, wmax_ok = self._counter(gpus, rows, "pcie_link_width_max")
+        flags = np.where(self._flag(gpus, rows, "remap_pending"), _REMAP_P_BIT, 0)
+        flags |= np.where(self._flag(gpus, rows, "remap_failed"), _REMAP_F_BIT, 0)
+        flags |= np.where(w_ok & wmax_ok & (w < wmax), _PCIE_BIT, 0)
+        flags = np.where(lost, _LOST_BIT, flags)
+
+        # Each GPU's readings in arrival order behind one element holding its memory.
+        g = self._gpu.arrays
+        order = np.argsort(gid, kind="stable")
+        sg = gid[order]
+        heads = np.flatnonzero(np.r_[True, sg[1:] != sg[:-1]])
+        groups = sg[heads]
+        size = m + len(heads)
+        pos = np.arange(m) + np.searchsorted(heads, np.arange(m), side="right")
+        head_pos = heads + np.arange(len(heads))
+        is_head = np.zeros(size, np.bool_)
+        is_head[head_pos] = True
+
+        def spread(x: np.ndarray, memory: np.ndarray) -> np.ndarray:
+            out = np.empty(size, np.int64)
+            out[pos] = x[order]
+            out[head_pos] = memory
+            return out
+
+        ts_a = spread(t, g["ts"][groups])
+        # a reading moves its GPU's clock on when it is later than every earlier one
+        if bool(np.all(ts_a[pos] > ts_a[pos - 1])):
+            adv = np.ones(size, np.bool_)  # the usual case: each one later than the one before
+        else:
+            grp = np.repeat(np.arange(len(heads)), np.diff(np.r_[head_pos, size]))
+            uniq, rank = np.unique(ts_a, return_inverse=True)
+            span = size + 1
+            run = uniq[np.maximum.accumulate(grp * span + rank) - grp * span]
+            before = np.r_[np.int64(_FAR_PAST), run[:-1]]
+            adv = is_head | (ts_a > before)
+        keep = np.flatnonzero(adv)
+        head_k = is_head[keep]
+        lost_k = spread(lost.astype(np.int64), np.zeros(len(groups), np.int64))[keep] > 0
+        flags_k = spread(flags, g["flags"][groups])[keep]
+        ecc_k = spread(ecc, g["ecc"][groups])[keep]
+        ecc_ok_k = spread(ecc_ok.astype(np.int64), g["ecc_ok"][groups])[keep] > 0
+        nvl_k = spread(nvl, g["nvl"][groups])[keep]
+        nvl_ok_k = spread(nvl_ok.astype(np.int64), g["nvl_ok"][groups])[keep] > 0
+        n_k = len(keep)
+        # Counters and non-lost flags carry over lost readings (a LOST reading has no values):
+        # the last carrier is the memory element or the latest readable reading.
+        carrier = head_k | ~lost_k
+        last = np.maximum.accumulate(np.where(carrier, np.arange(n_k), 0))
+        prev_c = np.r_[0, last[:-1]]
+        flags_k = np.where(lost_k, _LOST_BIT | (flags_k[prev_c] & ~_LOST_BIT), flags_k)
+        prev_flags = np.r_[0, flags_k[:-1]]
+        new_bits = np.where(head_k, 0, flags_k & ~prev_flags & _LEVEL_BITS)
+        ecc_rise = (~head_k & ~lost_k & ecc_ok_k & ecc_ok_k[prev_c]
+                    & (_delta(ecc_k, ecc_k[prev_c]) > 0))  # fmt: skip
+        nvl_rise = (~head_k & ~lost_k & nvl_ok_k & nvl_ok_k[prev_c]
+                    & (_delta(nvl_k, nvl_k[prev_c]) > 0))  # fmt: skip
+        bits = new_bits | np.where(ecc_rise, _ECC_BIT, 0) | np.where(nvl_rise, _NVL_BIT, 0)
+
+        # memory: each group's last element, and its last carrier for the counters
+        ends = np.r_[np.flatnonzero(head_k)[1:], n_k] - 1
+        g["ts"][groups] = ts_a[keep][ends]
+        g["flags"][groups] = flags_k[ends]
+        lc = last[ends]
+        g["ecc"][groups], g["ecc_ok"][groups] = ecc_k[lc], ecc_ok_k[lc]
+        g["nvl"][groups], g["nvl_ok"][groups] = nvl_k[lc], nvl_ok_k[lc]
+
+        fired = np.flatnonzero(bits)
+        if not fired.size:
+            return
+        # back to reading numbers: element position -> reading (in arrival order)
+        reading_of = np.full(size, -1, np.int64)
+        reading_of[pos] = order
+        for k in fired.tolist():
+            r = int(reading_of[keep[k]])
+            s, idx = int(parent[r]), int(index[r])
+            hit = hits.setdefault((s, idx), [0, [], int(gid[r]), int(rows[r])])
+            hit[0] |= int(bits[k])
+
+    def _xids(self, xids: Table, gpus: Table, ok_sample: np.ndarray,
+              hits: dict[tuple[int, int], list[Any]]) -> None:  # fmt: skip
+        assert xids.parent is not None
+        hard = self.settings.hard_xids
+        codes = xids.values["xid"]
+        reading: dict[tuple[int, int], int] = {}  # (sample, GPU index) -> its reading (UUID)
+        if gpus.n:
+            assert gpus.parent is not None
+            carriers = np.flatnonzero(np.isin(gpus.parent, xids.parent))
+            for r, s, i in zip(carriers.tolist(), gpus.parent[carriers].tolist(),
+                               gpus.values["index"][carriers].tolist(), strict=True):  # fmt: skip
+                reading.setdefault((int(s), int(i)), r)
+        for i in np.flatnonzero(ok_sample[xids.parent]).tolist():
+            code = int(codes[i])
+            if code not in hard:
+                continue
+            s, idx = int(xids.parent[i]), int(xids.values["gpu_index"][i])
+            hit = hits.setdefault((s, idx), [0, [], -1, reading.get((s, idx), -1)])
+            if code not in hit[1]:
+                hit[1].append(code)
+
+    # -- output ---------------------------------------------------------------------------------
+    def _finding(self, s: int, idx: int, hit: list[Any], node: np.ndarray, ts: np.ndarray,
+                 gpus: Table) -> StragglerFinding | None:  # fmt: skip
+        bits, codes, row, reading = hit
+        t = int(ts[s])
+        name = self.name_of(int(node[s]))
+        if row < 0:  # an XID for a GPU without a reading in its sample
+            row = int(self._rows(np.asarray([int(node[s])]), np.asarray([idx]))[0])
+        g = self._gpu.arrays
+        rules: list[str] = []
+        for i, rule in enumerate(RULES):
+            if bits & (1 << i):
+                last = int(g[f"fired_{rule}"][row])
+                g[f"fired_{rule}"][row] = t
+                if t - last > self.memory_ms:
+                    rules.append(rule)
+        for code in sorted(codes):
+            last = self._xid_fired.get((row, code), _FAR_PAST)
+            self._xid_fired[(row, code)] = t
+            if t - last > self.memory_ms:
+                rules.append(f"xid_{code}")
+        if not rules:
+            return None
+        rules.sort()
+        job = self.allocations.owner(name, idx, t) or IDLE_JOB_PREFIX + name
+        start = t - t % self.window_ms
+        return {
+            "finding_id": stable_id(
+                job, name, idx, HARD_ERROR, "arrival", t, hex_chars=self.settings.id_hex_chars
+            ),
+            "job_id": job,
+            "node": name,
+            "gpu_index": idx,
+            "gpu_uuid": self._uuid(gpus, reading),
+            "status": HARD_ERROR,
+            "window_start_ms": start,
+            "window_end_ms": start + self.window_ms,
+            "features": [],
+            "hard_rules": rules,
+            "windows_flagged": 1,
+            "windows_considered": 1,
+            "first_flagged_ms": start,
+            "peer_group_size": 1,
+            "reason": f"hard on arrival: {', '.join(rules)}",
+            "cause": "HARDWARE",
+            "detected_ms": t,
+        }
+
+    def _uuid(self, table: Table, reading: int) -> str | None:
+        if reading < 0:
+            return None
+        valid = table.valid.get("uuid")
+        if valid is not None and not valid[reading]:
+            return None
+        code = int(table.values["uuid"][reading])
+        return self.name_of(code) if code >= 0 else None
+
+    def counters(self) -> dict[str, int]:
+        """Readings looked at, invalid samples and bad counter values skipped, findings."""
+        return {
+            "hard_readings": self.readings,
+            "hard_invalid_samples": self.invalid_samples,
+            "hard_bad_values": self.bad_values,
+            "hard_findings": self.findings,
+        }

@@ -1,0 +1,223 @@
+"""Silent nodes: allocated GPUs whose node stopped sending samples (nobody monitors the monitor).
+
+A pure, event-time watch. The driver tells it when each node last sent a sample
+(:meth:`SilenceWatch.saw`) and, now and then, which nodes have GPUs allocated now (node -> (job
+id, job start ms), :meth:`~peerwatch.streams.core.allocation.AllocationTable.open_nodes`) and
+what time it is (:meth:`SilenceWatch.check`). "Now" is event time: the other nodes' samples
+(offline: the highest sample time; live, per worker, the slowest of its partitions, moved on by
+the wall clock while no sample at all arrives, see :mod:`~peerwatch.streams.live.hot_stage`).
+
+A watched node is *silent* when it sent nothing for ``silent_after_ms``, counted from its last
+sample, its job's start or the moment the watch began watching it, whichever is latest (so a
+node that never reported since its job started is found, and a worker that just started does
+not blame nodes it has not read yet). Nodes going silent together are one event: when one
+node crosses the threshold, every watched node within ``group_ms`` of crossing it joins it.
+An event becomes:
+
+- one ``FLEET_WIDE`` finding (job id ``fleet``, no node) when it holds at least
+  ``fleet_min_nodes`` nodes of more than one job (a rack, a switch, a partition);
+- else, per job, one job-level ``SILENT`` finding (no node) for two or more of its nodes, and a
+  node-level ``SILENT`` finding for a job's single silent node.
+
+Every finding has cause ``NO_SAMPLES``. When all nodes of an event sent samples again (or left
+their job), a ``CLEARED`` finding with the same job and node closes it. State: a few numbers
+per watched node and one entry per open event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from peerwatch.schemas.records import FindingStatus, StragglerFinding
+from peerwatch.streams.core.model import CLEARED, FLEET_WIDE, SILENT, stable_id
+
+#: The job id of a FLEET_WIDE silence finding (it spans several jobs).
+FLEET_JOB = "fleet"
+_FAR_PAST = -(1 << 62)
+
+
+@dataclass
+class _Event:
+    """One open silence: its finding's identity and the nodes still silent."""
+
+    finding_id: str
+    job_id: str
+    node: str | None
+    status: FindingStatus
+    since_ms: int
+    members: dict[str, int] = field(default_factory=dict)  # node -> silent since (ms)
+
+
+class SilenceWatch:
+    """See the module docstring. Times are int ms (UTC)."""
+
+    def __init__(
+        self,
+        silent_after_ms: int = 30_000,
+        group_ms: int = 10_000,
+        fleet_min_nodes: int = 8,
+        window_ms: int = 30_000,
+        hex_chars: int = 32,
+    ) -> None:
+        if silent_after_ms <= 0 or not 0 <= group_ms < silent_after_ms or fleet_min_nodes < 2:
+            raise ValueError("need silent_after_ms > group_ms >= 0 and fleet_min_nodes >= 2")
+        self.silent_after_ms = silent_after_ms
+        self.group_ms = group_ms
+        self.fleet_min_nodes = fleet_min_nodes
+        self.window_ms = window_ms
+        self.hex_chars = hex_chars
+        self.last_ms: dict[str, int] = {}
+        self.watched_since: dict[str, int] = {}
+        self.silent: dict[str, str] = {}  # node -> finding id of its open event
+        self.events: dict[str, _Event] = {}
+        self.findings = 0
+
+    def saw(self, node: str, ts_ms: int) -> None:
+        """A sample of ``node`` at ``ts_ms``."""
+        if ts_ms > self.last_ms.get(node, _FAR_PAST):
+            self.last_ms[node] = ts_ms
+
+    def check(
+        self,
+        watched: Mapping[str, tuple[str, int]],
+        now_ms: int,
+        clock: Callable[[str], int | None] | None = None,
+        watch_from: Callable[[str], int | None] | None = None,
+    ) -> list[StragglerFinding]:
+        """Findings at event time ``now_ms`` for the nodes of ``watched`` (node -> (job id, job
+        start ms)): CLEARED ones first, then new SILENT / FLEET_WIDE ones. ``clock`` gives a
+        node's own event time where it differs (live: its partition's; None: not known yet,
+        the node is not looked at). ``watch_from`` gives, for a node watched for the first
+        time, since when the driver has read its samples (live: the first sample time of its
+        partition since the assignment); default: the node's clock now."""
+        out = self._clear(watched, now_ms)
+        crossed: list[str] = []
+        near: list[str] = []
+        for node, (_job, start_ms) in watched.items():
+            at = now_ms if clock is None else clock(node)
+            if at is None:
+                continue
+            since = self.watched_since.get(node)
+            if since is None:
+                begun = watch_from(node) if watch_from is not None else None
+                since = self.watched_since[node] = at if begun is None else min(begun, at)
+            if node in self.silent:
+                continue
+            quiet = at - max(self.last_ms.get(node, _FAR_PAST), start_ms, since)
+            if quiet >= self.silent_after_ms:
+                crossed.append(node)
+            elif quiet >= self.silent_after_ms - self.group_ms:
+                near.append(node)
+        for node in [n for n in self.watched_since if n not in watched]:
+            del self.watched_since[node]  # left its job: watched afresh if allocated again
+        for node in [n for n in self.last_ms if n not in watched and n not in self.silent]:
+            if now_ms - self.last_ms[node] > 2 * self.silent_after_ms:
+                del self.last_ms[node]  # bounded: only nodes that matter lately
+        if crossed:
+            out += self._open(sorted(crossed + near), crossed, watched, now_ms)
+        self.findings += len(out)
+        return out
+
+    def _since(self, node: str, watched: Mapping[str, tuple[str, int]]) -> int:
+        start = watched[node][1]
+        return max(self.last_ms.get(node, _FAR_PAST), start, self.watched_since.get(node, start))
+
+    def _open(
+        self,
+        nodes: list[str],
+        crossed: list[str],
+        watched: Mapping[str, tuple[str, int]],
+        now_ms: int,
+    ) -> list[StragglerFinding]:
+        detected = max(self._since(n, watched) for n in crossed) + self.silent_after_ms
+        by_job: dict[str, list[str]] = {}
+        for n in nodes:
+            by_job.setdefault(watched[n][0], []).append(n)
+        groups: list[tuple[str, str | None, FindingStatus, list[str]]] = []
+        if len(nodes) >= self.fleet_min_nodes and len(by_job) > 1:
+            groups.append((FLEET_JOB, None, FLEET_WIDE, nodes))
+        else:
+            for job, members in sorted(by_job.items()):
+                node = members[0] if len(members) == 1 else None
+                groups.append((job, node, SILENT, members))
+        out = []
+        for job, node, status, members in groups:
+            since = min(self._since(n, watched) for n in members)
+            event = _Event(
+                stable_id(job, node, None, status, since, hex_chars=self.hex_chars),
+                job,
+                node,
+                status,
+                since,
+                {n: self._since(n, watched) for n in members},
+            )
+            self.events[event.finding_id] = event
+            for n in members:
+                self.silent[n] = event.finding_id
+            jobs = sorted({watched[n][0] for n in members})
+            where = node or f"{len(members)} nodes ({_names(members)})"
+            of = f" of {len(jobs)} jobs" if status == FLEET_WIDE else f" job {job}"
+            reason = f"no samples from {where}{of} for {(now_ms - since) // 1000} s"
+            out.append(self._finding(event, status, now_ms, detected, len(members), reason))
+        return out
+
+    def _clear(self, watched: Mapping[str, tuple[str, int]], now_ms: int) -> list[StragglerFinding]:
+        out = []
+        for node, fid in list(self.silent.items()):
+            event = self.events[fid]
+            back = self.last_ms.get(node, _FAR_PAST) > event.members[node]
+            if back or node not in watched:
+                del self.silent[node]
+                del event.members[node]
+                if not event.members:
+                    del self.events[fid]
+                    why = "samples again" if back else "no longer watched (job ended, moved)"
+                    out.append(self._finding(event, CLEARED, now_ms, now_ms, 0, why))
+        return out
+
+    def _finding(
+        self,
+        event: _Event,
+        status: FindingStatus,
+        now_ms: int,
+        detected_ms: int,
+        nodes: int,
+        reason: str,
+    ) -> StragglerFinding:
+        finding_id = event.finding_id
+        if status == CLEARED:
+            finding_id = stable_id(event.finding_id, CLEARED, hex_chars=self.hex_chars)
+        start = event.since_ms - event.since_ms % self.window_ms
+        return {
+            "finding_id": finding_id,
+            "job_id": event.job_id,
+            "node": event.node,
+            "gpu_index": None,
+            "gpu_uuid": None,
+            "status": status,
+            "window_start_ms": start,
+            "window_end_ms": max(now_ms, start + 1),
+            "features": [],
+            "hard_rules": [],
+            "windows_flagged": nodes,
+            "windows_considered": nodes,
+            "first_flagged_ms": event.since_ms,
+            "peer_group_size": nodes,
+            "reason": reason,
+            "cause": "NO_SAMPLES",
+            "detected_ms": detected_ms,
+        }
+
+    def counters(self) -> dict[str, int]:
+        """Nodes with a known last sample, nodes silent now, findings made."""
+        return {
+            "silence_nodes_known": len(self.last_ms),
+            "silent_nodes": len(self.silent),
+            "silence_findings": self.findings,
+        }
+
+
+def _names(nodes: list[str], most: int = 4) -> str:
+    shown = " ".join(nodes[:most])
+    return shown + (f" +{len(nodes) - most}" if len(nodes) > most else "")
