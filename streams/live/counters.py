@@ -49,6 +49,9 @@ class StreamCounters:
     #: their CLEARED).
     hard_findings: int = 0
     silence_findings: int = 0
+    #: Hot-stage outputs the broker refused for good (dead-lettered) or failed to deliver.
+    outputs_refused: int = 0
+    outputs_failed: int = 0
     first_batch_wall_s: float | None = None
     first_batch_cpu_s: float | None = None
     last_batch_wall_s: float | None = None

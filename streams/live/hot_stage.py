@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from peerwatch.errors import CodecError
+from peerwatch.errors import CodecError, ServiceError
 from peerwatch.kafka_config import admin_config, consumer_config, producer_config
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.schemas.columns import MessageColumns, select_rows
@@ -140,6 +140,12 @@ class HotStage:
         self.job_events_seen = self.job_events_bad = 0
         self.last_prune_ms = -(1 << 62)
         self._stop = threading.Event()
+        #: The first output that failed to arrive (see _delivered); None while all did.
+        self._undelivered: str | None = None
+        #: Outputs refused in a batch, to send again alone: (topic, key, value, headers); True
+        #: while one is sent alone.
+        self._refused: list[tuple[str, Any, Any, list[Any]]] = []
+        self._alone = False
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
         self._jobs: Any = None  # the job-events consumer
@@ -172,7 +178,9 @@ class HotStage:
 
         kafka = self.settings.kafka
         self._admin = AdminClient(admin_config(kafka))
-        self._producer = Producer(producer_config(kafka, **{"linger.ms": 5}))
+        self._producer = Producer(
+            producer_config(kafka, **{"linger.ms": 5, "on_delivery": self._delivered})
+        )
         self._jobs = Consumer(consumer_config(kafka, f"{self.group}-job-events", **{
             "enable.partition.eof": False,
         }))  # fmt: skip
@@ -201,6 +209,7 @@ class HotStage:
                 self._measure_lag()
                 self._check_silence()
                 self._producer.poll(0)
+                self._resend_refused()
             self._commit(list(self.parts))
         finally:
             self._producer.flush(10)
@@ -526,6 +535,61 @@ class HotStage:
                 self._send(self.topics.deadletter, key, b"", headers=headers)
                 return
 
+    def _delivered(self, err: Any, msg: Any) -> None:
+        """Delivery report of one output (on this thread, from poll/flush).
+
+        The broker refuses a whole produce batch for one record over the topic's
+        ``max.message.bytes``, so a refused record is first sent again on its own
+        (:meth:`_resend_refused`); refused alone, it is dead-lettered and counted. Any other
+        failure (e.g. timed out through a long outage) is remembered, and the next commit stops
+        the stage instead of committing past an output that never arrived (the worker exits, and
+        its restart redoes the windows from the last committed point)."""
+        from confluent_kafka import KafkaError
+
+        if err is None:
+            return
+        topic = str(msg.topic())
+        permanent = err.code() in (
+            KafkaError.MSG_SIZE_TOO_LARGE,
+            KafkaError.INVALID_RECORD,
+            KafkaError.RECORD_LIST_TOO_LARGE,
+        )
+        if permanent and topic != self.topics.deadletter:
+            if not self._alone:
+                self._refused.append((topic, msg.key(), msg.value(), list(msg.headers() or [])))
+                return
+            self.counters.outputs_refused += 1
+            self.counters.count_deadletter()
+            value = msg.value() or b""
+            log.error("hot stage: the broker refused a %d-byte record for %s (%s); dead-lettered",
+                      len(value), topic, err.str())  # fmt: skip
+            dead = [("peerwatch.reason", b"refused"),
+                    ("peerwatch.error", err.str().encode()[:1000]),
+                    ("peerwatch.topic", topic.encode()),
+                    ("peerwatch.size", str(len(value)).encode())]  # fmt: skip
+            self._send(self.topics.deadletter, msg.key(), b"", headers=dead)
+            return
+        self.counters.outputs_failed += 1
+        log.error("hot stage: an output to %s was not delivered (%s)", topic, err.str())
+        if self._undelivered is None:
+            self._undelivered = f"{topic}: {err.str()}"
+
+    def _resend_refused(self) -> None:
+        """Send each refused record again alone: everything in flight is delivered first, then
+        each is sent and flushed by itself, so the broker's verdict on it is final (see
+        :meth:`_delivered`)."""
+        if not self._refused:
+            return
+        self._producer.flush(30)
+        while self._refused:
+            topic, key, value, headers = self._refused.pop(0)
+            self._alone = True
+            try:
+                self._send(topic, key, value, headers=headers)
+                self._producer.flush(30)
+            finally:
+                self._alone = False
+
     def _dead(self, m: Any, reason: str, detail: str) -> None:
         if reason != "late":  # late samples have their own counter
             self.counters.count_deadletter()
@@ -553,6 +617,12 @@ class HotStage:
         if not offsets:
             return
         left = self._producer.flush(30)
+        self._resend_refused()
+        if self._undelivered is not None:
+            raise ServiceError(
+                f"hot stage: an output was not delivered ({self._undelivered}); stopping "
+                "without committing past it"
+            )
         if left:
             log.warning("hot stage: %d outputs not acknowledged; not committing", left)
             for p in partitions:

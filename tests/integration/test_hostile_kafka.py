@@ -249,3 +249,48 @@ def test_hot_stage_output_over_the_client_limit_is_dead_lettered(
     assert (
         headers["peerwatch.topic"] == out.encode() and headers["peerwatch.reason"] == b"too large"
     )
+
+
+def test_hot_stage_output_refused_by_the_broker_is_dead_lettered_and_its_batch_kept(
+    kafka_settings: KafkaSettings, topic_prefix: str
+) -> None:
+    # A record over the topic's max.message.bytes (under the client's limit) is refused by the
+    # broker in a delivery report, with every record of its produce batch. Those are sent again
+    # alone; the one refused alone is dead-lettered and counted, never lost silently.
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from peerwatch.kafka_config import admin_config
+    from peerwatch.settings import Settings
+    from peerwatch.streams.live.counters import StreamCounters
+    from peerwatch.streams.live.hot_stage import HotStage, HotTopics
+
+    out, dlq = topic_prefix + "batches", topic_prefix + "deadletter"
+    admin = AdminClient(admin_config(kafka_settings))  # held: its futures need it
+    futures = admin.create_topics(
+        [NewTopic(out, 1, 1, config={"max.message.bytes": "2000"}), NewTopic(dlq, 1, 1)]
+    )
+    for f in futures.values():
+        f.result(30)
+    counters = StreamCounters()
+    hot = HotStage(Settings(kafka=kafka_settings), "t", HotTopics(out, "je", out, dlq, 1),
+                   counters, window_s=30, lateness_s=5, batch_max=10, batch_within_s=0.1,
+                   allocation_retention_s=60)  # fmt: skip
+    from confluent_kafka import Producer
+
+    from peerwatch.kafka_config import producer_config
+
+    hot._producer = Producer(
+        producer_config(kafka_settings, **{"linger.ms": 50, "on_delivery": hot._delivered})
+    )
+    hot._send(out, b"j1", b"small-1")
+    hot._send(out, b"j2", os.urandom(5_000))
+    hot._send(out, b"j3", b"small-2")
+    assert hot._producer.flush(30) == 0
+    hot._resend_refused()
+    assert hot._producer.flush(30) == 0
+    assert (counters.outputs_refused, counters.deadletter, counters.outputs_failed) == (1, 1, 0)
+    assert sorted(v for v, _ in read_raw(kafka_settings, out, 2)) == [b"small-1", b"small-2"]
+    [(value, headers)] = read_raw(kafka_settings, dlq, 1)
+    assert value == b"" and headers["peerwatch.size"] == b"5000"
+    assert headers["peerwatch.topic"] == out.encode() and headers["peerwatch.reason"] == b"refused"
+    assert hot._undelivered is None
