@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from peerwatch.errors import ConfigError
@@ -207,47 +208,49 @@ class DetectorSettings:
     def window_ms(self) -> int:
         return self.window_s * 1000
 
+    # The durations in windows are cached (the detector reads them per GPU and window); the
+    # table is frozen, so they never go stale.
     def windows_for(self, seconds: int) -> int:
         """How many windows a duration in seconds spans (at least one; 0 stays 0)."""
         return 0 if seconds <= 0 else max(1, -(-seconds // self.window_s))
 
-    @property
+    @cached_property
     def warmup_windows(self) -> int:
         return self.windows_for(self.warmup_s) if self.warmup_s else 0
 
-    @property
+    @cached_property
     def suspect_k(self) -> int:
         return self.windows_for(self.suspect_flagged_s)
 
-    @property
+    @cached_property
     def suspect_sm_k(self) -> int:
         return self.windows_for(self.suspect_sm_s)
 
-    @property
+    @cached_property
     def suspect_n(self) -> int:
         return max(self.suspect_k, self.suspect_sm_k, self.windows_for(self.suspect_span_s))
 
-    @property
+    @cached_property
     def persist_k(self) -> int:
         return self.windows_for(self.confirm_flagged_s)
 
-    @property
+    @cached_property
     def persist_n(self) -> int:
         return max(self.persist_k, self.windows_for(self.confirm_span_s))
 
-    @property
+    @cached_property
     def clear_after_windows(self) -> int:
         return self.windows_for(self.clear_after_s)
 
-    @property
+    @cached_property
     def confirmed_heartbeat_windows(self) -> int:
         return self.windows_for(self.confirmed_heartbeat_s)
 
-    @property
+    @cached_property
     def baseline_windows(self) -> int:
         return self.windows_for(self.baseline_s)
 
-    @property
+    @cached_property
     def baseline_min_windows(self) -> int:
         return min(self.baseline_windows, self.windows_for(self.baseline_min_s))
 
