@@ -100,17 +100,13 @@ class DemoView:
             gpu = "-" if flag.gpu_index is None else str(flag.gpu_index)
             lines.append(
                 f"  {flag.status:10} {flag.node} gpu{gpu} job {flag.job_id} [{flag.cause}]: "
-                f"{flag.evidence}"[
-                    :width
-                ]
+                f"{flag.evidence}"[:width]
             )
         lines += ["", f"drain recommendations ({len(self.recommendations)})"]
         for rec in self.recommendations[-12:]:
             lines.append(
                 f"  {rec.get('action'):5} {rec.get('severity'):8} {rec.get('node')} "
-                f"[{str(rec.get('cause') or 'UNKNOWN').lower()}]: {rec.get('reason')}"[
-                    :width
-                ]
+                f"[{str(rec.get('cause') or 'UNKNOWN').lower()}]: {rec.get('reason')}"[:width]
             )
         return "\n".join(lines)
 
