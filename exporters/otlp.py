@@ -291,6 +291,8 @@ def finding_event(finding: Mapping[str, Any]) -> LogEvent:
     _put(attrs, "host.name", finding.get("node"))
     _put(attrs, "gpu.index", finding.get("gpu_index"))
     _put(attrs, "hw.id", finding.get("gpu_uuid"))
+    _put(attrs, "peerwatch.cause", finding.get("cause"))
+    _put(attrs, "peerwatch.detected_ms", finding.get("detected_ms"))
     if finding.get("hard_rules"):
         attrs["peerwatch.hard_rules"] = [str(r) for r in finding["hard_rules"]]
     level = _FINDING_SEVERITY.get(str(finding["status"]), "INFO")
@@ -308,6 +310,7 @@ def recommendation_event(rec: Mapping[str, Any]) -> LogEvent:
         "slurm.job.ids": [str(j) for j in rec.get("job_ids") or []],
     }
     _put(attrs, "slurm.partition", rec.get("partition"))
+    _put(attrs, "peerwatch.cause", rec.get("cause"))
     level = _LEVEL_SEVERITY.get(str(rec["severity"]), "INFO")
     return _event("peerwatch.drain.recommendation", rec["ts_ms"], level, rec, attrs)
 

@@ -238,13 +238,13 @@ def findings_table(findings: Sequence[Mapping[str, Any]]) -> str:
         f'<tr class="finding {_e(f.get("status"))}" data-finding-id="{_e(f["finding_id"])}">'
         f"<td>{_t(f['window_start_ms'])}</td><td>{_e(f.get('node') or '—')}</td>"
         f"<td>{_e('' if f.get('gpu_index') is None else f['gpu_index'])}</td>"
-        f"<td>{_e(f.get('status'))}</td><td>{_e(f.get('reason', ''))}</td>"
-        f"<td>{_evidence(f)}</td>"
+        f"<td>{_e(f.get('status'))}</td><td>{_e(f.get('cause') or 'UNKNOWN')}</td>"
+        f"<td>{_e(f.get('reason', ''))}</td><td>{_evidence(f)}</td>"
         f"<td>{f.get('windows_flagged', 0)}/{f.get('windows_considered', 0)}</td></tr>"
         for f in findings
     ]
-    head = ("<tr><th>window</th><th>node</th><th>GPU</th><th>status</th><th>reason</th>"
-            "<th>evidence</th><th>flagged windows</th></tr>")  # fmt: skip
+    head = ("<tr><th>window</th><th>node</th><th>GPU</th><th>status</th><th>cause</th>"
+            "<th>reason</th><th>evidence</th><th>flagged windows</th></tr>")  # fmt: skip
     return f'<table class="findings">{head}{"".join(rows)}</table>'
 
 
@@ -261,13 +261,14 @@ def recommendations_table(recs: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         f'<tr class="recommendation" data-recommendation-id="{_e(r["recommendation_id"])}">'
         f"<td>{_t(r['ts_ms'])}</td><td>{_e(r['node'])}</td><td>{_e(r.get('action'))}</td>"
-        f"<td>{_e(r.get('severity'))}</td><td>{_e(r.get('reason'))}</td>"
+        f"<td>{_e(r.get('severity'))}</td><td>{_e(r.get('cause') or 'UNKNOWN')}</td>"
+        f"<td>{_e(r.get('reason'))}</td>"
         f"<td>{_e(', '.join(str(g) for g in r.get('gpu_indices') or []))}</td>"
         f"<td>{_rec_evidence(r.get('evidence'))}</td></tr>"
         for r in recs
     ]
-    head = ("<tr><th>time</th><th>node</th><th>action</th><th>severity</th><th>reason</th>"
-            "<th>GPUs</th><th>evidence</th></tr>")  # fmt: skip
+    head = ("<tr><th>time</th><th>node</th><th>action</th><th>severity</th><th>cause</th>"
+            "<th>reason</th><th>GPUs</th><th>evidence</th></tr>")  # fmt: skip
     return f'<table class="recommendations">{head}{"".join(rows)}</table>'
 
 

@@ -26,6 +26,7 @@ class Flag:
     status: str
     reason: str
     evidence: str
+    cause: str
     window_end_ms: int
 
 
@@ -72,6 +73,7 @@ class DemoView:
             status=status,
             reason=str(finding.get("reason", "")),
             evidence=evidence_text(finding),
+            cause=str(finding.get("cause") or "UNKNOWN").lower(),
             window_end_ms=int(finding.get("window_end_ms") or 0),
         )
 
@@ -97,16 +99,14 @@ class DemoView:
         for flag in sorted(self.flags.values(), key=lambda f: (f.node, f.gpu_index or -1)):
             gpu = "-" if flag.gpu_index is None else str(flag.gpu_index)
             lines.append(
-                f"  {flag.status:10} {flag.node} gpu{gpu} job {flag.job_id}: {flag.evidence}"[
-                    :width
-                ]
+                f"  {flag.status:10} {flag.node} gpu{gpu} job {flag.job_id} [{flag.cause}]: "
+                f"{flag.evidence}"[:width]
             )
         lines += ["", f"drain recommendations ({len(self.recommendations)})"]
         for rec in self.recommendations[-12:]:
             lines.append(
-                f"  {rec.get('action'):5} {rec.get('severity'):8} {rec.get('node')}: {rec.get('reason')}"[
-                    :width
-                ]
+                f"  {rec.get('action'):5} {rec.get('severity'):8} {rec.get('node')} "
+                f"[{str(rec.get('cause') or 'UNKNOWN').lower()}]: {rec.get('reason')}"[:width]
             )
         return "\n".join(lines)
 

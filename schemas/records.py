@@ -238,6 +238,14 @@ class GpuWindow(TypedDict):
     #: null.
     gated: str | None
 
+    #: Share of the window spent in HW or SW thermal slowdown (0..1; part of throttle_frac), for the
+    #: named cause.
+    thermal_frac: float | None
+
+    #: Share of the window spent in HW power-brake slowdown (0..1; part of throttle_frac), for the
+    #: named cause.
+    power_brake_frac: float | None
+
 
 #: When the check ran.
 HealthPhase = Literal["PROLOG", "EPILOG", "PERIODIC", "UNKNOWN"]

@@ -20,10 +20,13 @@ harness all call this function. The algorithm is DETECTION.md's, step by step:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
-from peerwatch.schemas.records import FindingStatus, GpuWindow, StragglerFinding
+from peerwatch.schemas.records import FindingCause, FindingStatus, GpuWindow, StragglerFinding
+from peerwatch.streams.core.causes import UNKNOWN, majority_cause, straggler_cause
 from peerwatch.streams.core.detector_state import GpuDetectorState, JobDetectorState
 from peerwatch.streams.core.findings import job_wide_finding, make_finding, straggler_reason
 from peerwatch.streams.core.hard_rules import RecordedXid, hard_rules, recorded_xids
@@ -53,6 +56,9 @@ GATE_NO_BASELINE = "no_baseline"
 GATE_IDLE = "idle"
 _IDLE_RULE_PREFIXES = ("xid_", "ecc_uncorrected", "nvlink_errors")
 GATE_ENDING = "ending"
+GATE_PHASE_CHANGE = "phase_change"
+#: History codes of a GPU's evaluated windows (GpuDetectorState.history).
+_CLEAN, _CONFIRMING, _FLAGGED = 0, 1, 2
 
 _JobWideGroup = tuple[str, list[GpuWindow], list[GpuVerdict]]
 
@@ -169,6 +175,8 @@ def _evaluate(
                 gpu_gate[v.key] = GATE_JOB_WIDE
                 verdicts[v.key] = v
             continue
+        per_node = Counter(w["node"] for w, v in zip(group, group_verdicts, strict=True) if v.flags)
+        node_wide = {n for n, count in per_node.items() if count >= settings.node_wide_min_gpus}
         for window, verdict in zip(group, group_verdicts, strict=True):
             verdicts[verdict.key] = verdict
             gpu_state = state.gpu(verdict.key)
@@ -177,7 +185,10 @@ def _evaluate(
             if not verdict.evaluated:
                 gpu_gate[verdict.key] = GATE_NO_BASELINE if verdict.baseline else GATE_NO_DATA
                 continue
-            result.findings.extend(_advance(job, window, verdict, gpu_state, len(group), settings))
+            fast = window["node"] not in node_wide
+            result.findings.extend(
+                _advance(job, window, verdict, gpu_state, len(group), settings, fast)
+            )
     return job_wide_groups
 
 
@@ -241,8 +252,8 @@ def _gate(
     if is_idle_job(job.job_id):
         return GATE_IDLE  # unallocated GPUs: hard rules only, never peer verdicts
     window_end_ms = int(ordered[0]["window_end_ms"])
-    if job.end_ms is not None and window_end_ms > job.end_ms - settings.window_ms:
-        return GATE_ENDING  # the job's last window: teardown, not a slow GPU
+    if job.end_ms is not None and window_end_ms > job.end_ms - settings.ending_s * 1000:
+        return GATE_ENDING  # the job's last moments: teardown, not a slow GPU
     anchor = job.anchor_ms
     if state.windows_seen <= settings.warmup_windows or (
         anchor is not None and start_ms < anchor + settings.warmup_windows * settings.window_ms
@@ -255,8 +266,16 @@ def _gate(
     if len(reporting) < settings.min_reported_frac * expected:
         return GATE_INCOMPLETE
     sm_values = [float(v) for w in reporting if (v := w.get("sm_frac")) is not None]
-    if sm_values and median(sm_values) < settings.min_job_sm:
+    if not sm_values:
+        return None
+    job_sm = median(sm_values)
+    before, state.last_job_sm = state.last_job_sm, job_sm
+    if job_sm < settings.min_job_sm:
         return GATE_LOW_ACTIVITY
+    if before is not None and abs(job_sm - before) >= settings.phase_change_sm:
+        # A job-wide phase change (checkpoint, eval, restart) inside or next to this window: a
+        # node whose clock is a second or two off straddles it differently from its peers.
+        return GATE_PHASE_CHANGE
     return None
 
 
@@ -283,26 +302,44 @@ def _advance(
     gpu_state: GpuDetectorState,
     group_n: int,
     settings: DetectorSettings,
+    fast: bool = True,
 ) -> list[StragglerFinding]:
-    """Persistence state machine of one GPU for one evaluated window; returns findings."""
+    """Persistence state machine of one GPU for one evaluated window; returns findings.
+
+    ``fast``: the short SUSPECT rule (``suspect_flagged_s`` of confirming evidence) may apply;
+    False when many GPUs of the node became candidates at once (then ``suspect_sm_s``)."""
     start_ms = int(window["window_start_ms"])
     confirming = bool(verdict.flags & set(settings.confirm_features))
-    gpu_state.history.append(int(confirming))
-    del gpu_state.history[: -settings.persist_n]
+    code = _CONFIRMING if confirming else _FLAGGED if verdict.flags else _CLEAN
+    gpu_state.history.append(code)
+    del gpu_state.history[: -max(settings.persist_n, settings.suspect_n)]
     if verdict.confirm_score is not None:
         step = min(verdict.confirm_score, settings.cusum_z_cap)
     else:
         step = 0.0
     gpu_state.cusum = max(0.0, gpu_state.cusum + step - settings.cusum_k)
     statuses: list[FindingStatus] = []
+    recent = gpu_state.history[-settings.suspect_n :]
+    if gpu_state.status is None and not any(recent):
+        gpu_state.episode_start_ms = None  # an earlier lone candidate window aged out
     if verdict.flags:
         gpu_state.clean_streak = 0
         if gpu_state.status is None:
+            if gpu_state.episode_start_ms is None:
+                gpu_state.episode_start_ms = start_ms
+            confirming_n = sum(1 for c in recent if c == _CONFIRMING)
+            flagged_n = sum(1 for c in recent if c)
+            if (
+                not fast or confirming_n < settings.suspect_k
+            ) and flagged_n < settings.suspect_sm_k:
+                return []  # a candidate, not yet a suspect: one short window of sm proves little
             gpu_state.status = SUSPECT
-            gpu_state.episode_start_ms = start_ms
             statuses.append(SUSPECT)
         if settings.persistence_mode == "k_of_n":
-            persistent = sum(gpu_state.history) >= settings.persist_k
+            confirmed_n = sum(
+                1 for c in gpu_state.history[-settings.persist_n :] if c == _CONFIRMING
+            )
+            persistent = confirmed_n >= settings.persist_k
         else:
             persistent = gpu_state.cusum >= settings.cusum_h
         if gpu_state.status == SUSPECT and confirming and persistent:
@@ -320,6 +357,8 @@ def _advance(
         gpu_state.since_emit += 1
         if gpu_state.clean_streak >= settings.clear_after_windows:
             statuses.append(CLEARED)
+    if verdict.flags and statuses:
+        gpu_state.cause = _cause(window, verdict, settings)
     findings = [
         make_finding(
             job.job_id,
@@ -331,12 +370,20 @@ def _advance(
             group_n,
             straggler_reason(status, verdict, gpu_state),
             settings,
+            cause=cast(FindingCause, gpu_state.cause or UNKNOWN),
         )
         for status in statuses
     ]
     if CLEARED in statuses:
         gpu_state.reset_episode()
     return findings
+
+
+def _cause(window: GpuWindow, verdict: GpuVerdict, settings: DetectorSettings) -> FindingCause:
+    """The named cause of a flagged GPU window (see :mod:`~peerwatch.streams.core.causes`)."""
+    sm = next((ev for ev in verdict.evidence if ev["feature"] == "sm"), None)
+    sm_low = sm is None or sm["value"] < sm["peer_median"]
+    return straggler_cause(window, verdict.flags, settings, sm_low)
 
 
 def _hard_finding(
@@ -405,6 +452,9 @@ def _job_wide(
     state.job_wide_start_ms = start_ms
     role, group, verdicts = max(job_wide_groups, key=lambda g: len(g[1]))
     slow = [v for v in verdicts if v.flags]
+    cause = majority_cause(
+        _cause(w, v, settings) for w, v in zip(group, verdicts, strict=True) if v.flags
+    )
     features = sorted({f for v in slow for f in v.flags})
     where = f" in role {role}" if role else ""
     reason = (
@@ -413,6 +463,13 @@ def _job_wide(
     )
     return [
         job_wide_finding(
-            job.job_id, start_ms, end_ms, len(group), len(slow), reason, settings.id_hex_chars
+            job.job_id,
+            start_ms,
+            end_ms,
+            len(group),
+            len(slow),
+            reason,
+            settings.id_hex_chars,
+            cause,
         )
     ]

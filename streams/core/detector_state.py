@@ -17,8 +17,10 @@ class GpuDetectorState:
     """Persistence and baseline memory of one GPU in one job.
 
     ``status`` is None (no episode), ``"SUSPECT"`` or ``"CONFIRMED"``; ``episode_start_ms`` is
-    the start of the episode's first candidate window. ``history`` holds 1/0 per evaluated window
-    (1 = flagged by a confirming feature), newest last, at most ``persist_n`` long.
+    the start of the episode's first candidate window (set on a candidate window before the
+    SUSPECT itself). ``history`` holds one code per evaluated window, newest last, as long as the
+    longer of the suspect and confirm spans: 0 clean, 1 flagged by a confirming feature, 2
+    flagged by another feature only (sm). ``cause`` is the episode's named cause (FindingCause).
     ``hard_last_ms`` maps a hard rule to the start of the last window it fired in.
     """
 
@@ -31,9 +33,11 @@ class GpuDetectorState:
     baseline_clk: list[float] = field(default_factory=list)
     hard_last_ms: dict[str, int] = field(default_factory=dict)
     last_seen_ms: int | None = None
+    cause: str | None = None
 
     def reset_episode(self) -> None:
         self.status = None
+        self.cause = None
         self.episode_start_ms = None
         self.history = []
         self.cusum = 0.0
@@ -53,6 +57,7 @@ class GpuDetectorState:
             "baseline_clk": list(self.baseline_clk),
             "hard_last_ms": dict(self.hard_last_ms),
             "last_seen_ms": self.last_seen_ms,
+            "cause": self.cause,
         }
 
     @classmethod
@@ -67,6 +72,7 @@ class GpuDetectorState:
             baseline_clk=[float(v) for v in data.get("baseline_clk") or []],
             hard_last_ms={str(k): int(v) for k, v in (data.get("hard_last_ms") or {}).items()},
             last_seen_ms=data.get("last_seen_ms"),
+            cause=data.get("cause"),
         )
 
 
@@ -86,6 +92,8 @@ class JobDetectorState:
     max_gpus_seen: int = 0
     job_wide_start_ms: int | None = None
     job_wide_clean: int = 0
+    #: The job's median SM activity in its last window with any (the phase-change gate).
+    last_job_sm: float | None = None
     gpus: dict[str, GpuDetectorState] = field(default_factory=dict)
 
     def gpu(self, key: str) -> GpuDetectorState:
@@ -104,6 +112,7 @@ class JobDetectorState:
             "max_gpus_seen": self.max_gpus_seen,
             "job_wide_start_ms": self.job_wide_start_ms,
             "job_wide_clean": self.job_wide_clean,
+            "last_job_sm": self.last_job_sm,
             "gpus": {k: self.gpus[k].to_dict() for k in sorted(self.gpus)},
         }
 
@@ -117,6 +126,7 @@ class JobDetectorState:
             max_gpus_seen=int(data.get("max_gpus_seen") or 0),
             job_wide_start_ms=data.get("job_wide_start_ms"),
             job_wide_clean=int(data.get("job_wide_clean") or 0),
+            last_job_sm=data.get("last_job_sm"),
             gpus={
                 str(k): GpuDetectorState.from_dict(v) for k, v in (data.get("gpus") or {}).items()
             },

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from peerwatch.schemas.records import FeatureEvidence, FindingStatus, GpuWindow, StragglerFinding
+from peerwatch.schemas.records import (
+    FeatureEvidence,
+    FindingCause,
+    FindingStatus,
+    GpuWindow,
+    StragglerFinding,
+)
 from peerwatch.streams.core.detector_state import GpuDetectorState
 from peerwatch.streams.core.model import CLEARED, JOB_WIDE, SUSPECT, stable_id
 from peerwatch.streams.core.peers import GpuVerdict
@@ -19,8 +25,22 @@ def straggler_reason(status: str, verdict: GpuVerdict, gpu_state: GpuDetectorSta
         if ev["feature"] in verdict.flags:
             parts.append(describe_feature(ev))
     label = "suspect" if status == SUSPECT else "confirmed"
-    flagged = f"{sum(gpu_state.history)}/{len(gpu_state.history)} windows"
+    flagged = f"{flagged_windows(gpu_state)}/{len(gpu_state.history)} windows"
     return f"{label} slow vs {against}: {', '.join(parts)}; {flagged}"
+
+
+def flagged_windows(gpu_state: GpuDetectorState) -> int:
+    """Windows of the GPU's recent history flagged by any feature."""
+    return sum(1 for code in gpu_state.history if code)
+
+
+#: Hard rules that name a link (PCIe, NVLink) rather than the GPU itself.
+_LINK_RULES = ("nvlink_", "pcie_")
+
+
+def hard_cause(rules: list[str]) -> FindingCause:
+    """LINK when every rule that fired is a PCIe/NVLink one, else HARDWARE."""
+    return "LINK" if rules and all(r.startswith(_LINK_RULES) for r in rules) else "HARDWARE"
 
 
 def describe_feature(ev: FeatureEvidence) -> str:
@@ -41,6 +61,7 @@ def job_wide_finding(
     slow_n: int,
     reason: str,
     hex_chars: int,
+    cause: FindingCause = "UNKNOWN",
 ) -> StragglerFinding:
     """A JOB_WIDE finding (no node, no GPU): ``windows_flagged`` holds the slow GPUs' count."""
     return {
@@ -59,7 +80,8 @@ def job_wide_finding(
         "first_flagged_ms": start_ms,
         "peer_group_size": group_n,
         "reason": reason,
-        "cause": "UNKNOWN",
+        "cause": cause,
+        # A window-based verdict has its evidence when the window's last moment has been seen.
         "detected_ms": end_ms,
     }
 
@@ -74,8 +96,15 @@ def make_finding(
     group_n: int,
     reason: str,
     settings: DetectorSettings,
+    cause: FindingCause | None = None,
+    detected_ms: int | None = None,
 ) -> StragglerFinding:
-    """A per-GPU finding; the id hashes job, node, GPU, status and window start."""
+    """A per-GPU finding; the id hashes job, node, GPU, status and window start.
+
+    ``cause``: the named cause (default: from the hard rules, else UNKNOWN); ``detected_ms``:
+    the event time the detector had its evidence (default: the window's end, when a window-based
+    verdict's evidence is complete; a rule fired by one sample passes that sample's time).
+    """
     start_ms = int(window["window_start_ms"])
     history = gpu_state.history if gpu_state is not None else []
     return {
@@ -96,12 +125,11 @@ def make_finding(
         "window_end_ms": int(window["window_end_ms"]),
         "features": [FeatureEvidence(**f) for f in features],
         "hard_rules": list(rules),
-        "windows_flagged": sum(history),
+        "windows_flagged": sum(1 for code in history if code),
         "windows_considered": len(history),
         "first_flagged_ms": gpu_state.episode_start_ms if gpu_state is not None else None,
         "peer_group_size": group_n,
         "reason": reason,
-        "cause": "HARDWARE" if rules else "UNKNOWN",
-        # A window-based verdict has its evidence when the window closes.
-        "detected_ms": int(window["window_end_ms"]),
+        "cause": cause if cause is not None else hard_cause(rules) if rules else "UNKNOWN",
+        "detected_ms": int(window["window_end_ms"]) if detected_ms is None else detected_ms,
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from peerwatch.errors import ConfigError
@@ -98,7 +99,9 @@ class DetectorSettings:
     fractions 0..1."""
 
     window_s: int = setting(
-        30, "event-time window length (s); warm-up and hard-rule memory count in windows"
+        5,
+        "event-time window length (s); every duration below is in seconds and counts the "
+        "windows it spans (ceil(duration / window_s))",
     )
     min_job_sm: float = setting(
         0.2, "gate: a job median SM activity below this is checkpoint/eval/compile (0..1)"
@@ -106,7 +109,13 @@ class DetectorSettings:
     min_reported_frac: float = setting(
         0.9, "gate: share of the job's expected GPUs that must report a window (0..1)"
     )
-    warmup_windows: int = setting(2, "gate: windows skipped after a job start or requeue")
+    warmup_s: int = setting(60, "gate: seconds skipped after a job start or requeue")
+    ending_s: int = setting(30, "gate: windows ending this close to the job's end (teardown)")
+    phase_change_sm: float = setting(
+        0.2,
+        "gate: the job median SM activity moved this much since the last window (a checkpoint, "
+        "eval or restart transition, where node clock skew shifts peers against each other)",
+    )
     min_peers: int = setting(8, "peer statistics need at least this many GPUs in the group")
     z_scale: float = setting(0.6745, "robust-z consistency constant: z = z_scale*(x-median)/MAD")
     # DETECTION.md's 1% clk floor puts the detection limit at 3.5 / 0.6745 = 5.19% (a 5% drop is
@@ -129,25 +138,42 @@ class DetectorSettings:
     confirm_features: tuple[str, ...] = setting(
         ("clk", "thr", "step"), "features whose flags confirm (sm alone only makes a SUSPECT)"
     )
+    suspect_flagged_s: int = setting(
+        5, "SUSPECT: windows flagged by a confirming feature covering this many seconds ..."
+    )
+    suspect_sm_s: int = setting(
+        10, "... or flagged windows of any feature (sm alone) covering this many seconds ..."
+    )
+    suspect_span_s: int = setting(15, "... within the last this many evaluated seconds")
+    node_wide_min_gpus: int = setting(
+        4,
+        "a window where this many GPUs of one node are candidates at once takes the slower "
+        "suspect_sm_s rule for them (node clock skew at a fleet-wide change, a shared cause)",
+    )
     persistence_mode: str = setting("k_of_n", "persistence rule: k_of_n or cusum")
-    persist_k: int = setting(4, "k_of_n: flagged in at least k ...")
-    persist_n: int = setting(6, "k_of_n: ... of the last n evaluated windows")
+    confirm_flagged_s: int = setting(
+        40, "k_of_n CONFIRMED: windows flagged by a confirming feature covering this many s ..."
+    )
+    confirm_span_s: int = setting(60, "... within the last this many evaluated seconds")
     cusum_k: float = setting(0.5, "cusum: allowance subtracted from each window's z")
     cusum_h: float = setting(5.0, "cusum: decision threshold")
     cusum_z_cap: float = setting(
         3.5, "cusum: most z one window adds (one extreme window cannot confirm)"
     )
-    clear_after_windows: int = setting(
-        10, "consecutive clean evaluated windows that end an episode"
+    clear_after_s: int = setting(
+        300, "consecutive clean evaluated seconds that end an episode (and hard-rule memory)"
     )
-    confirmed_heartbeat_windows: int = setting(
-        10, "re-emit CONFIRMED every this many evaluated windows (0: only on the transition)"
+    confirmed_heartbeat_s: int = setting(
+        300, "re-emit CONFIRMED every this many evaluated seconds (0: only on the transition)"
     )
-    baseline_windows: int = setting(
-        10, "small groups: rolling median of the GPU's own clk over this many clean windows"
+    baseline_s: int = setting(
+        300, "small groups: rolling median of the GPU's own clk over this many clean seconds"
     )
-    baseline_min_windows: int = setting(
-        3, "small groups: windows needed before the baseline is used"
+    baseline_min_s: int = setting(
+        90, "small groups: clean seconds needed before the baseline is used"
+    )
+    cause_power_cap_frac: float = setting(
+        0.5, "cause: a slow GPU at the SW power cap this share of the window is named POWER"
     )
     baseline_power_cap_excuse: float = setting(
         0.5, "small groups: clk drop excused when at the SW power cap this share of the window"
@@ -161,22 +187,27 @@ class DetectorSettings:
     def __post_init__(self) -> None:
         t = "detector"
         check_types(self, t)
-        check_at_least(self, t, 1, "window_s", "min_peers", "persist_k", "persist_n")
-        check_at_least(self, t, 1, "clear_after_windows", "baseline_windows")
-        check_at_least(self, t, 1, "baseline_min_windows", "job_wide_min_gpus")
-        check_at_least(self, t, 0, "warmup_windows", "confirmed_heartbeat_windows", "cusum_k")
+        check_at_least(self, t, 1, "window_s", "min_peers", "confirm_flagged_s", "confirm_span_s")
+        check_at_least(self, t, 1, "suspect_flagged_s", "suspect_span_s", "clear_after_s")
+        check_at_least(self, t, 1, "suspect_sm_s", "node_wide_min_gpus")
+        check_at_least(self, t, 1, "baseline_s", "baseline_min_s", "job_wide_min_gpus")
+        check_at_least(self, t, 0, "warmup_s", "ending_s", "confirmed_heartbeat_s", "cusum_k")
         check_at_least(self, t, 16, "id_hex_chars")
         check_range(self, t, 0, 1, "min_job_sm", "min_reported_frac", "job_wide_frac")
         check_range(self, t, 0, 1, "mad_floor_clk_rel", "mad_floor_step_rel", "effect_clk_rel")
         check_range(self, t, 0, 1, "baseline_power_cap_excuse", "effect_thr", "effect_sm")
+        check_range(self, t, 0, 1, "cause_power_cap_frac", "phase_change_sm")
         check_positive(self, t, "z_scale", "z_threshold", "cusum_h", "cusum_z_cap")
         check_positive(self, t, "mad_floor_clk_rel", "mad_floor_sm", "mad_floor_thr")
         check_positive(self, t, "mad_floor_step_rel", "mad_floor_power")
         check_positive(self, t, "effect_clk_rel", "effect_thr", "effect_sm", "effect_step_rel")
-        if self.persist_k > self.persist_n:
-            raise ConfigError(f"{t}.persist_k", "must not exceed persist_n")
-        if self.baseline_min_windows > self.baseline_windows:
-            raise ConfigError(f"{t}.baseline_min_windows", "must not exceed baseline_windows")
+        if self.confirm_flagged_s > self.confirm_span_s:
+            raise ConfigError(f"{t}.confirm_flagged_s", "must not exceed confirm_span_s")
+        for name in ("suspect_flagged_s", "suspect_sm_s"):
+            if getattr(self, name) > self.suspect_span_s:
+                raise ConfigError(f"{t}.{name}", "must not exceed suspect_span_s")
+        if self.baseline_min_s > self.baseline_s:
+            raise ConfigError(f"{t}.baseline_min_s", "must not exceed baseline_s")
         check_one_of(self, t, "persistence_mode", PERSISTENCE_MODES)
         if not self.confirm_features or any(f not in FEATURES for f in self.confirm_features):
             raise ConfigError(
@@ -191,6 +222,52 @@ class DetectorSettings:
     @property
     def window_ms(self) -> int:
         return self.window_s * 1000
+
+    # The durations in windows are cached (the detector reads them per GPU and window); the
+    # table is frozen, so they never go stale.
+    def windows_for(self, seconds: int) -> int:
+        """How many windows a duration in seconds spans (at least one; 0 stays 0)."""
+        return 0 if seconds <= 0 else max(1, -(-seconds // self.window_s))
+
+    @cached_property
+    def warmup_windows(self) -> int:
+        return self.windows_for(self.warmup_s) if self.warmup_s else 0
+
+    @cached_property
+    def suspect_k(self) -> int:
+        return self.windows_for(self.suspect_flagged_s)
+
+    @cached_property
+    def suspect_sm_k(self) -> int:
+        return self.windows_for(self.suspect_sm_s)
+
+    @cached_property
+    def suspect_n(self) -> int:
+        return max(self.suspect_k, self.suspect_sm_k, self.windows_for(self.suspect_span_s))
+
+    @cached_property
+    def persist_k(self) -> int:
+        return self.windows_for(self.confirm_flagged_s)
+
+    @cached_property
+    def persist_n(self) -> int:
+        return max(self.persist_k, self.windows_for(self.confirm_span_s))
+
+    @cached_property
+    def clear_after_windows(self) -> int:
+        return self.windows_for(self.clear_after_s)
+
+    @cached_property
+    def confirmed_heartbeat_windows(self) -> int:
+        return self.windows_for(self.confirmed_heartbeat_s)
+
+    @cached_property
+    def baseline_windows(self) -> int:
+        return self.windows_for(self.baseline_s)
+
+    @cached_property
+    def baseline_min_windows(self) -> int:
+        return min(self.baseline_windows, self.windows_for(self.baseline_min_s))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (sets as sorted lists)."""

@@ -46,6 +46,9 @@ from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
 THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80
 #: SW power cap, kept apart from throttling.
 POWER_CAP_BIT = 0x4
+#: The throttling reasons a named cause needs apart: SW/HW thermal, and the HW power brake.
+THERMAL_BITS = 0x20 | 0x40
+POWER_BRAKE_BIT = 0x80
 #: The settings tree's defaults (``detector.window_s``, ``stream.lateness_s``).
 DEFAULT_WINDOW_S = DetectorSettings().window_s
 DEFAULT_LATENESS_S = StreamSettings().lateness_s
@@ -59,6 +62,7 @@ _NONE_MIN = np.iinfo(np.int64).max  # of running minima
 
 THROTTLE_FIELDS = ("throttle_hw_slowdown_ns", "throttle_sw_thermal_ns", "throttle_hw_thermal_ns",
                    "throttle_hw_power_brake_ns")  # fmt: skip
+THERMAL_FIELDS = ("throttle_sw_thermal_ns", "throttle_hw_thermal_ns")
 NVLINK_FIELDS = ("nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors")
 COUNTER_FIELDS = ("energy_mj", "throttle_sw_power_cap_ns", "ecc_volatile_uncorrected",
                   "pcie_replay_count", *THROTTLE_FIELDS, *NVLINK_FIELDS)  # fmt: skip
@@ -78,12 +82,15 @@ _LOST = SAMPLE_SPEC.children[0][1].columns[2].symbols.index("LOST")  # type: ign
 
 #: Per-slot accumulators: int64 sums and counts, float64 sums, and running max/min/flags.
 _INT_ACCS = ("n", "clk_n", "sm_n", "pw_n", "pr_n", "energy", "energy_n", "thr_ns", "thr_dt",
-             "cap_ns", "cap_dt", "bits_n", "thr_bits", "cap_bits", "ecc", "nvl", "pcie")  # fmt: skip
+             "cap_ns", "cap_dt", "bits_n", "thr_bits", "cap_bits", "ecc", "nvl", "pcie",
+             "thm_ns", "thm_dt", "brk_ns", "brk_dt", "thm_bits", "brk_bits")  # fmt: skip
 _FLOAT_ACCS = ("clk_s", "sm_s", "pw_s", "pr_s")
 _MAX_ACCS = ("temp", "wmax", "remap_p", "remap_f", "lost")
 _MIN_ACCS = ("wmin",)
 #: Per-GPU memory of the last sample that moved its clock forward (for counter deltas).
-_PREV = ("energy", "thr", "cap", "ecc", "nvl", "pcie")
+_PREV = ("energy", "thr", "cap", "ecc", "nvl", "pcie", "thm", "brk")
+#: Throttle-time counters: each becomes a share of the time between samples.
+_TIMED = frozenset({"thr", "cap", "thm", "brk"})
 
 
 @dataclass
@@ -190,6 +197,16 @@ class _Bucket:
         if a["seq"][s] > seq:
             a["uuid"][s], a["seq"][s] = -1, seq
         return s
+
+
+def _share(a: Mapping[str, list[int]], name: str, i: int) -> float | None:
+    """Share of slot ``i``'s time under one throttle reason: from its counter when the counter
+    moved time on, else from the reason bits sampled each tick."""
+    if a[f"{name}_dt"][i]:
+        return a[f"{name}_ns"][i] / a[f"{name}_dt"][i]
+    if a["bits_n"][i]:
+        return a[f"{name}_bits"][i] / a["bits_n"][i]
+    return None
 
 
 def _delta(new: np.ndarray, old: np.ndarray) -> np.ndarray:
@@ -413,7 +430,9 @@ class WindowAggregator:
         now = {"energy": counters["energy_mj"], "thr": total(THROTTLE_FIELDS),
                "cap": counters["throttle_sw_power_cap_ns"],
                "ecc": counters["ecc_volatile_uncorrected"],
-               "nvl": total(NVLINK_FIELDS), "pcie": counters["pcie_replay_count"]}  # fmt: skip
+               "nvl": total(NVLINK_FIELDS), "pcie": counters["pcie_replay_count"],
+               "thm": total(THERMAL_FIELDS),
+               "brk": counters["throttle_hw_power_brake_ns"]}  # fmt: skip
         t = ts[parent]
         deltas = self._deltas(
             gid[~lost], t[~lost], {k: (x[~lost], g[~lost]) for k, (x, g) in now.items()}
@@ -450,7 +469,8 @@ class WindowAggregator:
         m = len(gid)
         g = self._gpu.arrays
         empty = {k: (np.zeros(m, np.int64), np.zeros(m, np.bool_)) for k in
-                 ("energy", "energy_n", "thr_ns", "thr_dt", "cap_ns", "cap_dt", "ecc", "nvl", "pcie")}  # fmt: skip
+                 ("energy", "energy_n", "thr_ns", "thr_dt", "cap_ns", "cap_dt", "ecc", "nvl", "pcie",
+                  "thm_ns", "thm_dt", "brk_ns", "brk_dt")}  # fmt: skip
         if m == 0:
             return empty
         # Each GPU's readings in arrival order, behind one element holding its memory.
@@ -504,7 +524,7 @@ class WindowAggregator:
             if k == "energy":
                 out["energy"] = (_delta(x, old), both)
                 out["energy_n"] = (np.ones(m, np.int64), both)
-            elif k in ("thr", "cap"):
+            elif k in _TIMED:
                 out[f"{k}_ns"] = (np.clip(x - old, 0, dt_ns), both)
                 out[f"{k}_dt"] = (dt_ns, both)
             else:
@@ -533,6 +553,8 @@ class WindowAggregator:
         np.add.at(a["bits_n"], s[bv], 1)
         np.add.at(a["thr_bits"], s[bv & ((bits & THROTTLE_BITS) != 0)], 1)
         np.add.at(a["cap_bits"], s[bv & ((bits & POWER_CAP_BIT) != 0)], 1)
+        np.add.at(a["thm_bits"], s[bv & ((bits & THERMAL_BITS) != 0)], 1)
+        np.add.at(a["brk_bits"], s[bv & ((bits & POWER_BRAKE_BIT) != 0)], 1)
         w, wv = v["pcie_link_width"][r], ok["pcie_link_width"][r]
         np.minimum.at(a["wmin"], s[wv], w[wv])
         w, wv = v["pcie_link_width_max"][r], ok["pcie_link_width_max"][r]
@@ -665,6 +687,8 @@ class WindowAggregator:
                 cap = a["cap_ns"][i] / a["cap_dt"][i]
             elif a["bits_n"][i]:
                 cap = a["cap_bits"][i] / a["bits_n"][i]
+            thm = _share(a, "thm", i)
+            brk = _share(a, "brk", i)
             clk_n, sm_n, pw_n, pr_n = a["clk_n"][i], a["sm_n"][i], a["pw_n"][i], a["pr_n"][i]
             temp, wmin, wmax = a["temp"][i], a["wmin"][i], a["wmax"][i]
             uuid = a["uuid"][i]
@@ -699,6 +723,8 @@ class WindowAggregator:
                 "step_ms": None,
                 "score": None,
                 "gated": None,
+                "thermal_frac": thm,
+                "power_brake_frac": brk,
             }
             out.append((start, job, window))
         return out

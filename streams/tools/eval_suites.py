@@ -5,6 +5,8 @@ so the suites cover every fault and confounder, several seeds and job sizes 1-51
 
 - ``clock-<pct>``: an SM-clock drop of ``pct`` % on one GPU in each of five jobs of 8-128 GPUs
   (the 64- and 128-GPU ones last >= 10 min, so a DRAIN is expected); the drop-size sweep;
+- ``onset-phase``: clock drops and throttling whose onsets fall at every phase of a window and
+  between sampling ticks;
 - ``throttle``: thermal throttling and power braking in jobs of 8, 16 and 64 GPUs;
 - ``hard``: every hard XID, the application XIDs, an NVLink storm, a PCIe downtrain and a lost
   GPU, each in its own job (8 GPUs, and a 2-GPU job for the small-job case);
@@ -74,6 +76,36 @@ def clock_sweep(pct: float, seed: int, duration_s: float = 1200.0) -> EvalScenar
         first += gpus // 8
     doc = {"fleet": _fleet(first, seed, duration_s, 2.0), "jobs": jobs, "faults": faults}
     return EvalScenario(f"clock-{pct:g}pct-s{seed}", doc)
+
+
+def onset_phase(seed: int, duration_s: float = 900.0) -> EvalScenario:
+    """Faults whose onset falls anywhere inside a window and between two sampling ticks.
+
+    Twelve 8-GPU jobs, one fault each (a 6% clock drop, thermal throttling or power braking in
+    turn), with onsets 2.63 s apart plus a per-seed fraction: together they cover every phase of
+    a 5-, 10- or 30-second window and every moment between ticks 2 s apart."""
+    kinds: list[tuple[str, dict[str, Any]]] = [
+        ("sm_clock_drop", {"pct": 6}),
+        ("thermal_throttle", {"clock_drop_pct": 10}),
+        ("power_brake", {}),
+    ]
+    jobs, faults = [], []
+    for i in range(12):
+        jobs.append({"job_id": f"{7500 + i}", "gpus": 8, "first_node": i, "duration_s": 7200})
+        name, params = kinds[i % len(kinds)]
+        start = round(200.0 + i * 2.63 + seed * 0.37, 2)
+        faults.append(
+            {
+                "name": name,
+                "node": i,
+                "gpu_index": (seed + 5 * i) % 8,
+                "start_s": start,
+                "end_s": start + 240,
+                "params": params,
+            }
+        )
+    doc = {"fleet": _fleet(12, seed, duration_s, 2.0), "jobs": jobs, "faults": faults}
+    return EvalScenario(f"onset-phase-s{seed}", doc)
 
 
 def throttle(seed: int, duration_s: float = 1200.0) -> EvalScenario:
@@ -253,5 +285,6 @@ def suite(name: str) -> list[EvalScenario]:
         out += [clock_sweep(p, seed, long_s) for p in pcts]
         out += [throttle(seed, long_s), hard_errors(seed), confounders(seed, long_s)]
         out += hardfast_scenarios(seed)
+        out.append(onset_phase(seed))
     out += [big_job(seed) for seed in (seeds[:1] if name == "quick" else seeds)]
     return out

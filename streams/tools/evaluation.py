@@ -14,6 +14,10 @@ Definitions (times int ms; latencies from the label's onset ``start_ms``):
   after onset and before ``end_ms + slack``; for hard errors the recommendation's event time
   (``ts_ms``, the end of the window that fired) must be within one window (plus one sampling
   interval, as a fault between two ticks shows only in the next sample) of the onset;
+- onset -> ``detected_ms``, per fault kind: the event time at which the detector had its
+  evidence (a window's end; a hard rule's sample time), of the first SUSPECT, CONFIRMED or
+  HARD_ERROR finding on the label's node and GPU that overlaps the label's time; onset ->
+  CONFIRMED uses the first CONFIRMED finding's ``stream_ms``;
 - precision: share of finding episodes (per job, node, GPU, status kind) explained by a fault
   label (any ``expect``) on that node (and GPU) in time; a false drain is a DRAIN that no fault
   label on its node explains.
@@ -57,6 +61,9 @@ class Score:
     false_alerts: int = 0
     finding_latency_ms: list[int] = field(default_factory=list)
     rec_latency_ms: list[int] = field(default_factory=list)
+    confirm_latency_ms: list[int] = field(default_factory=list)
+    #: fault kind -> onset -> detected_ms of the first finding, ms.
+    detect_by_kind: dict[str, list[int]] = field(default_factory=dict)
     #: (label name, pct or None) -> [labels, recalled] for straggler-type labels.
     by_kind: dict[str, list[int]] = field(default_factory=dict)
     missed: list[dict[str, Any]] = field(default_factory=list)
@@ -82,6 +89,9 @@ class Score:
         self.finding_latency_ms += other.finding_latency_ms
         self.rec_latency_ms += other.rec_latency_ms
         self.silent_latency_ms += other.silent_latency_ms
+        self.confirm_latency_ms += other.confirm_latency_ms
+        for k, values in other.detect_by_kind.items():
+            self.detect_by_kind.setdefault(k, []).extend(values)
         for k, (n, hit) in other.by_kind.items():
             mine = self.by_kind.setdefault(k, [0, 0])
             mine[0] += n
@@ -115,6 +125,10 @@ class Score:
             "false_alerts": self.false_alerts,
             "onset_to_finding_s": latency_summary(self.finding_latency_ms),
             "onset_to_recommendation_s": latency_summary(self.rec_latency_ms),
+            "onset_to_confirmed_s": latency_summary(self.confirm_latency_ms),
+            "onset_to_detected_s_by_kind": {
+                k: detected_summary(v) for k, v in sorted(self.detect_by_kind.items())
+            },
             "recall_by_kind": {
                 k: {"labels": v[0], "recalled": v[1]} for k, v in sorted(self.by_kind.items())
             },
@@ -147,11 +161,19 @@ def latency_summary(values_ms: Sequence[int]) -> dict[str, float | None]:
     }
 
 
+def detected_summary(values_ms: Sequence[int]) -> dict[str, float | None]:
+    """Median, p95 and max in seconds, and the count."""
+    return {**latency_summary(values_ms), "max": max(values_ms) / 1000 if values_ms else None}
+
+
 def kind_of(label: Mapping[str, Any]) -> str:
     """Grouping key of a label for the per-kind recall table, e.g. ``sm_clock_drop 6%``."""
     pct = (label.get("params") or {}).get("pct")
     if label["name"] == "sm_clock_drop":
         return f"sm_clock_drop {float(pct if pct is not None else 8.0):g}%"
+    xid = (label.get("params") or {}).get("xid")
+    if label["name"] == "xid" and xid is not None:
+        return f"xid {int(xid)}"
     return str(label["name"])
 
 
@@ -197,8 +219,29 @@ def score(
                 out.straggler_hits += 1
                 entry[1] += 1
                 out.finding_latency_ms.append(max(0, min(hits) - start))
+                confirmed = [
+                    ms
+                    for f, ms in findings
+                    if f["status"] == "CONFIRMED"
+                    and f.get("node") == lb["node"]
+                    and f.get("gpu_index") == lb["gpu_index"]
+                    and _overlaps(int(f["window_start_ms"]), int(f["window_end_ms"]), start, end)
+                ]
+                if confirmed:
+                    out.confirm_latency_ms.append(max(0, min(confirmed) - start))
             else:
                 out.missed.append({**lb, "missing": "finding"})
+        if expect in ("straggler", "drain"):
+            detected = [
+                int(f.get("detected_ms") or f["window_end_ms"])
+                for f, _ in findings
+                if f["status"] in EPISODE_STATUSES
+                and f.get("node") == lb["node"]
+                and (lb["gpu_index"] is None or f.get("gpu_index") == lb["gpu_index"])
+                and _overlaps(int(f["window_start_ms"]), int(f["window_end_ms"]), start, end)
+            ]
+            if detected:
+                out.detect_by_kind.setdefault(kind_of(lb), []).append(max(0, min(detected) - start))
         if expect == "drain":
             out.drain_labels += 1
             drains = [
@@ -388,7 +431,10 @@ def targets(total: Score, window_s: int) -> list[Target]:
     clock_hit = sum(hit for _, hit in total.by_kind.values())
     clock_recall = clock_hit / clock_n if clock_n else None
     hard = total.hard_in_window / total.hard_labels if total.hard_labels else None
-    med = latency_summary(total.finding_latency_ms)["median"]
+    first = latency_summary(total.finding_latency_ms)
+    med, p95 = first["median"], first["p95"]
+    confirmed = latency_summary(total.confirm_latency_ms)["median"]
+    precision = total.precision
     out = [
         Target(
             "recall, clock drops >= 5% / throttling, jobs >= 8 GPUs",
@@ -403,8 +449,13 @@ def targets(total: Score, window_s: int) -> list[Target]:
             hard is not None and hard >= 1.0,
         ),
         Target("false drains", float(total.false_drains), "= 0", total.false_drains == 0),
-        Target("median onset->finding (s)", med, "<= 60", med is not None and med <= 60.0),
-    ]
+        Target("precision of finding episodes", precision, ">= 0.97",
+               precision is not None and precision >= 0.97),
+        Target("median onset->finding (s)", med, "<= 15", med is not None and med <= 15.0),
+        Target("p95 onset->finding (s)", p95, "<= 30", p95 is not None and p95 <= 30.0),
+        Target("median onset->CONFIRMED (s)", confirmed, "<= 60",
+               confirmed is not None and confirmed <= 60.0),
+    ]  # fmt: skip
     if total.silent_labels or total.silent_findings:
         found = total.silent_hits / total.silent_labels if total.silent_labels else None
         right = total.silent_findings_explained == total.silent_findings
@@ -518,6 +569,23 @@ def format_report(results: Sequence[ScenarioResult], total: Score, checks: Seque
     lines.append("recall by fault (labels expecting a straggler or a clock-fault drain):")
     for kind, (n, hit) in sorted(total.by_kind.items(), key=lambda kv: _kind_order(kv[0])):
         lines.append(f"  {kind:24} {hit:>4}/{n:<4} {hit / n:.3f}")
+    lines.append("")
+    lines.append(
+        "onset -> detected_ms of the first finding, by fault (s; the event time the detector had"
+        " its evidence):"
+    )
+    lines.append(f"  {'fault':24} {'n':>4} {'median':>7} {'p95':>7} {'max':>7}")
+    for kind, values in sorted(total.detect_by_kind.items(), key=lambda kv: _kind_order(kv[0])):
+        d = detected_summary(values)
+        lines.append(
+            f"  {kind:24} {len(values):>4} {_fmt(d['median'], 1):>7} {_fmt(d['p95'], 1):>7} "
+            f"{_fmt(d['max'], 1):>7}"
+        )
+    conf = latency_summary(total.confirm_latency_ms)
+    lines.append(
+        f"onset->CONFIRMED (published) median {_fmt(conf['median'], 1)} s, p95 "
+        f"{_fmt(conf['p95'], 1)} s (n {conf['n']})"
+    )
     rec = latency_summary(total.rec_latency_ms)
     lines.append(
         f"drain recall {total.drain_hits}/{total.drain_labels}; onset->recommendation median "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import random
+from dataclasses import replace
 from typing import Any
 
 import fastavro
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from windowgen import (
+    SETTINGS_30S,
     WINDOW_MS,
     findings,
     gpu_ident,
@@ -25,7 +27,6 @@ from windowgen import (
 from peerwatch.streams.core.detector import detect_job_window
 from peerwatch.streams.core.detector_state import JobDetectorState
 from peerwatch.streams.core.model import InvalidRecordError, JobContext, gpu_key
-from peerwatch.streams.core.settings import DetectorSettings
 
 FIRST_EVALUATED = 2  # windows 0 and 1 are the warm-up after a job start at 0 ms
 
@@ -67,7 +68,7 @@ def test_clock_drop_of_5pct_of_max_clock_is_suspected_then_confirmed_after_4_of_
     assert clk["value"] == pytest.approx(0.85)
     assert clk["peer_median"] == pytest.approx(0.90, abs=0.002)
     assert clk["mad"] == pytest.approx(
-        DetectorSettings().mad_floor_clk_rel * clk["peer_median"]
+        SETTINGS_30S.mad_floor_clk_rel * clk["peer_median"]
     )  # the floor binds
     scores = {gpu_key(w["node"], w["gpu_index"]): w["score"] for w in results[5].windows}
     assert max(scores, key=lambda k: scores[k]) == gpu_key(node, index)
@@ -88,7 +89,7 @@ def test_clock_detection_limit_follows_the_mad_floor(
     def make(k: int) -> list[dict[str, Any]]:
         return [window("job1", i, k, clk_ratio=1.0 - (drop if i == 0 else 0.0)) for i in range(16)]
 
-    settings = DetectorSettings() if floor is None else DetectorSettings(mad_floor_clk_rel=floor)
+    settings = SETTINGS_30S if floor is None else replace(SETTINGS_30S, mad_floor_clk_rel=floor)
     results, _ = run(job(16), make, range(3), settings=settings)
     assert bool(findings(results)) is flagged
 
@@ -254,7 +255,7 @@ def test_xid_79_is_a_hard_error_on_the_first_window_even_when_gated(n: int) -> N
 )
 def test_each_hard_rule_fires(fields: dict[str, Any], rule: str) -> None:
     windows = with_overrides([window("job1", i, 5) for i in range(16)], {3: fields})
-    result = detect_job_window(job(16), windows, JobDetectorState("job1"))
+    result = detect_job_window(job(16), windows, JobDetectorState("job1"), SETTINGS_30S)
     assert [(f["status"], f["hard_rules"]) for f in result.findings] == [("HARD_ERROR", [rule])]
 
 
@@ -339,7 +340,7 @@ def test_intermittent_straggler_needs_4_of_the_last_6(
 
 
 def test_cusum_mode_confirms_a_lasting_straggler_but_not_one_extreme_window() -> None:
-    cusum = DetectorSettings(persistence_mode="cusum")
+    cusum = replace(SETTINGS_30S, persistence_mode="cusum")
 
     def lasting(k: int) -> list[dict[str, Any]]:
         return with_overrides(
@@ -371,7 +372,7 @@ def test_gated_windows_neither_flag_nor_clear() -> None:
 def test_incomplete_window_is_gated(reported: int, gate: str | None) -> None:
     state = JobDetectorState("job1", windows_seen=5)
     windows = [window("job1", i, 9) for i in range(reported)]
-    assert detect_job_window(job(64), windows, state).gated == gate
+    assert detect_job_window(job(64), windows, state, SETTINGS_30S).gated == gate
 
 
 def test_requeue_restarts_the_warmup_and_forgets_episodes() -> None:
@@ -421,7 +422,7 @@ def test_input_order_does_not_matter_and_ids_are_deterministic(seed: int) -> Non
 def test_redelivered_window_is_skipped() -> None:
     state = JobDetectorState("job1")
     _, state = run(job(16), straggler_episode, range(6), state=state)
-    again = detect_job_window(job(16), straggler_episode(5), state)
+    again = detect_job_window(job(16), straggler_episode(5), state, SETTINGS_30S)
     assert again.skipped == "already_processed" and again.findings == []
 
 
@@ -453,7 +454,9 @@ def test_windows_missing_a_feature_or_samples_are_handled() -> None:
         [window("job1", i, 5) for i in range(16)],
         {0: {"samples": 0, "clk_ratio": None, "sm_frac": None}, 1: {"step_ms": 900.0}},
     )
-    result = detect_job_window(job(16), windows, JobDetectorState("job1", windows_seen=4))
+    result = detect_job_window(
+        job(16), windows, JobDetectorState("job1", windows_seen=4), SETTINGS_30S
+    )
     assert result.gated is None and result.findings == []
     assert result.windows[0]["gated"] == "no_data" and result.windows[0]["score"] is None
 

@@ -1,6 +1,6 @@
 """CI gate: the quick evaluation suite meets the detection targets with the default settings.
 
-Runs 25 labelled simulated scenarios (every fault and confounder, several seeds, jobs of 2-512
+Runs 28 labelled simulated scenarios (every fault and confounder, several seeds, jobs of 2-512
 GPUs) through the same pipeline as the live stream; about 20-30 s on two cores."""
 
 from __future__ import annotations

@@ -107,8 +107,36 @@ def test_scores_add_up_and_targets_check_the_sum() -> None:
     a.add(b)
     assert a.by_kind == {"sm_clock_drop 6%": [100, 98]}
     assert a.recall == pytest.approx(0.98)
-    passed = [t.passed for t in targets(a, 30)]
-    assert passed == [False, True, False, True]  # recall 0.98, hard ok, 1 false drain, median 40 s
+    a.add(Score(episodes=100, episodes_explained=98, confirm_latency_ms=[50 * S]))
+    passed = {t.name.split(" (")[0]: t.passed for t in targets(a, 30)}
+    assert passed == {
+        "recall, clock drops >= 5% / throttling, jobs >= 8 GPUs": False,  # 0.98
+        "hard errors recommended within one window": True,
+        "false drains": False,  # one
+        "precision of finding episodes": True,  # 0.98
+        "median onset->finding": False,  # 40 s
+        "p95 onset->finding": False,  # 70 s
+        "median onset->CONFIRMED": True,  # 50 s
+    }
+
+
+def test_detected_ms_by_kind_and_confirmed_latency() -> None:
+    labels = [
+        label("sm_clock_drop", "a", 1, 100, 400, "straggler", pct=8),
+        label("thermal_throttle", "c", 0, 100, 1000, "drain"),
+        label("xid", "d", 3, 200, 1200, "drain", xid=48),
+    ]
+    suspect = finding("SUSPECT", "a", 1, 105) | {"detected_ms": 115 * S}
+    confirmed = finding("CONFIRMED", "a", 1, 140, 105) | {"detected_ms": 150 * S}
+    hard = finding("HARD_ERROR", "d", 3, 195) | {"detected_ms": 201 * S}
+    no_field = finding("SUSPECT", "c", 0, 100)  # an older record: its window end stands in
+    found = [(suspect, 120 * S), (confirmed, 155 * S), (hard, 202 * S), (no_field, 135 * S)]
+    s = score(labels, found, [], window_ms=W)
+    assert s.detect_by_kind == {"sm_clock_drop 8%": [15 * S], "thermal_throttle": [30 * S],
+                                "xid 48": [1 * S]}  # fmt: skip
+    assert s.confirm_latency_ms == [55 * S]
+    summary = s.to_dict()["onset_to_detected_s_by_kind"]["sm_clock_drop 8%"]
+    assert summary == {"n": 1, "median": 15.0, "p95": 15.0, "max": 15.0}
 
 
 def test_percentiles_and_summaries() -> None:

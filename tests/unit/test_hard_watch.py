@@ -74,7 +74,9 @@ def test_a_hard_xid_fires_at_its_sample_with_the_owner_and_the_sample_time() -> 
         "HARDWARE",
         "GPU-1",
     )
-    assert (f["window_start_ms"], f["window_end_ms"]) == (60_000, 90_000)
+    window_ms = DetectorSettings().window_ms  # the window holding the sample
+    start_ms = 61_500 // window_ms * window_ms
+    assert (f["window_start_ms"], f["window_end_ms"]) == (start_ms, start_ms + window_ms)
 
 
 def test_counter_rises_need_a_baseline_and_a_storm_is_one_finding() -> None:

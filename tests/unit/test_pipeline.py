@@ -105,7 +105,7 @@ def test_same_input_twice_gives_identical_outputs() -> None:
 
 
 def test_job_stage_waits_for_all_gpus_or_the_watermark_and_keeps_window_order() -> None:
-    settings = DetectorSettings()
+    settings = DetectorSettings(window_s=30)  # the 30 s windows below
     stage = JobStage(settings, grace_ms=10_000)
 
     def batch(start: int, node: str) -> JobWindowBatch:

@@ -97,7 +97,8 @@ def test_missing_fields_give_nulls_and_zero_deltas() -> None:
     w = one(a.flush())
     assert w["samples"] == 2
     for name in ("clk_ratio", "throttle_frac", "power_cap_frac", "sm_frac", "power_ratio",
-                 "power_w", "temperature_c_max", "energy_j", "pcie_link_width_min"):  # fmt: skip
+                 "power_w", "temperature_c_max", "energy_j", "pcie_link_width_min",
+                 "thermal_frac", "power_brake_frac"):  # fmt: skip
         assert w[name] is None, name
     assert (w["ecc_uncorrected_delta"], w["nvlink_errors_delta"], w["pcie_replay_delta"]) == (
         0,
@@ -122,6 +123,42 @@ def test_throttle_from_counter_deltas_with_power_cap_kept_apart() -> None:
     w = one(a.flush())
     assert w["throttle_frac"] == pytest.approx(0.5)  # counters win over the sampled bits
     assert w["power_cap_frac"] == pytest.approx(1.0)
+
+
+def test_thermal_and_power_brake_shares_are_kept_apart_for_the_cause() -> None:
+    a = agg()
+    ns = 1_000_000
+    a.add_batch(
+        [
+            sample(T0, reading(throttle_hw_thermal_ns=0, throttle_sw_thermal_ns=0,
+                               throttle_hw_power_brake_ns=0, clocks_event_reasons=0)),
+            # 2 s later: 0.4 s HW + 0.2 s SW thermal (0.3 of the time), 1 s of power brake.
+            sample(T0 + 2 * S, reading(throttle_hw_thermal_ns=400 * ns, throttle_sw_thermal_ns=200 * ns,
+                                       throttle_hw_power_brake_ns=1000 * ns, clocks_event_reasons=0)),
+        ]
+    )  # fmt: skip
+    w = one(a.flush())
+    assert w["thermal_frac"] == pytest.approx(0.3)
+    assert w["power_brake_frac"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("bits", "thermal", "brake"),
+    [([0x0, 0x0], 0.0, 0.0), ([0x40, 0x0], 0.5, 0.0), ([0x20, 0x88], 0.5, 0.5),
+     ([0x8, 0x8], 0.0, 0.0)],
+)  # fmt: skip
+def test_thermal_and_brake_shares_from_sampled_bits(
+    bits: list[int], thermal: float, brake: float
+) -> None:
+    a = agg()
+    a.add_batch(
+        [sample(T0 + (i + 1) * S, reading(clocks_event_reasons=b)) for i, b in enumerate(bits)]
+    )
+    w = one(a.flush())
+    assert (w["thermal_frac"], w["power_brake_frac"]) == (
+        pytest.approx(thermal),
+        pytest.approx(brake),
+    )
 
 
 def test_overlapping_throttle_counters_never_exceed_the_elapsed_time() -> None:

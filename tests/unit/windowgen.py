@@ -13,6 +13,9 @@ from peerwatch.streams.core.settings import DetectorSettings
 
 WINDOW_MS = 30_000
 GPUS_PER_NODE = 8
+#: The detector settings of these 30-second windows: DETECTION.md's rule in windows (SUSPECT on
+#: the first candidate window, CONFIRMED after 4 of the last 6, cleared after 10 clean ones).
+SETTINGS_30S = DetectorSettings(window_s=30, confirm_flagged_s=120, confirm_span_s=180)
 
 
 def gpu_ident(i: int) -> tuple[str, int]:
@@ -90,7 +93,7 @@ def run(
     state: JobDetectorState | None = None,
 ) -> tuple[list[DetectionResult], JobDetectorState]:
     """Run the detector over windows ``make(k)`` for k in ``windows``."""
-    settings = settings or DetectorSettings()
+    settings = settings or SETTINGS_30S
     state = state or JobDetectorState(job_id=job.job_id)
     results = [detect_job_window(job, make(k), state, settings) for k in windows]
     return results, state
