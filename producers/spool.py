@@ -14,6 +14,8 @@ first; every dropped record is counted in ``dropped`` and logged.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import struct
@@ -32,6 +34,8 @@ _FIXED = struct.Struct(
 _HDR = struct.Struct("<HI")
 # Segments are numbered from here so that prepend() can always use a lower number.
 _FIRST_SEGMENT = 10**9
+#: errno values that mean "the spool's filesystem is full": handled as a limit, never raised.
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 @dataclass(frozen=True)
@@ -160,31 +164,62 @@ class Spool:
 
     # -- writing --------------------------------------------------------------------------------
     def append(self, records: list[SpooledRecord]) -> None:
-        """Append records durably (flushed to the OS; fsync per call). Enforces the limits."""
+        """Append records durably (flushed to the OS; fsync per call). Enforces the limits.
+
+        A full disk (ENOSPC, EDQUOT) is a limit too: the partial write is cut off, the oldest
+        segments are dropped (counted) until the records fit, and when nothing older is left the
+        new records themselves are dropped and counted. Other OS errors propagate."""
         if not records:
             return
         frames = []
         for rec in records:
             payload = rec.encode()
             frames.append(_FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
-        seg = self._segments[-1] if self._segments else None
-        if seg is None or seg.size >= self.segment_bytes:
-            number = (seg.number + 1) if seg else max(self._head_segment, _FIRST_SEGMENT)
-            seg = _Segment(number, self.directory / f"{number:012d}.seg", 0, time.time())
-            self._segments.append(seg)
-            if len(self._segments) == 1:
-                self._head_segment, self._head_offset = number, 0
-                self._write_head()
         blob = b"".join(frames)
-        with seg.path.open("ab") as fh:
-            fh.write(blob)
-            fh.flush()
-            os.fsync(fh.fileno())
+        while True:
+            seg = self._segments[-1] if self._segments else None
+            fresh = seg is None or seg.size >= self.segment_bytes
+            if fresh:
+                number = (seg.number + 1) if seg else max(self._head_segment, _FIRST_SEGMENT)
+                seg = _Segment(number, self.directory / f"{number:012d}.seg", 0, time.time())
+                self._segments.append(seg)
+            assert seg is not None
+            try:
+                if fresh and len(self._segments) == 1:
+                    self._head_segment, self._head_offset = seg.number, 0
+                    self._write_head()
+                with seg.path.open("ab") as fh:
+                    fh.write(blob)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                break
+            except OSError as exc:
+                if exc.errno not in _DISK_FULL:
+                    raise
+                self._cut_back(seg)
+            if self._count == 0:
+                self.dropped += len(records)
+                log.error(
+                    "spool: disk full in %s; dropped %d new records (nothing older to give up)",
+                    self.directory, len(records),
+                )  # fmt: skip
+                return
+            log.error("spool: disk full in %s; dropping the oldest segment", self.directory)
+            self._drop_head_segment()
         seg.size += len(blob)
         seg.records += len(records)
         seg.mtime_s = time.time()
         self._count += len(records)
         self._enforce_limits()
+
+    def _cut_back(self, seg: _Segment) -> None:
+        """Undo a failed append to ``seg``: cut the file back to its known size; forget (and
+        remove) a segment that holds nothing yet."""
+        with contextlib.suppress(FileNotFoundError), seg.path.open("r+b") as fh:
+            fh.truncate(seg.size)
+        if seg.records == 0 and seg is self._segments[-1]:
+            self._segments.pop()
+            seg.path.unlink(missing_ok=True)
 
     def _enforce_limits(self) -> None:
         now = time.time()
@@ -298,6 +333,20 @@ class Spool:
                 yield seg.number, pos, SpooledRecord.decode(data[start:pos])
 
     def _write_head(self) -> None:
+        text = f"{self._head_segment} {self._head_offset}\n"
         tmp = self.directory / "head.tmp"
-        tmp.write_text(f"{self._head_segment} {self._head_offset}\n")
+        try:
+            tmp.write_text(text)
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL:
+                raise
+            # A full disk has no block for a new file: overwrite the head in place (it fits in
+            # the block it has; the spaces pad out a longer old text).
+            tmp.unlink(missing_ok=True)
+            head = self.directory / "head"
+            with head.open("r+" if head.exists() else "w") as fh:
+                old = fh.read()
+                fh.seek(0)
+                fh.write(text.rstrip("\n").ljust(len(old) - 1) + "\n")
+            return
         os.replace(tmp, self.directory / "head")
