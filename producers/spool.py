@@ -36,6 +36,8 @@ _HDR = struct.Struct("<HI")
 _FIRST_SEGMENT = 10**9
 #: errno values that mean "the spool's filesystem is full": handled as a limit, never raised.
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: One encoded frame (named apart: inside Spool, ``bytes`` is a property).
+_FrameBytes = bytes
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,16 @@ class _Segment:
     records: int = 0
 
 
+def _segment_size_for(directory: Path, wanted: int) -> int:
+    """``wanted``, or less on a small filesystem: a full disk can only be made room on by
+    removing whole segments, so a segment is at most 1/16 of the filesystem (at least 64 KiB)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return wanted
+    return min(wanted, max(64 * 1024, st.f_blocks * st.f_frsize // 16))
+
+
 @dataclass
 class Spool:
     """The on-disk FIFO. Not thread-safe: one owner thread (the delivery worker)."""
@@ -110,6 +122,7 @@ class Spool:
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.segment_bytes = _segment_size_for(self.directory, self.segment_bytes)
         self._load()
 
     # -- state ----------------------------------------------------------------------------------
@@ -166,15 +179,26 @@ class Spool:
     def append(self, records: list[SpooledRecord]) -> None:
         """Append records durably (flushed to the OS; fsync per call). Enforces the limits.
 
-        A full disk (ENOSPC, EDQUOT) is a limit too: the partial write is cut off, the oldest
-        segments are dropped (counted) until the records fit, and when nothing older is left the
-        new records themselves are dropped and counted. Other OS errors propagate."""
+        A full disk (ENOSPC, EDQUOT) is a limit too: records are written a segment's worth at a
+        time; when one write finds the disk full, the partial write is cut off and the oldest
+        segments are dropped (counted) until it fits; when nothing older is left, that part of
+        the new records is dropped and counted. Other OS errors propagate."""
         if not records:
             return
-        frames = []
+        part: list[_FrameBytes] = []
+        part_bytes = 0
         for rec in records:
             payload = rec.encode()
-            frames.append(_FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
+            frame = _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+            if part and part_bytes + len(frame) > self.segment_bytes:
+                self._append_frames(part)
+                part, part_bytes = [], 0
+            part.append(frame)
+            part_bytes += len(frame)
+        self._append_frames(part)
+        self._enforce_limits()
+
+    def _append_frames(self, frames: list[_FrameBytes]) -> None:
         blob = b"".join(frames)
         while True:
             seg = self._segments[-1] if self._segments else None
@@ -198,19 +222,18 @@ class Spool:
                     raise
                 self._cut_back(seg)
             if self._count == 0:
-                self.dropped += len(records)
+                self.dropped += len(frames)
                 log.error(
                     "spool: disk full in %s; dropped %d new records (nothing older to give up)",
-                    self.directory, len(records),
+                    self.directory, len(frames),
                 )  # fmt: skip
                 return
             log.error("spool: disk full in %s; dropping the oldest segment", self.directory)
             self._drop_head_segment()
         seg.size += len(blob)
-        seg.records += len(records)
+        seg.records += len(frames)
         seg.mtime_s = time.time()
-        self._count += len(records)
-        self._enforce_limits()
+        self._count += len(frames)
 
     def _cut_back(self, seg: _Segment) -> None:
         """Undo a failed append to ``seg``: cut the file back to its known size; forget (and

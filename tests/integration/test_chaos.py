@@ -230,6 +230,8 @@ def test_scaling_workers_1_3_1_loses_and_duplicates_no_window(
 
 # -- c. the spool's disk fills while the broker is away ---------------------------------------------
 SPOOL_DISK_BYTES = 1 << 20
+#: An upper bound of one spooled test record on disk: 1,008 bytes of value, key, topic, framing.
+RECORD_DISK_BYTES = 1100
 
 
 @pytest.fixture
@@ -280,6 +282,10 @@ def test_spool_disk_full_is_bounded_counted_and_delivery_resumes(
         assert stats.dropped > 0 and on_disk <= SPOOL_DISK_BYTES
         assert delivery.spooled_records + stats.dropped <= total
         assert any("disk full" in r.getMessage() for r in caplog.records)
+        # Oldest first, a segment at a time: the disk stays mostly used by the newest records
+        # (not emptied wholesale when it fills).
+        kept = delivery.spooled_records
+        assert kept * RECORD_DISK_BYTES >= SPOOL_DISK_BYTES // 2, kept
         dropped_before = stats.dropped
         restart(own_kafka)
         wait_stable(lambda: (delivery.spooling, delivery.spooled_records),
@@ -294,3 +300,4 @@ def test_spool_disk_full_is_bounded_counted_and_delivery_resumes(
     assert len(got) == total - final.dropped
     assert final.delivered == len(got)
     assert set(got) <= set(range(total))
+    assert set(range(total - kept, total)) <= set(got), "the newest spooled records were lost"
