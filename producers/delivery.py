@@ -444,7 +444,14 @@ class Delivery:
         records = sorted(self._failed, key=lambda r: r.seq) + self._held
         self._failed, self._held = [], []
         before = self._spool.dropped
-        self._spool.append(records)
+        try:
+            self._spool.append(records)
+        except OSError:
+            # The spool cannot take them (its directory gone, an I/O error): they are lost;
+            # count them rather than let the worker retry a write that keeps failing.
+            self.stats.dropped += len(records)
+            log.exception("delivery: spool write failed; dropped %d records", len(records))
+            return
         self.stats.spooled += len(records)
         self.stats.dropped += self._spool.dropped - before
 

@@ -14,6 +14,8 @@ first; every dropped record is counted in ``dropped`` and logged.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -33,6 +35,10 @@ _FIXED = struct.Struct(
 _HDR = struct.Struct("<HI")
 # Segments are numbered from here so that prepend() can always use a lower number.
 _FIRST_SEGMENT = 10**9
+#: errno values that mean "the spool's filesystem is full": handled as a limit, never raised.
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: One encoded frame (named apart: inside Spool, ``bytes`` is a property).
+_FrameBytes = bytes
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,16 @@ class _Segment:
     records: int = 0
 
 
+def _segment_size_for(directory: Path, wanted: int) -> int:
+    """``wanted``, or less on a small filesystem: a full disk can only be made room on by
+    removing whole segments, so a segment is at most 1/16 of the filesystem (at least 64 KiB)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return wanted
+    return min(wanted, max(64 * 1024, st.f_blocks * st.f_frsize // 16))
+
+
 @dataclass
 class Spool:
     """The on-disk FIFO. Not thread-safe: one owner thread (the delivery worker)."""
@@ -117,6 +133,7 @@ class Spool:
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.segment_bytes = _segment_size_for(self.directory, self.segment_bytes)
         self._load()
 
     # -- state ----------------------------------------------------------------------------------
@@ -219,31 +236,72 @@ class Spool:
 
     # -- writing --------------------------------------------------------------------------------
     def append(self, records: list[SpooledRecord]) -> None:
-        """Append records durably (flushed to the OS; fsync per call). Enforces the limits."""
+        """Append records durably (flushed to the OS; fsync per call). Enforces the limits.
+
+        A full disk (ENOSPC, EDQUOT) is a limit too: records are written a segment's worth at a
+        time; when one write finds the disk full, the partial write is cut off and the oldest
+        segments are dropped (counted) until it fits; when nothing older is left, that part of
+        the new records is dropped and counted. Other OS errors propagate."""
         if not records:
             return
-        frames = []
+        part: list[_FrameBytes] = []
+        part_bytes = 0
         for rec in records:
             payload = rec.encode()
-            frames.append(_FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
-        seg = self._segments[-1] if self._segments else None
-        if seg is None or seg.size >= self.segment_bytes:
-            number = (seg.number + 1) if seg else max(self._head_segment, _FIRST_SEGMENT)
-            seg = _Segment(number, self.directory / f"{number:012d}.seg", 0, time.time())
-            self._segments.append(seg)
-            if len(self._segments) == 1:
-                self._head_segment, self._head_offset = number, 0
-                self._write_head()
-        blob = b"".join(frames)
-        with seg.path.open("ab") as fh:
-            fh.write(blob)
-            fh.flush()
-            os.fsync(fh.fileno())
-        seg.size += len(blob)
-        seg.records += len(records)
-        seg.mtime_s = time.time()
-        self._count += len(records)
+            frame = _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+            if part and part_bytes + len(frame) > self.segment_bytes:
+                self._append_frames(part)
+                part, part_bytes = [], 0
+            part.append(frame)
+            part_bytes += len(frame)
+        self._append_frames(part)
         self._enforce_limits()
+
+    def _append_frames(self, frames: list[_FrameBytes]) -> None:
+        blob = b"".join(frames)
+        while True:
+            seg = self._segments[-1] if self._segments else None
+            fresh = seg is None or seg.size >= self.segment_bytes
+            if fresh:
+                number = (seg.number + 1) if seg else max(self._head_segment, _FIRST_SEGMENT)
+                seg = _Segment(number, self.directory / f"{number:012d}.seg", 0, time.time())
+                self._segments.append(seg)
+            assert seg is not None
+            try:
+                if fresh and len(self._segments) == 1:
+                    self._head_segment, self._head_offset = seg.number, 0
+                    self._write_head()
+                with seg.path.open("ab") as fh:
+                    fh.write(blob)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                break
+            except OSError as exc:
+                if exc.errno not in _DISK_FULL:
+                    raise
+                self._cut_back(seg)
+            if self._count == 0:
+                self.dropped += len(frames)
+                log.error(
+                    "spool: disk full in %s; dropped %d new records (nothing older to give up)",
+                    self.directory, len(frames),
+                )  # fmt: skip
+                return
+            log.error("spool: disk full in %s; dropping the oldest segment", self.directory)
+            self._drop_head_segment()
+        seg.size += len(blob)
+        seg.records += len(frames)
+        seg.mtime_s = time.time()
+        self._count += len(frames)
+
+    def _cut_back(self, seg: _Segment) -> None:
+        """Undo a failed append to ``seg``: cut the file back to its known size; forget (and
+        remove) a segment that holds nothing yet."""
+        with contextlib.suppress(FileNotFoundError), seg.path.open("r+b") as fh:
+            fh.truncate(seg.size)
+        if seg.records == 0 and seg is self._segments[-1]:
+            self._segments.pop()
+            seg.path.unlink(missing_ok=True)
 
     def _enforce_limits(self) -> None:
         now = time.time()
@@ -358,12 +416,28 @@ class Spool:
 
     def _write_head(self) -> None:
         """Replace ``head`` durably (fsync the file, rename, fsync the folder): a power loss
-        leaves the old or the new position, never an empty file."""
+        leaves the old or the new position, never an empty file. A full disk has no block for a
+        new file: then the head is overwritten in place (it fits in the block it has; spaces pad
+        out a longer old text)."""
+        text = f"{self._head_segment} {self._head_offset}\n"
         tmp = self.directory / "head.tmp"
-        with tmp.open("w") as fh:
-            fh.write(f"{self._head_segment} {self._head_offset}\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with tmp.open("w") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL:
+                raise
+            tmp.unlink(missing_ok=True)
+            head = self.directory / "head"
+            with head.open("r+" if head.exists() else "w") as fh:
+                old = fh.read()
+                fh.seek(0)
+                fh.write(text.rstrip("\n").ljust(len(old) - 1) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            return
         os.replace(tmp, self.directory / "head")
         _fsync_dir(self.directory)
 

@@ -1,5 +1,8 @@
 """``peerwatch bench stream`` — measure the live stream processor against a plain consume +
-decode floor on the same pre-produced records (definitions in ``peerwatch.streams.tools.bench``)."""
+decode floor on the same pre-produced records (definitions in ``peerwatch.streams.tools.bench``).
+
+``peerwatch bench hooks`` — the Slurm prolog/epilog hooks' wall time against a budget, with a
+PASS/FAIL verdict (definitions in ``peerwatch.streams.tools.bench_hooks``)."""
 
 from __future__ import annotations
 
@@ -35,6 +38,19 @@ def register(sub: Any) -> None:
     s.add_argument("--workdir", help="where worker logs and counters go (default: a temp dir)")
     s.add_argument("--json", action="store_true", help="print one JSON object instead")
     s.set_defaults(func=run)
+    h = what.add_parser("hooks", help="the Slurm prolog/epilog hooks' wall time vs a budget")
+    h.add_argument(
+        "--runs", type=int, default=50, help="jobs, each a prolog and an epilog (default 50)"
+    )
+    h.add_argument("--budget-ms", type=float, default=None,
+                   help="wall-time budget per hook run, judged on the p95 (default 400)")  # fmt: skip
+    h.add_argument("--deliver-timeout-s", type=float, default=60.0,
+                   help="how long the events may take to reach Kafka afterwards (default 60)")  # fmt: skip
+    h.add_argument("--keep-topics", action="store_true",
+                   help="keep the benchmark's topic (default: delete it at the end)")  # fmt: skip
+    h.add_argument("--workdir", help="where the hooks' outbox goes (default: a temp dir)")
+    h.add_argument("--json", action="store_true", help="print one JSON object instead")
+    h.set_defaults(func=run_hooks)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,3 +67,22 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print(json.dumps(report, sort_keys=True) if args.json else format_table(report))
     return 0 if all(v != "FAIL" for v in report["verdicts"].values()) else 1
+
+
+def run_hooks(args: argparse.Namespace) -> int:
+    from peerwatch.streams.tools.bench_hooks import DEFAULT_BUDGET_MS, format_hooks_table
+    from peerwatch.streams.tools.bench_hooks_run import run_hooks_bench
+
+    budget_ms = DEFAULT_BUDGET_MS if args.budget_ms is None else args.budget_ms
+    if args.runs < 1 or budget_ms <= 0:
+        print("bench hooks: --runs and --budget-ms must be positive", file=sys.stderr)
+        return 2
+    settings = settings_of(args)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="peerwatch-bench-hooks-"))
+    report = run_hooks_bench(
+        settings.kafka, args.runs, budget_ms, workdir,
+        deliver_timeout_s=args.deliver_timeout_s, keep_topics=args.keep_topics,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )  # fmt: skip
+    print(json.dumps(report, sort_keys=True) if args.json else format_hooks_table(report))
+    return 0 if report["verdict"] == "PASS" else 1

@@ -242,7 +242,7 @@ class HotStage:
         """Apply every JobEvent appended before now (end offsets asked now, then read up to
         them). Gives up after ``limit_s`` with a warning (a broker that cannot serve them)."""
         from confluent_kafka import KafkaException
-        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+        from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
         # Asked through the admin client: on the consumer's own connection the request would
         # queue behind its long-polling fetch (up to fetch.wait.max.ms, per partition).
@@ -259,6 +259,11 @@ class HotStage:
                 break
             except KafkaException as exc:
                 log.warning("hot stage: job-events end offsets unavailable (%s); retrying", exc)
+                # A fresh client: after a broker restart the partitions' leader epoch moved on,
+                # and this client kept asking with the old one (FENCED_LEADER_EPOCH) forever,
+                # so the worker stayed alive but processed nothing (tests/integration/
+                # test_chaos.py). A new client starts from fresh metadata.
+                self._admin = AdminClient(admin_config(self.settings.kafka))
                 self._stop.wait(1.0)
         else:
             return

@@ -26,6 +26,8 @@ def free_port() -> int:
 
 
 NODES = [f"gpu{i:03d}" for i in range(6)]
+#: Tells "returned at once" from "blocked on Kafka"; not a speed budget.
+SEND_BLOCKED_S = 2.0
 
 
 def consume_all(settings: KafkaSettings, topic: str, partitions: int) -> list[tuple[str, int]]:
@@ -105,6 +107,8 @@ def test_outage_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
         for node in NODES:
             seqs = [s for n, s in got if n == node]
             assert seqs == list(range(seq[node])), f"{node}: gap, duplicate or reorder: {seqs}"
-        assert max_send_s < 0.05, f"send() blocked for {max_send_s:.3f} s"
+        # Not a speed budget (a loaded machine stretches any call): a send() that waited on the
+        # unreachable broker would take librdkafka's timeouts (seconds to minutes).
+        assert max_send_s < SEND_BLOCKED_S, f"send() blocked for {max_send_s:.3f} s"
     finally:
         kafka.stop()
