@@ -12,7 +12,8 @@ harness all call this function. The algorithm is DETECTION.md's, step by step:
    smaller groups compare each GPU's clk with its own rolling median of recent clean windows;
 3. candidate = slow-direction |z| >= z_threshold AND a material effect (own baseline: the clk
    effect alone, as there is no spread to compare with);
-4. more than job_wide_frac of a group being candidates -> one JOB_WIDE finding, no GPU blamed;
+4. more than job_wide_frac of a group being candidates -> one JOB_WIDE finding, no GPU blamed
+   (jobs of fewer than job_wide_report_min_gpus GPUs abstain without a finding);
 5. persistence (k of n, or CUSUM) -> SUSPECT on the first candidate window, CONFIRMED on the
    transition (re-emitted every ``confirmed_heartbeat_windows``), CLEARED after
    ``clear_after_windows`` clean windows.
@@ -450,6 +451,8 @@ def _job_wide(
     if state.job_wide_start_ms is not None:
         return []
     state.job_wide_start_ms = start_ms
+    if state.max_gpus_seen < settings.job_wide_report_min_gpus:
+        return []  # a small job's GPUs abstain (gated job_wide), with nothing to report
     role, group, verdicts = max(job_wide_groups, key=lambda g: len(g[1]))
     slow = [v for v in verdicts if v.flags]
     cause = majority_cause(

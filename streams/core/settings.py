@@ -135,6 +135,11 @@ class DetectorSettings:
         0.25, "job-wide abstain: more than this share of the group are candidates (0..1)"
     )
     job_wide_min_gpus: int = setting(2, "job-wide abstain needs at least this many candidates")
+    job_wide_report_min_gpus: int = setting(
+        8,
+        "a job of fewer GPUs abstains silently (no JOB_WIDE finding: 'n of n slow' in a small "
+        "job tells an operator nothing)",
+    )
     confirm_features: tuple[str, ...] = setting(
         ("clk", "thr", "step"), "features whose flags confirm (sm alone only makes a SUSPECT)"
     )
@@ -191,6 +196,7 @@ class DetectorSettings:
         check_at_least(self, t, 1, "suspect_flagged_s", "suspect_span_s", "clear_after_s")
         check_at_least(self, t, 1, "suspect_sm_s", "node_wide_min_gpus")
         check_at_least(self, t, 1, "baseline_s", "baseline_min_s", "job_wide_min_gpus")
+        check_at_least(self, t, 1, "job_wide_report_min_gpus")
         check_at_least(self, t, 0, "warmup_s", "ending_s", "confirmed_heartbeat_s", "cusum_k")
         check_at_least(self, t, 16, "id_hex_chars")
         check_range(self, t, 0, 1, "min_job_sm", "min_reported_frac", "job_wide_frac")

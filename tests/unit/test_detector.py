@@ -212,12 +212,18 @@ def test_small_jobs_stay_quiet_when_healthy_or_power_capped(n: int) -> None:
     assert findings(results) == []
 
 
-def test_small_job_where_every_gpu_drops_abstains() -> None:
+def test_small_job_where_every_gpu_drops_abstains_without_a_finding() -> None:
+    # "2 of 2 GPUs slow" tells an operator nothing: the GPUs abstain (gated), nothing reported.
     def make(k: int) -> list[dict[str, Any]]:
         return [window("job1", i, k, clk_ratio=0.80 if k >= 6 else 0.90) for i in range(2)]
 
     results, _ = run(job(2), make, range(10))
-    assert [f["status"] for f in findings(results)] == ["JOB_WIDE"]
+    assert findings(results) == []
+    assert all(w["gated"] == "job_wide" for r in results[6:] for w in r.windows)
+    reported, _ = run(
+        job(2), make, range(10), settings=replace(SETTINGS_30S, job_wide_report_min_gpus=2)
+    )
+    assert [f["status"] for f in findings(reported)] == ["JOB_WIDE"]
 
 
 # --- hard rules ------------------------------------------------------------------------------
