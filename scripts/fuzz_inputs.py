@@ -253,14 +253,20 @@ def _hostile_value(rng: Random) -> Any:
     ])  # fmt: skip
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield prefix
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            yield from _paths(v, (*prefix, i))
+def _paths(doc: Any) -> Iterator[tuple[Any, ...]]:
+    """Every path into ``doc``, depth first, parents before children. Iterative: an earlier
+    mutation may have nested a value hundreds deep (the harness must not recurse on it)."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(doc, ())]
+    while stack:
+        node, prefix = stack.pop()
+        yield prefix
+        if isinstance(node, dict):
+            children = [(v, (*prefix, k)) for k, v in node.items()]
+        elif isinstance(node, list):
+            children = [(v, (*prefix, i)) for i, v in enumerate(node)]
+        else:
+            continue
+        stack.extend(reversed(children))
 
 
 def _set(doc: Any, path: tuple[Any, ...], value: Any) -> Any:

@@ -65,3 +65,15 @@ def test_a_slurm_reader_that_gives_up_on_the_document_is_caught(
     monkeypatch.setattr(fz, "SLURM_DOCS", strict)
     result = fz.run(None, seed=3, targets=["slurm"], inputs=30)
     assert any("whole document unreadable" in f for f in result.failures)
+
+
+def test_paths_walk_a_value_nested_far_past_the_recursion_limit(fz: Any) -> None:
+    # A mutation may nest a value ~900 deep and a later one walk the document again: the
+    # harness's own walk must not recurse (it did, and CI's fuzz step failed on it).
+    deep: Any = 1
+    for _ in range(5000):
+        deep = {"a": [deep]}
+    paths = list(fz._paths({"jobs": [deep], "meta": 1}))
+    assert paths[:3] == [(), ("jobs",), ("jobs", 0)]
+    assert max(len(p) for p in paths) == 2 + 2 * 5000
+    assert paths[-1] == ("meta",)
