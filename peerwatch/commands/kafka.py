@@ -16,7 +16,12 @@ def register(sub: Any) -> None:
     p.add_argument("action", choices=["start", "stop", "status", "fetch"])
     p.add_argument("--port", type=int, default=9092, help="broker port (default 9092)")
     p.add_argument("--controller-port", type=int, default=9093, help="KRaft controller port")
-    p.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for readiness")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for readiness (a broker holding many old topics loads slowly)",
+    )
     p.set_defaults(func=run)
 
 

@@ -183,7 +183,7 @@ class LocalKafka:
         """True when a client can fetch metadata from the broker."""
         return metadata_ready(self.bootstrap, timeout_s)
 
-    def start(self, timeout_s: float = 90.0) -> str:
+    def start(self, timeout_s: float = 300.0) -> str:
         """Start the broker (idempotent) and return 'started' or 'running'.
 
         Raises ServiceError with the log's tail when it does not become ready within ``timeout_s``.
