@@ -34,6 +34,22 @@ from peerwatch.topics import JOB_EVENTS, RECOMMENDATIONS, STRAGGLERS
 
 log = logging.getLogger(__name__)
 
+#: How long the start-up assignment retries a broker that is not ready yet (s).
+ASSIGN_RETRY_S = 60.0
+
+
+def _not_ready_codes() -> frozenset[int]:
+    from confluent_kafka import KafkaError
+
+    return frozenset({
+        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+        KafkaError._WAIT_COORD,
+    })  # fmt: skip
+
+
+_NOT_READY_CODES = _not_ready_codes()
+
 ALERT_TOPICS = (STRAGGLERS, RECOMMENDATIONS, JOB_EVENTS)
 #: Alerts per POST (Alertmanager takes any number; smaller bodies fail and retry cheaper).
 POST_BATCH = 500
@@ -180,12 +196,27 @@ def assign_from(consumer: Any, topics: list[str], since_ms: int) -> ReplayProgre
     The end offsets are read before the time lookup: a partition with no record since
     ``since_ms`` starts at that end offset, so a record produced meanwhile is read, not skipped
     (as starting at "the end" would)."""
-    from confluent_kafka import KafkaException
+    import time
 
-    try:
-        return _assign_from(consumer, topics, since_ms)
-    except KafkaException as exc:
-        raise ServiceError(f"Kafka: cannot assign the alert topics: {exc}") from exc
+    from confluent_kafka import KafkaError, KafkaException
+
+    # A broker still electing leaders (just after the topics were created, or a restart)
+    # answers NOT_LEADER and the like for a while: retriable errors are retried for a minute.
+    deadline_s = time.monotonic() + ASSIGN_RETRY_S
+    wait_s = 0.2
+    while True:
+        try:
+            return _assign_from(consumer, topics, since_ms)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            retriable = isinstance(err, KafkaError) and (
+                err.retriable() or err.code() in _NOT_READY_CODES
+            )
+            if not retriable or time.monotonic() + wait_s > deadline_s:
+                raise ServiceError(f"Kafka: cannot assign the alert topics: {exc}") from exc
+            log.info("Kafka not ready for the alert topics (%s); retrying in %.1f s", exc, wait_s)
+            time.sleep(wait_s)
+            wait_s = min(wait_s * 2, 5.0)
 
 
 def _assign_from(consumer: Any, topics: list[str], since_ms: int) -> ReplayProgress:

@@ -55,8 +55,11 @@ WORKER_ARGS = [
     "--loglevel",
     "warning",
 ]
-#: A worker needs ~10-20 s to start and join; then it processes this input in seconds.
-RUN_TIMEOUT_S = 120.0
+#: A worker needs ~10-20 s to start and join; then it processes this input in seconds on an idle
+#: machine. A hang guard only: with both cores busy elsewhere (CI, other tests) 120 s was too few.
+RUN_TIMEOUT_S = 300.0
+#: Each test runs up to two workers one after the other, each up to RUN_TIMEOUT_S.
+pytestmark = pytest.mark.timeout(1200)
 
 Raw = tuple[str, bytes | None, bytes, int | None]
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from windowgen import WINDOW_MS, window
+from windowgen import SETTINGS_30S, WINDOW_MS, window
 
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.job_stage import (
@@ -15,7 +16,6 @@ from peerwatch.streams.core.job_stage import (
     batch_of_message,
     route_finding,
 )
-from peerwatch.streams.core.settings import DetectorSettings
 from peerwatch.streams.core.windows import JobWindowBatch
 
 #: node -> samples partition (source). Job "7" has 2 GPUs on each of a and b; c is another job's.
@@ -36,7 +36,10 @@ def started(job_id: str, allocs: dict[str, list[int]]) -> dict[str, Any]:
 def releaser(allocs: dict[str, list[int]] = JOB_7, **kw: Any) -> JobReleaser:
     table = AllocationTable()
     table.apply_event(started("7", allocs))
-    return JobReleaser(DetectorSettings(), table, partition_of=SOURCE.__getitem__, **kw)
+    # Job 7 has 4 GPUs: its job-wide episodes are reported here (the default reports them from
+    # 8 GPUs on), so that their routing can be checked.
+    settings = replace(SETTINGS_30S, job_wide_report_min_gpus=1)
+    return JobReleaser(settings, table, partition_of=SOURCE.__getitem__, **kw)
 
 
 def batch(k: int, node: str, gpus: list[int], **fields: Any) -> JobWindowBatch:
