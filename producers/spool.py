@@ -161,16 +161,16 @@ class Spool:
             seg = _Segment(number, path, 0, path.stat().st_mtime)
             start = self._head_offset if number == self._head_segment else 0
             if start:
-                # The head is always at a frame's end: elsewhere, it was damaged. Read from the
-                # frame it points into (that record may come twice; none is lost).
+                # The head is always at a frame's end: elsewhere, it was damaged, and a damaged
+                # number says nothing of where delivery stopped. Read the whole segment again
+                # (records may come twice; none is lost).
                 data = path.read_bytes()
                 bounds = {a for a, _ in _frames(data, 0)[0]} | {len(data)}
                 if start not in bounds:
                     log.warning("spool: head offset %d is no frame boundary of %s; reading "
-                                "from the frame before it", start, path.name)  # fmt: skip
+                                "the segment from its start", start, path.name)  # fmt: skip
                     self.bad_head += 1
-                    before = [b for b in bounds | {0} if b <= start]
-                    start = max(before) if start < len(data) else 0  # beyond it: all of it
+                    start = 0
                     self._head_offset = start
             seg.size, seg.records, rewritten = self._recover(path, start)
             if rewritten and number == self._head_segment:

@@ -124,8 +124,10 @@ def test_head_is_replaced_with_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert (tmp_path / "head").read_text().split()[1] != "0"
 
 
-def test_a_head_offset_inside_a_frame_rereads_that_frame(tmp_path: Path) -> None:
-    # Found by scripts/fuzz_inputs.py: a head digit damaged into another valid number.
+def test_a_head_offset_inside_a_frame_rereads_the_segment(tmp_path: Path) -> None:
+    # Found by scripts/fuzz_inputs.py: a head digit damaged into another valid number. A damaged
+    # number says nothing of where delivery stopped (it may point past undelivered records, as
+    # the fuzzer later found: 108 became 508): the segment is read again from its start.
     spool = Spool(tmp_path)
     spool.append([rec(i) for i in range(5)])
     spool.pop(2)
@@ -134,5 +136,18 @@ def test_a_head_offset_inside_a_frame_rereads_that_frame(tmp_path: Path) -> None
     (tmp_path / "head").write_text(f"{segment} {int(offset) - 3}\n")  # inside frame 1
     reopened = Spool(tmp_path)
     assert reopened.bad_head == 1 and reopened.corrupt_regions == 0
-    assert [r.seq for r in reopened.peek(10)] == [1, 2, 3, 4]  # record 1 again: none lost
+    assert [r.seq for r in reopened.peek(10)] == [0, 1, 2, 3, 4]  # 0 and 1 again: none lost
     assert seg.exists()
+
+
+def test_a_damaged_head_pointing_past_undelivered_records_loses_none(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.append([rec(i) for i in range(8)])
+    spool.pop(1)
+    segment, offset = (tmp_path / "head").read_text().split()
+    data = sorted(tmp_path.glob("*.seg"))[0].read_bytes()
+    later = min(len(data) - 1, int(offset) * 5 + 1)  # well past record 1, inside a frame
+    (tmp_path / "head").write_text(f"{segment} {later}\n")
+    reopened = Spool(tmp_path)
+    assert reopened.bad_head == 1
+    assert [r.seq for r in reopened.peek(10)] == list(range(8))
