@@ -7,20 +7,14 @@ HA clustering off. Config (unless one is given), data, the pid file and the log 
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from peerwatch.errors import ServiceError
-from peerwatch.local.process import CHILDREN as _CHILDREN
-from peerwatch.local.process import alive as _alive
-from peerwatch.local.process import port_in_use as _port_in_use
+from peerwatch.local.process import launch, log_tail, port_in_use, read_pid, terminate
 
 BINARIES = ("prometheus-alertmanager", "alertmanager")
 #: Used when no config file is given: every alert is accepted and grouped, and nobody notified.
@@ -88,11 +82,7 @@ class LocalAlertmanager:
 
     def pid(self) -> int | None:
         """The pid our pid file names, if that process lives."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return pid if _alive(pid) else None
+        return read_pid(self.pid_file)
 
     def ready(self, timeout_s: float = 2.0) -> bool:
         """True when ``/-/ready`` answers 200."""
@@ -108,52 +98,19 @@ class LocalAlertmanager:
         log's tail when it exits or is not ready within ``timeout_s``."""
         if self.pid() is not None and self.ready():
             return "running"
-        if _port_in_use(self.port):
+        if port_in_use(self.port):
             raise ServiceError(f"127.0.0.1:{self.port} is in use by another process; use --port")
         binary = find_binary()
         self.home.mkdir(parents=True, exist_ok=True)
         config = self._config()
-        with self.log_file.open("ab") as log:
-            proc = subprocess.Popen(
-                self.command(binary, config),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        _CHILDREN[proc.pid] = proc
-        self.pid_file.write_text(f"{proc.pid}\n")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise ServiceError(
-                    f"Alertmanager exited with {proc.returncode}:\n{self.log_tail()}"
-                )
-            if self.ready(timeout_s=1.0):
-                return "started"
-            time.sleep(0.1)
-        self.stop()
-        raise ServiceError(f"Alertmanager not ready within {timeout_s:.0f} s:\n{self.log_tail()}")
+        launch("Alertmanager", self.command(binary, config), pid_file=self.pid_file,
+               log_file=self.log_file, ready=lambda: self.ready(timeout_s=1.0),
+               timeout_s=timeout_s)  # fmt: skip
+        return "started"
 
     def stop(self, timeout_s: float = 10.0) -> str:
         """SIGTERM, then SIGKILL after ``timeout_s``. Returns what happened."""
-        pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return "not running"
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                self.pid_file.unlink(missing_ok=True)
-                return "stopped"
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
-        child = _CHILDREN.pop(pid, None)
-        if child is not None:
-            child.wait(10)
-        self.pid_file.unlink(missing_ok=True)
-        return "killed"
+        return terminate(self.pid_file, timeout_s)
 
     def status(self) -> str:
         pid = self.pid()
@@ -162,7 +119,4 @@ class LocalAlertmanager:
         return f"running (pid {pid}, {self.url})" if self.ready() else f"starting (pid {pid})"
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_file, lines)

@@ -7,11 +7,8 @@ so a machine downloads them once. Data, configuration, the pid file and the brok
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +18,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from peerwatch.errors import ServiceError
-from peerwatch.local.process import CHILDREN as _CHILDREN
-from peerwatch.local.process import alive as _alive
-from peerwatch.local.process import port_in_use as _port_in_use
+from peerwatch.local.process import launch, log_tail, port_in_use, read_pid, terminate
 
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.25.3"
@@ -167,17 +162,7 @@ class LocalKafka:
 
     def pid(self) -> int | None:
         """The broker's pid if our pid file names a live process."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return pid
-        return pid
+        return read_pid(self.pid_file)
 
     def ready(self, timeout_s: float = 2.0) -> bool:
         """True when a client can fetch metadata from the broker."""
@@ -190,48 +175,19 @@ class LocalKafka:
         """
         if self.pid() is not None and self.ready():
             return "running"
-        if _port_in_use(self.port):
+        if port_in_use(self.port):
             raise ServiceError(f"127.0.0.1:{self.port} is in use by another process; use --port")
         self.fetch()
         config = self._write_config()
         self._format(config)
-        with self.log_file.open("ab") as log:
-            proc = subprocess.Popen(
-                self._java("kafka.Kafka", str(config), heap=True),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )  # fmt: skip
-        _CHILDREN[proc.pid] = proc  # keep it referenced (and reaped) while this process lives
-        self.pid_file.write_text(f"{proc.pid}\n")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise ServiceError(f"Kafka exited with {proc.returncode}:\n{self.log_tail()}")
-            if self.ready(timeout_s=1.0):
-                return "started"
-            time.sleep(0.2)
-        self.stop()
-        raise ServiceError(f"Kafka was not ready within {timeout_s:.0f} s:\n{self.log_tail()}")
+        launch("Kafka", self._java("kafka.Kafka", str(config), heap=True), pid_file=self.pid_file,
+               log_file=self.log_file, ready=lambda: self.ready(timeout_s=1.0),
+               timeout_s=timeout_s)  # fmt: skip
+        return "started"
 
     def stop(self, timeout_s: float = 30.0) -> str:
         """Stop the broker: SIGTERM, then SIGKILL after ``timeout_s``. Returns what happened."""
-        pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return "not running"
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                self.pid_file.unlink(missing_ok=True)
-                return "stopped"
-            time.sleep(0.2)
-        os.kill(pid, signal.SIGKILL)
-        child = _CHILDREN.pop(pid, None)
-        if child is not None:
-            child.wait(10)
-        self.pid_file.unlink(missing_ok=True)
-        return "killed"
+        return terminate(self.pid_file, timeout_s)
 
     def status(self) -> str:
         pid = self.pid()
@@ -240,16 +196,13 @@ class LocalKafka:
         return f"running (pid {pid}, {self.bootstrap})" if self.ready() else f"starting (pid {pid})"
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_file, lines)
 
 
 def metadata_ready(bootstrap: str, timeout_s: float = 2.0) -> bool:
     """True when a Kafka client can fetch cluster metadata with a broker in it."""
     host, _, port = bootstrap.split(",")[0].rpartition(":")
-    if not _port_in_use(int(port), host):
+    if not port_in_use(int(port), host):
         return False  # nothing listens yet: spare librdkafka's connection-refused log lines
     from peerwatch.kafka_config import client_logger
 
