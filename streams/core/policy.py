@@ -293,35 +293,21 @@ def _silent(
     since = finding.get("first_flagged_ms")
     episode = (int(since if since is not None else finding["window_start_ms"]),)
     reason = f"silent: {finding.get('reason') or 'no samples'}"
-    if settings.drain_on_silent:
-        return emit(
-            ns,
-            settings,
-            cause="silent_drain",
-            episode=episode,
-            ts_ms=ts_ms,
-            action="DRAIN",
-            severity="WARNING",
-            reason=reason,
-            finding=finding,
-            evidence_kind="silent",
-            expiry_s=settings.drain_expiry_s,
-            gpus=[],
-        )
-    if not settings.alert_on_silent:
+    drain = settings.drain_on_silent
+    if not drain and not settings.alert_on_silent:
         return []
     return emit(
         ns,
         settings,
-        cause="silent",
+        cause="silent_drain" if drain else "silent",
         episode=episode,
         ts_ms=ts_ms,
-        action="ALERT",
+        action="DRAIN" if drain else "ALERT",
         severity="WARNING",
         reason=reason,
         finding=finding,
         evidence_kind="silent",
-        expiry_s=settings.alert_expiry_s,
+        expiry_s=settings.drain_expiry_s if drain else settings.alert_expiry_s,
         gpus=[],
     )
 
