@@ -255,7 +255,7 @@ def _column_replay(
     two = not args.one_process and (os.cpu_count() or 1) >= 2
     while True:
         split = SplitReplay(settings, **kept) if two else None
-        pipeline = split.front if split is not None else Pipeline(settings)
+        pipeline = split.front if split is not None else Pipeline(settings, kept["keep_windows"])
         stats = ReadStats()
         try:
             records = column_archive_records(

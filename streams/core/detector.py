@@ -30,7 +30,7 @@ from peerwatch.schemas.records import FindingCause, FindingStatus, GpuWindow, St
 from peerwatch.streams.core.causes import UNKNOWN, majority_cause, straggler_cause
 from peerwatch.streams.core.detector_state import GpuDetectorState, JobDetectorState
 from peerwatch.streams.core.findings import job_wide_finding, make_finding, straggler_reason
-from peerwatch.streams.core.hard_rules import RecordedXid, hard_rules, recorded_xids
+from peerwatch.streams.core.hard_rules import RecordedXid, hard_rules, may_fire, recorded_xids
 from peerwatch.streams.core.model import (
     CLEARED,
     CONFIRMED,
@@ -42,7 +42,7 @@ from peerwatch.streams.core.model import (
     is_idle_job,
     require,
 )
-from peerwatch.streams.core.peers import GpuVerdict, baseline_verdict, peer_verdicts
+from peerwatch.streams.core.peers import GpuVerdict, PeerComparison, baseline_verdict
 from peerwatch.streams.core.robust import median
 from peerwatch.streams.core.settings import DetectorSettings
 
@@ -113,79 +113,101 @@ def detect_job_window(
     state.max_gpus_seen = max(state.max_gpus_seen, len(ordered))
 
     result = DetectionResult()
-    groups = _groups(job, [w for w in ordered if _reports(w)])
-    group_size = {gpu_key(w["node"], w["gpu_index"]): len(g) for g in groups.values() for w in g}
-    for window in ordered:
-        key = gpu_key(window["node"], window["gpu_index"])
+    keys = [gpu_key(w["node"], w["gpu_index"]) for w in ordered]
+    reports = [_reports(w) for w in ordered]
+    groups = _groups(job, [(k, w) for k, w, r in zip(keys, ordered, reports, strict=True) if r])
+    group_size = {k: len(g) for g in groups.values() for k, _ in g}
+    for key, window in zip(keys, ordered, strict=True):
         gpu_state = state.gpu(key)
         gpu_state.last_seen_ms = start_ms
-        result.recorded_xids.extend(recorded_xids(window, settings))
-        finding = _hard_finding(job, window, gpu_state, group_size.get(key, 0), settings)
-        if finding is not None:
-            result.findings.append(finding)
+        if window.get("xids"):
+            result.recorded_xids.extend(recorded_xids(window, settings))
+        if may_fire(window):
+            finding = _hard_finding(job, window, gpu_state, group_size.get(key, 0), settings)
+            if finding is not None:
+                result.findings.append(finding)
 
     gate = _gate(job, ordered, groups, state, settings)
     result.gated = gate
-    verdicts: dict[str, GpuVerdict] = {}
+    scores: dict[str, float | None] = {}
     gpu_gate: dict[str, str] = {}
     if gate is None:
-        job_wide_groups = _evaluate(job, groups, state, settings, result, verdicts, gpu_gate)
+        job_wide_groups = _evaluate(job, groups, state, settings, result, scores, gpu_gate)
         result.findings.extend(_job_wide(job, start_ms, end_ms, job_wide_groups, state, settings))
         result.job_wide = bool(job_wide_groups)
 
-    for window in ordered:
-        key = gpu_key(window["node"], window["gpu_index"])
+    for key, window, reporting in zip(keys, ordered, reports, strict=True):
         out = GpuWindow(**window)
-        seen = verdicts.get(key)
-        out["score"] = seen.score if seen is not None and gate is None else None
-        out["gated"] = gate or gpu_gate.get(key) or (None if _reports(window) else GATE_NO_DATA)
+        out["score"] = scores.get(key) if gate is None else None
+        out["gated"] = gate or gpu_gate.get(key) or (None if reporting else GATE_NO_DATA)
         result.windows.append(out)
     return result
 
 
 def _evaluate(
     job: JobContext,
-    groups: dict[str, list[GpuWindow]],
+    groups: dict[str, list[tuple[str, GpuWindow]]],
     state: JobDetectorState,
     settings: DetectorSettings,
     result: DetectionResult,
-    verdicts: dict[str, GpuVerdict],
+    scores: dict[str, float | None],
     gpu_gate: dict[str, str],
 ) -> list[_JobWideGroup]:
     """Per-GPU verdicts of an ungated window, group by group; returns the job-wide groups.
 
-    Fills ``verdicts`` and ``gpu_gate`` and appends straggler findings to ``result``.
+    Fills ``scores`` and ``gpu_gate`` and appends straggler findings to ``result``. A peer
+    group is compared at once (:class:`PeerComparison`); a GPU's whole verdict is built only
+    when it is a candidate or inside an episode: for the others the persistence memory just
+    moves on (:func:`_remember`), which is all :func:`_advance` would do with a clean window.
     """
     job_wide_groups: list[_JobWideGroup] = []
     for role in sorted(groups):
-        group = groups[role]
-        if len(group) >= settings.min_peers:
-            group_verdicts = peer_verdicts(group, settings)
+        members = groups[role]
+        group = [w for _, w in members]
+        cmp = PeerComparison(group, settings) if len(group) >= settings.min_peers else None
+        if cmp is not None:
+            flagged = cmp.flagged.tolist()
+            evaluated = cmp.evaluated.tolist()
+            baseline: list[GpuVerdict] = []
         else:
-            group_verdicts = [
-                baseline_verdict(w, state.gpu(gpu_key(w["node"], w["gpu_index"])), settings)
-                for w in group
-            ]
-        candidates = [v for v in group_verdicts if v.flags]
+            baseline = [baseline_verdict(w, state.gpu(k), settings) for k, w in members]
+            flagged = [bool(v.flags) for v in baseline]
+            evaluated = [v.evaluated for v in baseline]
+        n_candidates = sum(flagged)
         if (
-            len(candidates) > settings.job_wide_frac * len(group)
-            and len(candidates) >= settings.job_wide_min_gpus
+            n_candidates > settings.job_wide_frac * len(group)
+            and n_candidates >= settings.job_wide_min_gpus
         ):
-            job_wide_groups.append((role, group, group_verdicts))
-            for v in group_verdicts:
+            whole = (
+                [cmp.verdict(i, k) for i, (k, _) in enumerate(members)]
+                if cmp is not None
+                else baseline
+            )
+            job_wide_groups.append((role, group, whole))
+            for v in whole:
                 gpu_gate[v.key] = GATE_JOB_WIDE
-                verdicts[v.key] = v
+                scores[v.key] = v.score
             continue
-        per_node = Counter(w["node"] for w, v in zip(group, group_verdicts, strict=True) if v.flags)
+        per_node = Counter(w["node"] for (_, w), f in zip(members, flagged, strict=True) if f)
         node_wide = {n for n, count in per_node.items() if count >= settings.node_wide_min_gpus}
-        for window, verdict in zip(group, group_verdicts, strict=True):
-            verdicts[verdict.key] = verdict
-            gpu_state = state.gpu(verdict.key)
-            if verdict.baseline:
+        for i, (key, window) in enumerate(members):
+            gpu_state = state.gpu(key)
+            if cmp is not None:
+                scores[key] = cmp.score[i]
+                if not evaluated[i]:
+                    gpu_gate[key] = GATE_NO_DATA
+                    continue
+                if not flagged[i] and gpu_state.status is None:
+                    _remember(gpu_state, _CLEAN, cmp.confirm_score[i], settings)
+                    continue
+                verdict = cmp.verdict(i, key)
+            else:
+                verdict = baseline[i]
+                scores[key] = verdict.score
                 _learn_baseline(gpu_state, window, verdict, settings)
-            if not verdict.evaluated:
-                gpu_gate[verdict.key] = GATE_NO_BASELINE if verdict.baseline else GATE_NO_DATA
-                continue
+                if not verdict.evaluated:
+                    gpu_gate[key] = GATE_NO_BASELINE
+                    continue
             fast = window["node"] not in node_wide
             result.findings.extend(
                 _advance(job, window, verdict, gpu_state, len(group), settings, fast)
@@ -194,8 +216,8 @@ def _evaluate(
 
 
 def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> list[GpuWindow]:
-    seen: set[tuple[str, int]] = set()
     first_start = windows[0].get("window_start_ms")
+    idents: list[tuple[str, int]] = []
     for w in windows:
         require(
             w, "job_id", "node", "gpu_index", "window_start_ms", "window_end_ms", what="GpuWindow"
@@ -205,15 +227,19 @@ def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> list[GpuWindow]
         if w["window_start_ms"] != first_start:
             raise InvalidRecordError(f"job {job.job_id!r}: windows of different starts mixed")
         try:
-            ident = (str(w["node"]), int(w["gpu_index"]))
+            idents.append((str(w["node"]), int(w["gpu_index"])))
         except (TypeError, ValueError) as exc:
             raise InvalidRecordError(
                 f"job {job.job_id!r}: bad gpu_index {w['gpu_index']!r}"
             ) from exc
-        if ident in seen:
-            raise InvalidRecordError(f"job {job.job_id!r}: GPU {ident} twice in one window")
-        seen.add(ident)
-    return sorted(windows, key=lambda w: (str(w["node"]), int(w["gpu_index"])))
+    if len(set(idents)) < len(idents):
+        seen: set[tuple[str, int]] = set()
+        for ident in idents:
+            if ident in seen:
+                raise InvalidRecordError(f"job {job.job_id!r}: GPU {ident} twice in one window")
+            seen.add(ident)
+    order = sorted(range(len(idents)), key=idents.__getitem__)
+    return [windows[i] for i in order]
 
 
 def _reports(window: GpuWindow) -> bool:
@@ -235,17 +261,22 @@ def _follow_requeue(job: JobContext, state: JobDetectorState) -> None:
     state.anchor_ms = anchor
 
 
-def _groups(job: JobContext, reporting: list[GpuWindow]) -> dict[str, list[GpuWindow]]:
-    groups: dict[str, list[GpuWindow]] = {}
-    for w in reporting:
-        groups.setdefault(job.role_of(w["node"], w["gpu_index"]), []).append(w)
+def _groups(
+    job: JobContext, reporting: list[tuple[str, GpuWindow]]
+) -> dict[str, list[tuple[str, GpuWindow]]]:
+    """The reporting (key, window) pairs per role (peers are compared within one role)."""
+    if not job.roles:
+        return {"": reporting} if reporting else {}
+    groups: dict[str, list[tuple[str, GpuWindow]]] = {}
+    for key, w in reporting:
+        groups.setdefault(job.roles.get(key, ""), []).append((key, w))
     return groups
 
 
 def _gate(
     job: JobContext,
     ordered: list[GpuWindow],
-    groups: dict[str, list[GpuWindow]],
+    groups: dict[str, list[tuple[str, GpuWindow]]],
     state: JobDetectorState,
     settings: DetectorSettings,
 ) -> str | None:
@@ -260,7 +291,7 @@ def _gate(
         anchor is not None and start_ms < anchor + settings.warmup_windows * settings.window_ms
     ):
         return GATE_WARMUP
-    reporting = [w for g in groups.values() for w in g]
+    reporting = [w for g in groups.values() for _, w in g]
     if not reporting:
         return GATE_NO_DATA
     expected = job.expected_gpus or state.max_gpus_seen
@@ -312,17 +343,8 @@ def _advance(
     start_ms = int(window["window_start_ms"])
     confirming = bool(verdict.flags & set(settings.confirm_features))
     code = _CONFIRMING if confirming else _FLAGGED if verdict.flags else _CLEAN
-    gpu_state.history.append(code)
-    del gpu_state.history[: -max(settings.persist_n, settings.suspect_n)]
-    if verdict.confirm_score is not None:
-        step = min(verdict.confirm_score, settings.cusum_z_cap)
-    else:
-        step = 0.0
-    gpu_state.cusum = max(0.0, gpu_state.cusum + step - settings.cusum_k)
+    recent = _remember(gpu_state, code, verdict.confirm_score, settings)
     statuses: list[FindingStatus] = []
-    recent = gpu_state.history[-settings.suspect_n :]
-    if gpu_state.status is None and not any(recent):
-        gpu_state.episode_start_ms = None  # an earlier lone candidate window aged out
     if verdict.flags:
         gpu_state.clean_streak = 0
         if gpu_state.status is None:
@@ -378,6 +400,25 @@ def _advance(
     if CLEARED in statuses:
         gpu_state.reset_episode()
     return findings
+
+
+def _remember(
+    gpu_state: GpuDetectorState,
+    code: int,
+    confirm_score: float | None,
+    settings: DetectorSettings,
+) -> list[int]:
+    """The memory of one evaluated window: its history code, the CUSUM step, and the end of
+    a lone candidate's episode once it aged out. Returns the recent (suspect span) history."""
+    history = gpu_state.history
+    history.append(code)
+    del history[: -max(settings.persist_n, settings.suspect_n)]
+    step = min(confirm_score, settings.cusum_z_cap) if confirm_score is not None else 0.0
+    gpu_state.cusum = max(0.0, gpu_state.cusum + step - settings.cusum_k)
+    recent = history[-settings.suspect_n :]
+    if gpu_state.status is None and not any(recent):
+        gpu_state.episode_start_ms = None  # an earlier lone candidate window aged out
+    return recent
 
 
 def _cause(window: GpuWindow, verdict: GpuVerdict, settings: DetectorSettings) -> FindingCause:

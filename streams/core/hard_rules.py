@@ -67,6 +67,24 @@ def hard_rules(window: GpuWindow, settings: DetectorSettings) -> list[str]:
     return sorted(rules)
 
 
+def may_fire(window: GpuWindow) -> bool:
+    """False when no hard rule can fire on ``window`` (most windows): none of the fields
+    :func:`hard_rules` reads holds anything. A cheap test the detector runs first."""
+    width_min = window.get("pcie_link_width_min")
+    if width_min is not None:
+        width_max = window.get("pcie_link_width_max")
+        if width_max is not None and width_min < width_max:
+            return True
+    return bool(
+        window.get("xids")
+        or window.get("ecc_uncorrected_delta")
+        or window.get("nvlink_errors_delta")
+        or window.get("remap_failed")
+        or window.get("remap_pending")
+        or window.get("lost")
+    )
+
+
 def recorded_xids(window: GpuWindow, settings: DetectorSettings) -> list[RecordedXid]:
     """Every XID of the window as a small record (node, gpu_index, xid, category, window_start_ms),
     so drivers can count application XIDs without blaming anyone."""

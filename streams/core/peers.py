@@ -18,10 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from peerwatch.schemas.records import FeatureEvidence, GpuWindow
 from peerwatch.streams.core.detector_state import GpuDetectorState
 from peerwatch.streams.core.model import gpu_key
-from peerwatch.streams.core.robust import RobustStats, median, robust_stats, robust_z
+from peerwatch.streams.core.robust import median, robust_stats, robust_z
 from peerwatch.streams.core.settings import DetectorSettings
 
 
@@ -54,10 +56,10 @@ class _Feature:
     field: FeatureField
     floor_abs: Callable[[DetectorSettings], float]
     floor_rel: Callable[[DetectorSettings], float]
-    #: z -> slow-direction z (None: never a candidate)
-    slow: Callable[[float], float] | None
-    #: (value, median, settings) -> material effect
-    material: Callable[[float, float, DetectorSettings], bool]
+    #: z -> slow-direction z, element-wise (None: never a candidate)
+    slow: Callable[[np.ndarray], np.ndarray] | None
+    #: (values, median, settings) -> material effect, element-wise
+    material: Callable[[np.ndarray, float, DetectorSettings], np.ndarray]
 
 
 def _zero(_: DetectorSettings) -> float:
@@ -86,8 +88,8 @@ FEATURES: tuple[_Feature, ...] = (
         "sm_frac",
         lambda s: s.mad_floor_sm,
         _zero,
-        abs,
-        lambda x, m, s: abs(x - m) >= s.effect_sm,
+        np.abs,
+        lambda x, m, s: np.abs(x - m) >= s.effect_sm,
     ),
     _Feature(
         "step",
@@ -103,7 +105,7 @@ FEATURES: tuple[_Feature, ...] = (
         lambda s: s.mad_floor_power,
         _zero,
         None,
-        lambda x, m, s: False,
+        lambda x, m, s: np.zeros(len(x), np.bool_),
     ),
 )
 
@@ -114,66 +116,98 @@ def _evidence(
     return {"feature": feature, "value": value, "peer_median": stats_median, "mad": mad, "z": z}
 
 
-def peer_verdicts(group: Sequence[GpuWindow], settings: DetectorSettings) -> list[GpuVerdict]:
-    """Verdicts for a group of at least ``min_peers`` reporting GPU windows (same order).
+class PeerComparison:
+    """Every GPU of one peer group compared at once (numpy, one vector operation per feature).
 
-    A feature is compared only when at least ``min_peers`` GPUs of the group report it (so
-    step_ms from StepTime is used when present and ignored otherwise).
+    The per-GPU results are arrays in group order: ``flagged`` (a candidate by any feature),
+    ``evaluated``, ``score`` and ``confirm_score`` (None where no feature applied). A GPU's
+    whole :class:`GpuVerdict`, with its evidence dicts, is built only when asked
+    (:meth:`verdict`): the detector asks for the flagged GPUs and those inside an episode, a few
+    of a group's hundreds. Missing values (None) are absent features, as in
+    :func:`peer_verdicts`; a NaN among the present values raises ValueError (it has no rank).
+    A z that is NaN (infinite values on both sides) is no candidate and no score.
     """
-    stats: dict[str, RobustStats] = {}
-    for feat in FEATURES:
-        values = [float(v) for w in group if (v := w.get(feat.field)) is not None]
-        if len(values) >= settings.min_peers:
-            stats[feat.name] = robust_stats(
-                values,
+
+    def __init__(self, group: Sequence[GpuWindow], settings: DetectorSettings) -> None:
+        self.group = group
+        self.settings = settings
+        n = len(group)
+        confirm = set(settings.confirm_features)
+        #: (feature, median, mad, z_scale, confirming, values with NaN where absent, z)
+        self.active: list[tuple[_Feature, float, float, float, bool, np.ndarray, np.ndarray]] = []
+        for feat in FEATURES:
+            raw = [w.get(feat.field) for w in group]
+            x = np.array(raw, dtype=np.float64)
+            absent = np.isnan(x)
+            if absent.any() and any(v is not None and v != v for v in raw):
+                raise ValueError("median of a group holding NaN")
+            present = x[~absent]
+            if len(present) < settings.min_peers:
+                continue
+            st = robust_stats(
+                present,
                 floor_abs=feat.floor_abs(settings),
                 floor_rel=feat.floor_rel(settings),
                 z_scale=settings.z_scale,
             )
-    confirm = set(settings.confirm_features)
-    z_threshold = settings.z_threshold
-    # The features this group compares, with their statistics unpacked (a few hundred GPUs
-    # go through this loop per window: no lookups in it but the window's own fields; w.get,
-    # not a bound ``get``, so that mypy types each field).
-    active = [
-        (feat, st.median, st.mad, st.z_scale, feat.name in confirm)
-        for feat in FEATURES
-        if (st := stats.get(feat.name)) is not None
-    ]
-    verdicts = []
-    for w in group:
+            diff = x - st.median
+            if st.mad > 0:
+                z = st.z_scale * diff / st.mad
+            else:
+                z = np.where(diff == 0, 0.0, np.copysign(np.inf, diff))
+            self.active.append((feat, st.median, st.mad, st.z_scale, feat.name in confirm, x, z))
+        self.flags: dict[str, np.ndarray] = {}
+        score = np.full(n, np.nan)
+        confirm_score = np.full(n, np.nan)
+        z_threshold = settings.z_threshold
+        with np.errstate(invalid="ignore"):
+            for feat, center, _, _, confirming, x, z in self.active:
+                if feat.slow is None:
+                    continue
+                slow = feat.slow(z)
+                score = np.fmax(score, slow)
+                if confirming:
+                    confirm_score = np.fmax(confirm_score, slow)
+                material = feat.material(x, center, settings)
+                self.flags[feat.name] = (slow >= z_threshold) & material
+        self.flagged = np.zeros(n, np.bool_)
+        for mask in self.flags.values():
+            self.flagged |= mask
+        self.evaluated: np.ndarray = ~np.isnan(score)
+        self.score: list[float | None] = [None if v != v else v for v in score.tolist()]
+        self.confirm_score: list[float | None] = [
+            None if v != v else v for v in confirm_score.tolist()
+        ]
+
+    def verdict(self, i: int, key: str | None = None) -> GpuVerdict:
+        """The whole verdict of the group's ``i``-th GPU, evidence included."""
+        w = self.group[i]
         evidence: list[FeatureEvidence] = []
-        flags: set[str] = set()
-        slow_all: list[float] = []
-        slow_confirm: list[float] = []
-        for feat, center, spread, z_scale, confirming in active:
-            raw = w.get(feat.field)
-            if raw is None:
+        for feat, center, spread, z_scale, _, x, _ in self.active:
+            value = float(x[i])
+            if value != value:
                 continue
-            value = float(raw)
             z = robust_z(value, center, spread, z_scale)
-            evidence.append(
-                {"feature": feat.name, "value": value, "peer_median": center, "mad": spread, "z": z}
-            )
-            if feat.slow is None:
-                continue
-            slow = feat.slow(z)
-            slow_all.append(slow)
-            if confirming:
-                slow_confirm.append(slow)
-            if slow >= z_threshold and feat.material(value, center, settings):
-                flags.add(feat.name)
-        verdicts.append(
-            GpuVerdict(
-                key=gpu_key(w["node"], w["gpu_index"]),
-                evaluated=bool(slow_all),
-                flags=frozenset(flags),
-                score=max(slow_all) if slow_all else None,
-                confirm_score=max(slow_confirm) if slow_confirm else None,
-                evidence=evidence,
-            )
+            evidence.append(_evidence(feat.name, value, center, spread, z))
+        return GpuVerdict(
+            key=key if key is not None else gpu_key(w["node"], w["gpu_index"]),
+            evaluated=bool(self.evaluated[i]),
+            flags=frozenset(name for name, mask in self.flags.items() if mask[i]),
+            score=self.score[i],
+            confirm_score=self.confirm_score[i],
+            evidence=evidence,
         )
-    return verdicts
+
+
+def peer_verdicts(group: Sequence[GpuWindow], settings: DetectorSettings) -> list[GpuVerdict]:
+    """Verdicts for a group of at least ``min_peers`` reporting GPU windows (same order).
+
+    A feature is compared only when at least ``min_peers`` GPUs of the group report it (so
+    step_ms from StepTime is used when present and ignored otherwise). Every verdict whole
+    (see :class:`PeerComparison` for the detector's way, evidence only where needed).
+    """
+    cmp = PeerComparison(group, settings)
+    return [cmp.verdict(i) for i in range(len(group))]
 
 
 def baseline_verdict(

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -120,8 +120,11 @@ class PolicyStage:
 class Pipeline:
     """All four stages in one process (see the module docstring)."""
 
-    def __init__(self, settings: PipelineSettings | None = None) -> None:
+    def __init__(self, settings: PipelineSettings | None = None, emit_windows: bool = True) -> None:
+        """``emit_windows``: yield every scored GpuWindow (WINDOW outputs); a replay that keeps
+        only findings and recommendations turns it off."""
         self.settings = settings = settings or PipelineSettings()
+        self.emit_windows = emit_windows
         self.allocations = AllocationTable(settings.allocation_retention_s * 1000)
         self.aggregator = WindowAggregator(
             self.allocations, settings.detector.window_s, settings.lateness_s, idle_jobs=True
@@ -355,8 +358,11 @@ class Pipeline:
             return [self._invalid("job-windows", "", {}, exc)]
         for r in released.releases:
             job_id = r.context.job_id
-            for w in r.result.windows:
-                out.append(Output(WINDOW, job_id, dict(w), self._stream_ms))
+            if self.emit_windows:  # the detector's own copies: no other reference to them
+                out += [
+                    Output(WINDOW, job_id, cast(dict[str, Any], w), self._stream_ms)
+                    for w in r.result.windows
+                ]
             for f, copies in zip(r.result.findings, r.to_nodes, strict=True):
                 out.append(Output(FINDING, job_id, dict(f), self._stream_ms))
                 for copy in copies:

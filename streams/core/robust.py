@@ -1,8 +1,10 @@
 """Robust statistics for peer comparison: median, MAD, robust z with a MAD floor.
 
-Plain Python on purpose: groups hold at most a few hundred GPUs, and sorting a few hundred
-floats is cheaper than converting them to an array. Every function is pure and the result does
-not depend on the order of the input.
+:func:`robust_stats` (a peer group: hundreds of GPUs) works on numpy arrays; :func:`median`
+and :func:`mad` (a few values: a job's SM activity, one GPU's baseline) in plain Python. Both
+give the same value to the last bit (the middle element, or the mean of the two middle ones
+computed as ``(a + b) / 2``). Every function is pure and the result does not depend on the order
+of the input.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 #: 0.6745 is the 0.75 quantile of the standard normal: it makes MAD/0.6745 estimate sigma.
 Z_SCALE = 0.6745
@@ -78,7 +82,7 @@ class RobustStats:
 
 
 def robust_stats(
-    values: Sequence[float],
+    values: Sequence[float] | np.ndarray,
     *,
     floor_abs: float = 0.0,
     floor_rel: float = 0.0,
@@ -89,7 +93,12 @@ def robust_stats(
     The floor keeps a very tight group (healthy clocks agree within ~1%) from turning noise into
     huge z values. Raises ValueError for an empty group or a NaN.
     """
-    mid = median(values)
-    raw = mad(values, mid)
+    data = np.asarray(values, dtype=np.float64)
+    if not len(data):
+        raise ValueError("median of an empty group")
+    if np.isnan(data).any():
+        raise ValueError("median of a group holding NaN")
+    mid = float(np.median(data))
+    raw = float(np.median(np.abs(data - mid)))
     floor = max(floor_abs, floor_rel * abs(mid))
     return RobustStats(median=mid, mad=max(raw, floor), raw_mad=raw, n=len(values), z_scale=z_scale)

@@ -199,14 +199,31 @@ class _Bucket:
         return s
 
 
-def _share(a: Mapping[str, list[int]], name: str, i: int) -> float | None:
-    """Share of slot ``i``'s time under one throttle reason: from its counter when the counter
-    moved time on, else from the reason bits sampled each tick."""
-    if a[f"{name}_dt"][i]:
-        return a[f"{name}_ns"][i] / a[f"{name}_dt"][i]
-    if a["bits_n"][i]:
-        return a[f"{name}_bits"][i] / a["bits_n"][i]
-    return None
+def _present(values: np.ndarray, present: np.ndarray) -> list[Any]:
+    """``values`` as Python numbers, None where not ``present``."""
+    out = values.astype(object)
+    out[~present] = None
+    result: list[Any] = out.tolist()
+    return result
+
+
+def _ratio(total: np.ndarray, count: np.ndarray, scale: float | None = None) -> list[Any]:
+    """``total / count`` (then ``/ scale``) per slot, None where ``count`` is 0."""
+    some = count != 0
+    mean = np.divide(total, count, out=np.zeros(len(total)), where=some)
+    if scale is not None:
+        mean = mean / scale
+    return _present(mean, some)
+
+
+def _shares(a: Mapping[str, np.ndarray], name: str) -> list[Any]:
+    """Share of each slot's time under one throttle reason: from its counter when the counter
+    moved time on, else from the reason bits sampled each tick, else None."""
+    timed = a[f"{name}_dt"] != 0
+    sampled = a["bits_n"] != 0
+    by_time = np.divide(a[f"{name}_ns"], a[f"{name}_dt"], out=np.zeros(len(timed)), where=timed)
+    by_bits = np.divide(a[f"{name}_bits"], a["bits_n"], out=np.zeros(len(timed)), where=sampled)
+    return _present(np.where(timed, by_time, by_bits), timed | sampled)
 
 
 def _delta(new: np.ndarray, old: np.ndarray) -> np.ndarray:
@@ -666,68 +683,60 @@ class WindowAggregator:
         return out
 
     def _windows(self, start: int, bucket: _Bucket) -> list[tuple[int, str, dict[str, Any]]]:
-        """The GpuWindow dicts of one closed bucket (fields the hot path cannot know: null)."""
+        """The GpuWindow dicts of one closed bucket (fields the hot path cannot know: null).
+
+        Every derived value is computed per column (the same float operations, in the same
+        order, as one window at a time would do); only building the dicts is per window."""
         n = bucket.accs.size
-        a = {k: arr[:n].tolist() for k, arr in bucket.accs.arrays.items()}
+        a = {k: arr[:n] for k, arr in bucket.accs.arrays.items()}
         g = self._gpu.arrays
-        gids = np.asarray(a["gid"], np.int64)
-        nodes, idxs = g["node"][gids].tolist(), g["index"][gids].tolist()
+        gids = a["gid"]
+        names = self._names
+        job_codes = a["job"].tolist()
+        metas = {c: self.allocations.job(self._job_names[c]) for c in set(job_codes)}
+        jobs = [self._job_names[c] for c in job_codes]
+        uuids = a["uuid"].tolist()
+        temp, wmin, wmax = a["temp"], a["wmin"], a["wmax"]
         end = start + self.window_ms
-        out = []
-        for i in range(n):
-            job = self._job_names[a["job"][i]]
-            meta = self.allocations.job(job)
-            thr: float | None = None
-            cap: float | None = None
-            if a["thr_dt"][i]:
-                thr = a["thr_ns"][i] / a["thr_dt"][i]
-            elif a["bits_n"][i]:
-                thr = a["thr_bits"][i] / a["bits_n"][i]
-            if a["cap_dt"][i]:
-                cap = a["cap_ns"][i] / a["cap_dt"][i]
-            elif a["bits_n"][i]:
-                cap = a["cap_bits"][i] / a["bits_n"][i]
-            thm = _share(a, "thm", i)
-            brk = _share(a, "brk", i)
-            clk_n, sm_n, pw_n, pr_n = a["clk_n"][i], a["sm_n"][i], a["pw_n"][i], a["pr_n"][i]
-            temp, wmin, wmax = a["temp"][i], a["wmin"][i], a["wmax"][i]
-            uuid = a["uuid"][i]
-            window = {
-                "job_id": job,
-                "node": self._names[nodes[i]],
-                "gpu_index": idxs[i],
-                "gpu_uuid": self._names[uuid] if uuid >= 0 else None,
-                "window_start_ms": start,
-                "window_end_ms": end,
-                "samples": a["n"][i],
-                "user": meta.user if meta else None,
-                "partition": meta.partition if meta else None,
-                "account": meta.account if meta else None,
-                "clk_ratio": a["clk_s"][i] / clk_n if clk_n else None,
-                "throttle_frac": thr,
-                "power_cap_frac": cap,
-                "sm_frac": a["sm_s"][i] / sm_n / 100.0 if sm_n else None,
-                "power_ratio": a["pr_s"][i] / pr_n if pr_n else None,
-                "power_w": a["pw_s"][i] / pw_n / 1000.0 if pw_n else None,
-                "temperature_c_max": None if temp == _NONE_MAX else temp,
-                "energy_j": a["energy"][i] / 1000.0 if a["energy_n"][i] else None,
-                "ecc_uncorrected_delta": a["ecc"][i],
-                "nvlink_errors_delta": a["nvl"][i],
-                "pcie_replay_delta": a["pcie"][i],
-                "pcie_link_width_min": None if wmin == _NONE_MIN else wmin,
-                "pcie_link_width_max": None if wmax == _NONE_MAX else wmax,
-                "remap_pending": a["remap_p"][i] > 0,
-                "remap_failed": a["remap_f"][i] > 0,
-                "lost": a["lost"][i] > 0,
-                "xids": sorted(set(bucket.xids.get(i, ()))),
-                "step_ms": None,
-                "score": None,
-                "gated": None,
-                "thermal_frac": thm,
-                "power_brake_frac": brk,
-            }
-            out.append((start, job, window))
-        return out
+        columns: dict[str, list[Any]] = {
+            "job_id": jobs,
+            "node": [names[c] for c in g["node"][gids].tolist()],
+            "gpu_index": g["index"][gids].tolist(),
+            "gpu_uuid": [names[u] if u >= 0 else None for u in uuids],
+            "window_start_ms": [start] * n,
+            "window_end_ms": [end] * n,
+            "samples": a["n"].tolist(),
+            "user": [m.user if (m := metas[c]) else None for c in job_codes],
+            "partition": [m.partition if (m := metas[c]) else None for c in job_codes],
+            "account": [m.account if (m := metas[c]) else None for c in job_codes],
+            "clk_ratio": _ratio(a["clk_s"], a["clk_n"]),
+            "throttle_frac": _shares(a, "thr"),
+            "power_cap_frac": _shares(a, "cap"),
+            "sm_frac": _ratio(a["sm_s"], a["sm_n"], 100.0),
+            "power_ratio": _ratio(a["pr_s"], a["pr_n"]),
+            "power_w": _ratio(a["pw_s"], a["pw_n"], 1000.0),
+            "temperature_c_max": _present(temp, temp != _NONE_MAX),
+            "energy_j": _present(a["energy"] / 1000.0, a["energy_n"] != 0),
+            "ecc_uncorrected_delta": a["ecc"].tolist(),
+            "nvlink_errors_delta": a["nvl"].tolist(),
+            "pcie_replay_delta": a["pcie"].tolist(),
+            "pcie_link_width_min": _present(wmin, wmin != _NONE_MIN),
+            "pcie_link_width_max": _present(wmax, wmax != _NONE_MAX),
+            "remap_pending": (a["remap_p"] > 0).tolist(),
+            "remap_failed": (a["remap_f"] > 0).tolist(),
+            "lost": (a["lost"] > 0).tolist(),
+            "xids": [sorted(set(bucket.xids[i])) if i in bucket.xids else [] for i in range(n)],
+            "step_ms": [None] * n,
+            "score": [None] * n,
+            "gated": [None] * n,
+            "thermal_frac": _shares(a, "thm"),
+            "power_brake_frac": _shares(a, "brk"),
+        }
+        fields = tuple(columns)
+        return [
+            (start, job, dict(zip(fields, row, strict=True)))
+            for job, row in zip(jobs, zip(*columns.values(), strict=True), strict=True)
+        ]
 
     def group(self, closed: Iterable[tuple[int, str, dict[str, Any]]]) -> list[JobWindowBatch]:
         """Closed ``(window start, job, GpuWindow)`` triples grouped per (job, window), sorted by

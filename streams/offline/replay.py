@@ -426,7 +426,7 @@ def replay(
 
     ``pipeline``: a fresh pipeline of ``settings`` to use."""
     result = ReplayResult()
-    pipeline = pipeline if pipeline is not None else Pipeline(settings)
+    pipeline = pipeline if pipeline is not None else Pipeline(settings, keep_windows)
     t0 = time.perf_counter()
     last_ts = 0
 

@@ -85,8 +85,8 @@ class FrontPipeline(Pipeline):
 class BackPipeline(Pipeline):
     """Stages 3 and 4 of a split replay: :meth:`handle` each message of the front, in order."""
 
-    def __init__(self, settings: PipelineSettings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: PipelineSettings, emit_windows: bool = True) -> None:
+        super().__init__(settings, emit_windows)
         self.front_counters: dict[str, int] = {}
 
     def handle(self, message: Message) -> list[Output]:
@@ -177,7 +177,7 @@ def _stages_main(
 ) -> None:
     """The second process: every message through a BackPipeline, the kept outputs sent back
     at the end."""
-    back = BackPipeline(settings)
+    back = BackPipeline(settings, emit_windows=keep_windows)
     result = ReplayResult()
     try:
         while True:
