@@ -116,6 +116,15 @@ def _evidence(
     return {"feature": feature, "value": value, "peer_median": stats_median, "mad": mad, "z": z}
 
 
+def _running_max(best: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Element-wise ``max`` as Python's built-in takes it over features in order: the first of
+    equal values stays (``-0.0`` before ``0.0`` stays ``-0.0``), NaN (an absent feature) never
+    wins."""
+    take = ~np.isnan(values) & (np.isnan(best) | (values > best))
+    out: np.ndarray = np.where(take, values, best)
+    return out
+
+
 class PeerComparison:
     """Every GPU of one peer group compared at once (numpy, one vector operation per feature).
 
@@ -165,9 +174,9 @@ class PeerComparison:
                 if feat.slow is None:
                     continue
                 slow = feat.slow(z)
-                score = np.fmax(score, slow)
+                score = _running_max(score, slow)
                 if confirming:
-                    confirm_score = np.fmax(confirm_score, slow)
+                    confirm_score = _running_max(confirm_score, slow)
                 material = feat.material(x, center, settings)
                 self.flags[feat.name] = (slow >= z_threshold) & material
         self.flagged = np.zeros(n, np.bool_)
