@@ -50,6 +50,7 @@ from peerwatch.streams.core.pipeline import PolicyStage
 from peerwatch.streams.core.policy_state import NodePolicyState
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.hot_stage import HotStage, HotTopics
+from peerwatch.streams.live.window_output import WindowOutput
 from peerwatch.topics import TopicSpec, catalogue
 
 log = logging.getLogger(__name__)
@@ -257,6 +258,10 @@ def build_app(settings: Settings) -> faust.App:
         for entry in stage3.restore(job_id, saved, pending):
             pending_table.pop(entry.key.encode(), None)
 
+    # Scored windows leave through librdkafka, flushed before each commit (see window_output).
+    window_output = WindowOutput(settings.kafka, windows_out.get_topic_name())
+    window_output.guard_commits(app.producer)
+
     async def publish(released: Released) -> None:
         for entry in released.retired:
             pending_table.pop(entry.key.encode(), None)
@@ -265,9 +270,10 @@ def build_app(settings: Settings) -> faust.App:
         for r in released.releases:
             key = r.context.job_id.encode()
             closed_ms = closed_wall.pop((r.context.job_id, r.window_start_ms), None)
+            encode = codecs["GpuWindow"].encode
             for w in r.result.windows:
-                counters.windows += 1
-                await windows_out.send(key=key, value=codecs["GpuWindow"].encode(w))
+                window_output.send(key, encode(w))
+            counters.windows += len(r.result.windows)
             for f, copies in zip(r.result.findings, r.to_nodes, strict=True):
                 counters.findings += 1
                 await stragglers_out.send(
