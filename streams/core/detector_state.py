@@ -45,20 +45,29 @@ class GpuDetectorState:
         self.since_emit = 0
 
     def to_dict(self) -> dict[str, Any]:
-        # Field by field (dataclasses.asdict deep-copies through every value: it was a tenth of
-        # a live worker's time, saving each job's state after each window).
-        return {
-            "status": self.status,
-            "episode_start_ms": self.episode_start_ms,
-            "history": list(self.history),
-            "cusum": self.cusum,
-            "clean_streak": self.clean_streak,
-            "since_emit": self.since_emit,
-            "baseline_clk": list(self.baseline_clk),
-            "hard_last_ms": dict(self.hard_last_ms),
-            "last_seen_ms": self.last_seen_ms,
-            "cause": self.cause,
-        }
+        """The fields that differ from a fresh state (:meth:`from_dict` fills in the rest): the
+        live worker saves each job's state after each window, a 512-GPU job's mostly idle
+        memories included. Field by field (dataclasses.asdict deep-copies every value)."""
+        out: dict[str, Any] = {"last_seen_ms": self.last_seen_ms}
+        if self.status is not None:
+            out["status"] = self.status
+        if self.episode_start_ms is not None:
+            out["episode_start_ms"] = self.episode_start_ms
+        if self.history:
+            out["history"] = list(self.history)
+        if self.cusum:
+            out["cusum"] = self.cusum
+        if self.clean_streak:
+            out["clean_streak"] = self.clean_streak
+        if self.since_emit:
+            out["since_emit"] = self.since_emit
+        if self.baseline_clk:
+            out["baseline_clk"] = list(self.baseline_clk)
+        if self.hard_last_ms:
+            out["hard_last_ms"] = dict(self.hard_last_ms)
+        if self.cause is not None:
+            out["cause"] = self.cause
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GpuDetectorState:

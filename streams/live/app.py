@@ -32,9 +32,11 @@ dead-letter topic with reason ``late``, never dropped silently.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import faust
@@ -68,6 +70,18 @@ def _key_text(key: bytes | None) -> str:
     return key.decode()
 
 
+def _pending_message(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A pending-table entry as the batch message it holds, with its ``channel``: the message's
+    text under ``raw``, or (entries written before that) the message's fields themselves."""
+    if "raw" in entry:
+        message = json.loads(entry["raw"])
+        if not isinstance(message, dict):
+            raise ValueError("pending entry: the message is no JSON object")
+        return {**message, "channel": entry.get("channel")}
+    return dict(entry)
+
+
+@functools.lru_cache(maxsize=1 << 16)
 def _samples_partition(node: str, partitions: int) -> int:
     """The samples partition of ``node``: Kafka's default keyed partitioner (murmur2), which the
     producers (librdkafka ``murmur2_random``) and faust (aiokafka) both use."""
@@ -251,7 +265,7 @@ def build_app(settings: Settings) -> faust.App:
         for ev in saved.get("events") or []:
             job_meta.apply_event(ev)
         pending = [
-            b
+            _pending_message(b)
             for key, b in list(pending_table.items())
             if b and PendingEntry.from_key(key.decode()).job_id == job_id
         ]
@@ -337,7 +351,10 @@ def build_app(settings: Settings) -> faust.App:
                 if wall is not None:
                     closed_wall[(job_id, start)] = max(closed_wall.get((job_id, start), 0.0), wall)
                 entry = PendingEntry(job_id, start, src)
-                pending_table[entry.key.encode()] = {**b, "channel": partition}  # see restore
+                # The message as it came (a string: no second encoding of every window).
+                pending_table[entry.key.encode()] = {
+                    "raw": event.value.decode(), "channel": partition,
+                }  # fmt: skip
                 await publish(stage3.release(job_id))
             except (CodecError, InvalidRecordError, KeyError, ValueError, TypeError) as exc:
                 await dead(event, "invalid", str(exc))

@@ -1,0 +1,38 @@
+"""The live worker's pending-table entries: the batch message kept as its text (no second
+encoding of every window), read back as the message with its channel; entries written before
+that (the message's fields themselves) still read; a damaged one is refused, not half-read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from peerwatch.streams.core.job_stage import batch_of_message
+from peerwatch.streams.live.app import _pending_message
+
+MESSAGE = {
+    "kind": "windows", "src": 3, "job_id": "77", "window_start_ms": 5_000,
+    "window_end_ms": 10_000, "windows": [{"job_id": "77", "node": "n1", "gpu_index": 0}],
+    "closed_wall_ms": 1.5,
+}  # fmt: skip
+
+
+def test_an_entry_holding_the_message_text_reads_back_as_the_message() -> None:
+    entry = {"raw": json.dumps(MESSAGE), "channel": 4}
+    message = _pending_message(entry)
+    assert message == {**MESSAGE, "channel": 4}
+    batch, src = batch_of_message(message)
+    assert (batch.job_id, batch.window_start_ms, src, batch.windows) == (
+        "77", 5_000, 3, MESSAGE["windows"],
+    )  # fmt: skip
+
+
+def test_an_entry_of_the_older_form_still_reads() -> None:
+    assert _pending_message({**MESSAGE, "channel": 2}) == {**MESSAGE, "channel": 2}
+
+
+@pytest.mark.parametrize("raw", ["[1, 2]", "{not json", '"text"'])
+def test_a_damaged_entry_is_refused_with_a_value_error(raw: str) -> None:
+    with pytest.raises(ValueError):
+        _pending_message({"raw": raw, "channel": 0})
