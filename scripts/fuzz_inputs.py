@@ -18,7 +18,7 @@ hangs, and that what it keeps is right:
   schema, mutated, empty or framed wrongly) for one consumer, through what its consume loop
   calls: the hot stage's batch and job-events reader, the faust agents' handlers (stages 3 and
   4), the OTLP and Alertmanager exporters' loop, the archiver's loop (its files read back), the
-  drain controller and replay from Kafka. Each message is processed, or skipped and counted, or
+  drain controller, replay from Kafka and its reader of the published settings. Each message is processed, or skipped and counted, or
   dead-lettered with a reason (the original key and value kept, or their sizes when too large
   to send); nothing else escapes.
 
@@ -533,6 +533,11 @@ def kafka_corpus() -> dict[str, list[tuple[bytes | None, bytes]]]:
                         (key, json.dumps(record).encode())
                     )
         _KAFKA_OTHER_FRAMES.append(codecs[name].encode(gen.generate(node, rng))[:10])
+    from peerwatch.settings import Settings
+    from peerwatch.streams.live.published_settings import settings_record
+
+    tree = Settings()
+    corpus["settings"] = [settings_record(tree, 1_767_225_000_000 + i) for i in range(3)]
     hot, producer = _hot_stage()
     for key, value in corpus["JobEvent"][:6]:  # the simulator's job events come first
         hot._apply_job_event(FakeMessage("je", 0, 0, key, value))
@@ -841,6 +846,21 @@ def _kafka_replay(rng: Random, tmp: Path) -> None:
                                                if span.admits(s, record_time_ms(v))))  # fmt: skip
 
 
+def _kafka_settings(rng: Random, tmp: Path) -> None:
+    """Replay's reader of the published stream settings (``published_records``, what
+    ``read_published`` calls on each value) and its choice of the live record
+    (``live_settings``): a bad record may only be refused naming its setting (ConfigError)."""
+    from peerwatch.errors import ConfigError
+    from peerwatch.settings import Settings
+    from peerwatch.streams.live.published_settings import live_settings, published_records
+
+    msgs = _messages(rng, [("settings", "ss")], rng.randint(1, 10))
+    records = _timed("settings", lambda: published_records([m.value() for m, _ in msgs]))
+    tree = Settings()
+    with contextlib.suppress(ConfigError):
+        _timed("live settings", lambda: live_settings(tree, records, 1_767_225_600_000))
+
+
 KAFKA_CONSUMERS: dict[str, Callable[[Random, Path], None]] = {
     "hot": _kafka_hot,
     "jobs": _kafka_jobs,
@@ -849,6 +869,7 @@ KAFKA_CONSUMERS: dict[str, Callable[[Random, Path], None]] = {
     "archive": _kafka_archive,
     "drain": _kafka_drain,
     "replay": _kafka_replay,
+    "settings": _kafka_settings,
 }
 
 
