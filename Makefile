@@ -14,7 +14,8 @@ unit: setup
 	.venv/bin/python -m pytest tests/unit
 
 # The C Avro decoder built with ASan/UBSan, fuzzed against the Python reader (FUZZ_SECONDS, 120);
-# then archive files, spool segments and Slurm JSON mutated (FUZZ_INPUT_SECONDS, 60).
+# then archive files, spool segments, Slurm JSON and Kafka messages mutated
+# (FUZZ_INPUT_SECONDS, 60).
 fuzz: setup
 	bash scripts/fuzz_native.sh
 	PYTHONPATH=. .venv/bin/python scripts/fuzz_inputs.py --seconds $${FUZZ_INPUT_SECONDS:-60} \

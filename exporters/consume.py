@@ -179,6 +179,44 @@ class ExportLoop:
         return self.stats
 
 
+#: The longest key a dead letter keeps when the record is over the producer's size limit.
+DEADLETTER_KEY_MAX_BYTES = 1024
+
+
+def without_payload(
+    key: bytes | None, value: bytes | None
+) -> tuple[bytes | None, list[tuple[str, bytes]]]:
+    """What a dead letter too large to send keeps instead of the original record: its key when
+    at most :data:`DEADLETTER_KEY_MAX_BYTES`, and headers with the sizes of value and key."""
+    sizes = [("peerwatch.value.size", str(len(value or b"")).encode()),
+             ("peerwatch.key.size", str(len(key or b"")).encode())]  # fmt: skip
+    return (key if key is None or len(key) <= DEADLETTER_KEY_MAX_BYTES else None), sizes
+
+
+def produce_dead_letter(
+    producer: Any, topic: str, value: bytes | None, key: bytes | None,
+    headers: list[tuple[str, bytes]],
+) -> None:  # fmt: skip
+    """Produce one dead letter (confluent-kafka ``producer``). A record over the producer's
+    size limit (``message.max.bytes``: an input near the broker's limit plus our headers) goes
+    without its value (see :func:`without_payload`): the reason and the origin always arrive,
+    and the caller's loop goes on. Raises BufferError on a full queue; KafkaException for
+    anything else."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    try:
+        producer.produce(topic, value, key, headers=headers)
+        return
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        if not isinstance(err, KafkaError) or err.code() != KafkaError.MSG_SIZE_TOO_LARGE:
+            raise
+    log.error("dead letter of a %d-byte value and %d-byte key over the producer's limit: sent "
+              "without them", len(value or b""), len(key or b""))  # fmt: skip
+    short_key, sizes = without_payload(key, value)
+    producer.produce(topic, None, short_key, headers=[*headers, *sizes])
+
+
 class KafkaDeadLetter:
     """Publishes rejected records to the dead-letter topic (confluent-kafka producer)."""
 
@@ -189,12 +227,13 @@ class KafkaDeadLetter:
     def send(
         self, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]]
     ) -> None:
-        """Queue one record; delivery is confirmed by :meth:`flush`. Raises on a full queue."""
+        """Queue one record (see :func:`produce_dead_letter`); delivery is confirmed by
+        :meth:`flush`. Raises on a full queue."""
         try:
-            self._producer.produce(self._topic, value, key, headers=headers)
+            produce_dead_letter(self._producer, self._topic, value, key, headers)
         except BufferError:
             self._producer.poll(1.0)
-            self._producer.produce(self._topic, value, key, headers=headers)
+            produce_dead_letter(self._producer, self._topic, value, key, headers)
         self._producer.poll(0)
 
     def flush(self, timeout_s: float = 10.0) -> int:

@@ -1,7 +1,7 @@
-"""Mutation fuzzing of the pure-Python readers of outside input: archive files, spool segments and
-Slurm JSON documents (issue 12). A seeded random mutator damages valid inputs; each target checks
-that the reader neither raises (beyond its documented errors) nor hangs, and that what it keeps
-is right:
+"""Mutation fuzzing of the pure-Python readers of outside input: archive files, spool segments,
+Slurm JSON documents and Kafka messages (issue 12). A seeded random mutator damages valid
+inputs; each target checks that the reader neither raises (beyond its documented errors) nor
+hangs, and that what it keeps is right:
 
 * archive: a file of numbered blocks with one block's bytes damaged is read by the decoded
   reader (``read_file``), the block reader (``raw_blocks``) and the span finder
@@ -12,7 +12,15 @@ is right:
 * slurm: a ``squeue``/``sacct``/node document with hostile values put at random places (types
   swapped, numbers beyond a long, deep nesting, surrogates, control characters) is read entry
   by entry; every untouched entry is read as before, the watcher's diff of the result runs, and
-  each event encodes or raises the codec's EncodeError (counted by the watcher).
+  each event encodes or raises the codec's EncodeError (counted by the watcher);
+* kafka: 1 to 40 hostile Kafka messages (keys missing, empty, not UTF-8, with NULs, 1 MiB;
+  headers missing, duplicated, not bytes, huge, oddly named; values valid for the topic's
+  schema, mutated, empty or framed wrongly) for one consumer, through what its consume loop
+  calls: the hot stage's batch and job-events reader, the faust agents' handlers (stages 3 and
+  4), the OTLP and Alertmanager exporters' loop, the archiver's loop (its files read back), the
+  drain controller, replay from Kafka and its reader of the published settings. Each message is processed, or skipped and counted, or
+  dead-lettered with a reason (the original key and value kept, or their sizes when too large
+  to send); nothing else escapes.
 
     PYTHONPATH=. .venv/bin/python scripts/fuzz_inputs.py --seconds 60 [--seed 7] [--target T]
 
@@ -240,7 +248,7 @@ def fuzz_spool(rng: Random, tmp: Path) -> None:
 
 
 # -- slurm -------------------------------------------------------------------------------------
-def _hostile_value(rng: Random) -> Any:
+def _hostile_value_slurm(rng: Random) -> Any:
     depth = rng.choice([50, 300, 900])
     nested: Any = 1
     for _ in range(depth):
@@ -305,7 +313,7 @@ def fuzz_slurm(rng: Random, tmp: Path) -> None:
             touched.add(path[1])
         else:
             whole = True  # the document's own shape or meta
-        doc = _set(doc, path, _hostile_value(rng))
+        doc = _set(doc, path, _hostile_value_slurm(rng))
     try:
         items, skipped = _timed(name, lambda: lenient(doc))
     except SlurmParseError:
@@ -328,10 +336,548 @@ def fuzz_slurm(rng: Random, tmp: Path) -> None:
     json.dumps(state.to_json())  # the state file can always be written
 
 
+# -- kafka -------------------------------------------------------------------------------------
+# Every consumer of a Kafka message's key, headers or value bytes, called the way its consume
+# loop calls it, with hostile messages: keys missing, empty, not UTF-8, with NULs or 1 MiB long;
+# headers missing, duplicated, not bytes, huge or oddly named; values that are valid records of
+# the topic's schema, those damaged by mutate_bytes, empty, or framed wrongly. Each message must
+# be processed, or skipped and counted, or dead-lettered with a reason: no exception escapes.
+# The fakes stand for the client below the Kafka boundary (messages, a producer that checks
+# what librdkafka checks), never for the logic under test.
+KAFKA_LIMIT_BYTES = 1_000_000  # librdkafka's message.max.bytes default: produce() refuses more
+
+
+@dataclass
+class FakeMessage:
+    """The part of ``confluent_kafka.Message`` the consumers read."""
+
+    _topic: str
+    _partition: int
+    _offset: int
+    _key: Any
+    _value: Any
+    _headers: Any = None
+    _ts_ms: int = 1_767_225_600_000
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> Any:
+        return self._key
+
+    def value(self) -> Any:
+        return self._value
+
+    def headers(self) -> Any:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._ts_ms)
+
+    def error(self) -> None:
+        return None
+
+
+@dataclass
+class Produced:
+    topic: str
+    value: bytes | None
+    key: bytes | None
+    headers: dict[str, bytes]
+    partition: int | None = None
+
+
+class FakeProducer:
+    """Records what is produced; refuses what ``confluent_kafka.Producer.produce`` refuses (a
+    key or value of another type: TypeError; more than message.max.bytes: KafkaException
+    MSG_SIZE_TOO_LARGE). Flush reports every record delivered."""
+
+    def __init__(self) -> None:
+        self.sent: list[Produced] = []
+        self._reports: list[Callable[[], None]] = []
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int = -1,
+                on_delivery: Any = None, headers: Any = None, **_: Any) -> None:  # fmt: skip
+        from confluent_kafka import KafkaError, KafkaException
+
+        for what, v in (("key", key), ("value", value)):
+            if v is not None and not isinstance(v, bytes | str):
+                raise TypeError(f"{what} of type {type(v).__name__}")
+        pairs = list((headers or {}).items()) if isinstance(headers, dict) else list(headers or [])
+        for name, v in pairs:
+            if not isinstance(name, str) or not (v is None or isinstance(v, bytes | str)):
+                raise TypeError(f"header {name!r}: {type(v).__name__}")
+        size = len(key or b"") + len(value or b"") + sum(len(n) + len(v or b"") for n, v in pairs)
+        if size > KAFKA_LIMIT_BYTES:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+        as_bytes = {n: v.encode() if isinstance(v, str) else v for n, v in pairs}
+        self.sent.append(
+            Produced(topic, value, key, as_bytes, None if partition < 0 else partition)
+        )
+        if on_delivery is not None:
+            self._reports.append(lambda: on_delivery(None, None))
+
+    def poll(self, _timeout: float = 0) -> int:
+        return self.flush()
+
+    def flush(self, _timeout: float = 0) -> int:
+        reports, self._reports = self._reports, []
+        for report in reports:
+            report()
+        return 0
+
+
+def _hostile_key(rng: Random, good: bytes | None) -> tuple[Any, bool]:
+    """A message key, and whether it is the producer's own (unchanged)."""
+    r = rng.random()
+    if r < 0.6:
+        return good, True
+    return rng.choice([
+        None, b"", b"\xff\xfe" + (good or b""), (good or b"") + b"\x00\x00gpu", b"\xed\xa0\x80",
+        b"\xc0\x80", b"k" * (1 << 20), b"\x00" * 64, b"\n\x1b[31m", "text-key".encode("utf-16"),
+    ]), False  # fmt: skip
+
+
+def _hostile_headers(rng: Random) -> Any:
+    return rng.choice([
+        None, [], [("h", b"v"), ("h", b"w")], [("h", None)], [("", b"")], [("\x00", b"\xff")],
+        [("ü" * 300, b"x")], [("h", b"x" * (1 << 16))], [("peerwatch.reason", b"forged")],
+        [(f"h{i}", b"") for i in range(200)],
+    ])  # fmt: skip
+
+
+def _hostile_value(rng: Random, good: bytes, framed: bool) -> tuple[Any, bool]:
+    """A message value (``good``: a valid record of the topic; ``framed``: Avro with the codec's
+    header, else JSON), and whether it is unchanged."""
+    r = rng.random()
+    if r < 0.45:
+        return good, True
+    if r < 0.65 and not framed:  # JSON: hostile values at random places of the object
+        doc = json.loads(good)
+        for _ in range(rng.randint(1, 3)):
+            doc = _set(doc, rng.choice(list(_paths(doc))), _hostile_value_slurm(rng))
+        return json.dumps(doc).encode(), False
+    if r < 0.8:
+        data = good
+        for _ in range(rng.randint(1, 3)):
+            data = mutate_bytes(data, rng)
+        return data, data == good
+    other = _KAFKA_OTHER_FRAMES[rng.randrange(len(_KAFKA_OTHER_FRAMES))]
+    return rng.choice([
+        None, b"", good[:1], good[:5], good[10:] if framed else good[1:], good + b"\x00junk",
+        good + good, other + good[10:] if framed else other, b'{"kind": "watermark"}',
+        b"[" * 100_000, b'{"a": ' * 5000, b"null", b"[]", b"1e999", b'"x"', b"\xff" * 64,
+        bytes(KAFKA_LIMIT_BYTES - 100), json.dumps(_hostile_value_slurm(rng)).encode(),
+    ]), False  # fmt: skip
+
+
+#: Headers of other schemas' Avro (a value of the wrong topic).
+_KAFKA_OTHER_FRAMES: list[bytes] = []
+_KAFKA_CORPUS: dict[str, list[tuple[bytes | None, bytes]]] = {}
+
+
+def _generator() -> Any:
+    """scripts/fuzz_native.py's random valid records of a schema (generate, to_node)."""
+    import importlib.util
+
+    name = "peerwatch_fuzz_native"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "fuzz_native.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def kafka_corpus() -> dict[str, list[tuple[bytes | None, bytes]]]:
+    """Valid (key, value) messages per kind: the simulator's inputs (4 nodes, a minute), the
+    hot stage's window batches and watermarks of those, and random valid records of every schema
+    (built once)."""
+    if _KAFKA_CORPUS:
+        return _KAFKA_CORPUS
+    from peerwatch.producers.sim.fleet import Fleet
+    from peerwatch.producers.sim.scenario import default_scenario
+    from peerwatch.schemas.registry import SCHEMA_NAMES
+
+    stream_schema = {"samples": "NodeGpuSample", "job-events": "JobEvent",
+                     "node-events": "NodeStateEvent", "step-times": "StepTime"}  # fmt: skip
+    corpus: dict[str, list[tuple[bytes | None, bytes]]] = {}
+    codecs = {name: AvroCodec(name) for name in SCHEMA_NAMES}
+    fleet = Fleet(default_scenario(nodes=4, gpus_per_node=8, duration_s=90, seed=1))
+    for tick in fleet.ticks():
+        for rec in tick:
+            schema = stream_schema.get(rec.stream)
+            if schema is not None:
+                value = codecs[schema].encode(rec.value)
+                corpus.setdefault(schema, []).append((rec.key.encode(), value))
+    gen = _generator()
+    rng = Random(12)
+    for name in SCHEMA_NAMES:
+        node = gen.to_node(strip_logical_types(raw_schema(name)))
+        for _ in range(40):
+            with contextlib.suppress(CodecError):  # a random string may not encode (surrogate)
+                record = gen.generate(node, rng)
+                key = str(record.get("node") or record.get("job_id") or "k").encode(
+                    "utf-8", "replace"
+                )
+                corpus.setdefault(name, []).append((key, codecs[name].encode(record)))
+                if name == "StragglerFinding":  # the internal findings topic: JSON, key node
+                    corpus.setdefault("node-findings", []).append(
+                        (key, json.dumps(record).encode())
+                    )
+        _KAFKA_OTHER_FRAMES.append(codecs[name].encode(gen.generate(node, rng))[:10])
+    from peerwatch.settings import Settings
+    from peerwatch.streams.live.published_settings import settings_record
+
+    tree = Settings()
+    corpus["settings"] = [settings_record(tree, 1_767_225_000_000 + i) for i in range(3)]
+    hot, producer = _hot_stage()
+    for key, value in corpus["JobEvent"][:6]:  # the simulator's job events come first
+        hot._apply_job_event(FakeMessage("je", 0, 0, key, value))
+    samples = [
+        FakeMessage("s", 0, i, k, v) for i, (k, v) in enumerate(corpus["NodeGpuSample"][:360])
+    ]
+    hot._aggregate(0, hot.parts[0], samples)
+    corpus["window-batches"] = [
+        (p.key, p.value) for p in producer.sent if p.topic == "b" and p.value
+    ]
+    _KAFKA_CORPUS.update(corpus)
+    return corpus
+
+
+def _hot_stage() -> tuple[Any, FakeProducer]:
+    """The live hot stage of one worker, samples partition 0 assigned (nothing committed)."""
+    from confluent_kafka import TopicPartition
+
+    from peerwatch.settings import Settings
+    from peerwatch.streams.live.counters import StreamCounters
+    from peerwatch.streams.live.hot_stage import HotStage, HotTopics
+
+    class NoCommits:
+        def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
+            return [TopicPartition(tp.topic, tp.partition, -1001) for tp in partitions]
+
+    hot = HotStage(Settings(), "fz", HotTopics("s", "je", "b", "dead", 2, "f", "nf"),
+                   StreamCounters(), window_s=5, lateness_s=2, batch_max=500,
+                   batch_within_s=0.1, allocation_retention_s=3600)  # fmt: skip
+    producer = FakeProducer()
+    hot._producer = producer
+    hot._on_assign(NoCommits(), [TopicPartition("s", 0)])
+    return hot, producer
+
+
+def _messages(rng: Random, kinds: list[tuple[str, str]], n: int) -> list[tuple[FakeMessage, bool]]:
+    """``n`` hostile messages; ``kinds``: (corpus kind, topic). With each, whether it is a
+    valid message as its producer sent it (key and value unchanged)."""
+    corpus = kafka_corpus()
+    out = []
+    for i in range(n):
+        kind, topic = rng.choice(kinds)
+        key, value = rng.choice(corpus[kind])
+        hkey, key_ok = _hostile_key(rng, key)
+        hvalue, value_ok = _hostile_value(
+            rng, value, kind not in ("window-batches", "node-findings")
+        )
+        msg = FakeMessage(topic, rng.randrange(2), 1000 + i, hkey, hvalue, _hostile_headers(rng))
+        out.append((msg, key_ok and value_ok))
+    return out
+
+
+def _check_dead_letters(sent: list[Produced], topic: str, messages: list[FakeMessage]) -> None:
+    """Every dead letter says why, and keeps the original key (and value, unless too large)."""
+    by_offset = {m.offset(): m for m in messages}
+    for p in sent:
+        if p.topic != topic:
+            continue
+        reason = p.headers.get("peerwatch.reason") or p.headers.get("peerwatch.error")
+        if not reason:
+            raise Failure(f"a dead letter without a reason: {p.headers}")
+        offset = p.headers.get("peerwatch.offset") or p.headers.get("peerwatch.source.offset")
+        if offset is not None and int(offset) in by_offset:
+            m, cut = by_offset[int(offset)], "peerwatch.value.size" in p.headers
+            key_ok = p.key == m.key() or (cut and p.key is None and len(m.key() or b"") > 1024)
+            if not key_ok or (p.value or b"") not in (m.value() or b"", b""):
+                raise Failure("a dead letter lost the original key or value")
+            if cut and int(p.headers["peerwatch.value.size"]) != len(m.value() or b""):
+                raise Failure("a dead letter without its value names another size")
+
+
+def fuzz_kafka(rng: Random, tmp: Path) -> None:
+    """One consumer (chosen at random) fed 1 to 40 hostile messages."""
+    target = rng.choice(sorted(KAFKA_CONSUMERS))
+    KAFKA_CONSUMERS[target](rng, tmp)
+
+
+def _kafka_hot(rng: Random, tmp: Path) -> None:
+    """The hot stage's job-events reader and its samples batch (``_apply_job_event``,
+    ``_aggregate``: what ``run`` calls on each consumed batch)."""
+    hot, producer = _hot_stage()
+    for msg, _ in _messages(rng, [("JobEvent", "je")], rng.randint(0, 8)):
+        _timed("hot job event", lambda m=msg: hot._apply_job_event(m))
+    batch = [m for m, _ in _messages(rng, [("NodeGpuSample", "s")], rng.randint(1, 40))]
+    for i, m in enumerate(batch):
+        m._partition, m._offset = 0, i  # one partition's batch, in offset order
+    _timed("hot batch", lambda: hot._aggregate(0, hot.parts[0], batch))
+    codec = AvroCodec("NodeGpuSample")
+    refused = set()
+    for m in batch:
+        try:
+            codec.decode(m.value() or b"")
+        except CodecError:
+            refused.add(m.offset())
+    dead = {int(p.headers["peerwatch.offset"]) for p in producer.sent
+            if p.topic == "dead" and p.headers.get("peerwatch.reason") == b"undecodable"}  # fmt: skip
+    if dead != refused:
+        raise Failure(f"hot stage dead-lettered {sorted(dead)} as undecodable, the codec "
+                      f"refuses {sorted(refused)}")  # fmt: skip
+    _check_dead_letters(producer.sent, "dead", batch)
+
+
+def _kafka_jobs(rng: Random, tmp: Path) -> None:
+    """Stage 3's faust agent: JobsHandler.handle per message, RECORD_ERRORS dead-lettered."""
+    from peerwatch.settings import Settings
+    from peerwatch.streams.core.allocation import AllocationTable
+    from peerwatch.streams.core.job_stage import JobReleaser
+    from peerwatch.streams.live.counters import StreamCounters
+    from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler
+
+    settings = Settings()
+    meta = AllocationTable(3600_000)
+    job_table: dict[bytes, Any] = {}
+    pending: dict[bytes, Any] = {}
+    handler = JobsHandler(JobReleaser(settings.detector, meta, grace_ms=5000), meta, job_table,
+                          pending, job_events_topic="je", step_times_topic="st",
+                          retention_ms=3600_000, counters=StreamCounters())  # fmt: skip
+    kinds = [("JobEvent", "je"), ("StepTime", "st"), ("window-batches", "b"),
+             ("window-batches", "b"), ("window-batches", "b")]  # fmt: skip
+    corpus = kafka_corpus()
+    msgs = [
+        (FakeMessage("je", 0, i, k, v), True) for i, (k, v) in enumerate(corpus["JobEvent"][:6])
+    ]
+    msgs += _messages(rng, kinds, rng.randint(1, 40))
+    for msg, _valid in msgs:
+        try:
+            outputs = _timed(
+                "jobs handler",
+                lambda m=msg: handler.handle(m.topic(), m.partition(), m.key(), m.value()),
+            )
+        except RECORD_ERRORS:
+            continue  # the agent dead-letters it
+        for out in outputs:
+            if out.topic == "findings":
+                json.dumps(out.value)  # the internal topic's JSON serializer
+    json.dumps([list(job_table.values()), list(pending.values())])  # the tables' JSON
+
+
+def _kafka_policy(rng: Random, tmp: Path) -> None:
+    """Stage 4's faust agent: PolicyHandler.handle per message, RECORD_ERRORS dead-lettered."""
+    from peerwatch.settings import Settings
+    from peerwatch.streams.core.pipeline import PolicyStage
+    from peerwatch.streams.live.counters import StreamCounters
+    from peerwatch.streams.live.handlers import RECORD_ERRORS, PolicyHandler
+
+    table: dict[bytes, Any] = {}
+    handler = PolicyHandler(PolicyStage(Settings().policy), table, findings_topic="nf",
+                            health_topic="h", counters=StreamCounters())  # fmt: skip
+    kinds = [("node-findings", "nf"), ("HealthCheckResult", "h"), ("NodeStateEvent", "ne")]
+    for msg, _valid in _messages(rng, kinds, rng.randint(1, 40)):
+        try:
+            _timed("policy handler", lambda m=msg: handler.handle(m.topic(), m.key(), m.value()))
+        except RECORD_ERRORS:
+            continue
+    json.dumps({k.hex(): v for k, v in table.items()})
+
+
+_EXPORTED = [("GpuWindow", "w"), ("JobEvent", "je"), ("StragglerFinding", "f"),
+             ("DrainRecommendation", "r"), ("HealthCheckResult", "h"), ("DrainAction", "a")]  # fmt: skip
+
+
+def _kafka_export(rng: Random, tmp: Path) -> None:
+    """The OTLP and Alertmanager exporters' consume loop (``ExportLoop.handle``) with their real
+    sinks, dead letters through ``KafkaDeadLetter``."""
+    from peerwatch.exporters.alertmanager import AlertSink, book_for
+    from peerwatch.exporters.alerts import to_api
+    from peerwatch.exporters.consume import ExportLoop, KafkaDeadLetter
+    from peerwatch.settings import AlertmanagerSettings
+
+    producer = FakeProducer()
+    otlp = rng.random() < 0.5
+    sink: Any
+    if otlp:
+        sink, reader = _otlp_sink()
+    else:
+        sink = AlertSink(book_for(AlertmanagerSettings()))
+    loop = ExportLoop(None, sink, deadletter=KafkaDeadLetter(producer, "dead"))  # type: ignore[arg-type]
+    msgs = [m for m, _ in _messages(rng, _EXPORTED, rng.randint(1, 40))]
+    for msg in msgs:
+        _timed("export handle", lambda m=msg: loop.handle(m))
+    st = loop.stats
+    if st.records + st.undecodable + st.unmappable != len(msgs):
+        raise Failure(f"export: {len(msgs)} messages, {st}")
+    rejected = st.undecodable + st.unmappable
+    sent = sum(1 for p in producer.sent if p.topic == "dead")
+    if sent != st.deadlettered or st.deadlettered != rejected:
+        raise Failure(f"export: {rejected} rejected, {st.deadlettered} dead-lettered, {sent} sent")
+    _check_dead_letters(producer.sent, "dead", msgs)
+    if otlp:
+        _timed("otlp collect", reader.get_metrics_data)
+        sink.close()
+    else:
+        now_ms = 1_767_225_600_000
+        json.dumps([to_api(a, now_ms, 60_000) for a in sink.book.due(now_ms)])
+
+
+def _otlp_sink() -> tuple[Any, Any]:
+    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from peerwatch.exporters.otlp_sdk import OtlpSink
+    from peerwatch.settings import ExportSettings
+
+    reader = InMemoryMetricReader()
+    sink = OtlpSink(ExportSettings(event_delay_s=0.05), metric_exporter=None,
+                    log_exporter=InMemoryLogRecordExporter(), metric_readers=[reader])  # type: ignore[no-untyped-call]  # fmt: skip
+    return sink, reader
+
+
+def _kafka_archive(rng: Random, tmp: Path) -> None:
+    """The archiver's consume loop (``ArchiveLoop.handle``), a real writer; what it wrote is
+    read back."""
+    from peerwatch.exporters.archive import ArchiveWriter
+    from peerwatch.exporters.archive_loop import ArchiveLoop, archived_topics
+    from peerwatch.exporters.consume import KafkaDeadLetter
+
+    class Commits:
+        def commit_offsets(self, offsets: Any) -> None:
+            pass
+
+    topics = {f"t.{s}": s for s in ("NodeGpuSample", "JobEvent", "NodeStateEvent",
+                                     "HealthCheckResult", "StepTime", "GpuWindow",
+                                     "StragglerFinding", "DrainRecommendation", "DrainAction")}  # fmt: skip
+    assert sorted(topics.values()) == sorted(archived_topics().values())
+    root = tmp / f"archive{rng.randrange(1 << 30)}"
+    writer = ArchiveWriter(root, topics)
+    writer.recover()  # as peerwatch archive starts it
+    producer = FakeProducer()
+    loop = ArchiveLoop(Commits(), writer, topics, deadletter=KafkaDeadLetter(producer, "dead"))  # type: ignore[arg-type]
+    msgs = [m for m, _ in _messages(rng, [(s, t) for t, s in topics.items()], rng.randint(1, 30))]
+    for msg in msgs:
+        _timed("archive handle", lambda m=msg: loop.handle(m))  # type: ignore[arg-type]
+    st = loop.stats
+    if st.records + st.undecodable + st.bad_time != len(msgs):
+        raise Failure(f"archive: {len(msgs)} messages, {st}")
+    loop.commit()
+    writer.close()
+    _check_dead_letters(producer.sent, "dead", msgs)
+    read = 0
+    for path in sorted(root.rglob("*.avro*")):
+        topic = next(t for t in topics if t in path.parts)
+        stats = ReadStats()
+        read += sum(1 for _ in read_file(path, current_schema(topics[topic]), stats=stats))
+    if read != st.records:
+        raise Failure(f"archive: {st.records} records written, {read} read back")
+
+
+def _kafka_drain(rng: Random, tmp: Path) -> None:
+    """The drain controller's message handling (``DrainController.handle``): recommendations and
+    node events, a state file, audit and dead letters through its AuditPublisher."""
+    from peerwatch.exporters.drain.config import DrainSettings
+    from peerwatch.exporters.drain.controller import AuditPublisher, DrainController, Topics
+    from peerwatch.exporters.drain.decide import NodeFacts
+    from peerwatch.exporters.drain.state import StateStore
+
+    class Slurm:  # the cluster as scontrol would list it (the Slurm side is not under test)
+        def nodes(self) -> list[NodeFacts]:
+            return [NodeFacts(f"gpu{i:05d}", "MIXED", partitions=("gpu",)) for i in range(8)]
+
+        def drain(self, node: str, reason: str) -> None:
+            if not isinstance(node, str) or "\n" in reason:
+                raise Failure(f"drain of {node!r} with reason {reason!r}")
+
+        def resume(self, node: str) -> None:
+            pass
+
+    class Clock:
+        def now_ms(self) -> int:
+            return 1_767_225_600_000
+
+        def monotonic_s(self) -> float:
+            return 1000.0
+
+    producer = FakeProducer()
+    topics = Topics("r", "ne", "a", "dead")
+    settings = DrainSettings(enforce=rng.random() < 0.5)
+    store = StateStore(tmp / f"drain{rng.randrange(1 << 30)}.json")
+    controller = DrainController(None, AuditPublisher(producer, topics, 1.0), Slurm(), store,
+                                 settings, topics, clock=Clock(), sleep=lambda _s: None)  # type: ignore[arg-type]  # fmt: skip
+    msgs = _messages(
+        rng, [("DrainRecommendation", "r"), ("NodeStateEvent", "ne")], rng.randint(1, 20)
+    )
+    for msg, _ in msgs:
+        if not _timed("drain handle", lambda m=msg: controller.handle(m)):
+            raise Failure("the drain controller did not finish a message")
+    _check_dead_letters(producer.sent, "dead", [m for m, _ in msgs])
+
+
+def _kafka_replay(rng: Random, tmp: Path) -> None:
+    """Replay from Kafka: the messages of a time range into input records (``message_records``,
+    what ``kafka_records`` calls on what it consumed)."""
+    from peerwatch.exporters.archive_files import record_time_ms
+    from peerwatch.streams.offline.replay import TimeRange, sort_records
+    from peerwatch.streams.offline.replay_kafka import message_records
+
+    kinds = [("NodeGpuSample", "samples"), ("JobEvent", "job-events"),
+             ("NodeStateEvent", "node-events"), ("StepTime", "step-times")]  # fmt: skip
+    msgs = _messages(rng, kinds, rng.randint(1, 40))
+    keep = None if rng.random() < 0.5 else frozenset({"gpu00000", "gpu00001"})
+    pairs = [(m.topic(), m) for m, _ in msgs]
+    records, bad = _timed("replay", lambda: message_records(pairs, keep))
+    if len(records) + bad > len(msgs):
+        raise Failure(f"replay: {len(records)} records + {bad} bad of {len(msgs)} messages")
+    span = TimeRange(-(2**63), 2**63)  # what kafka_records does next
+    _timed("replay sort", lambda: sort_records((s, v) for s, v in records
+                                               if span.admits(s, record_time_ms(v))))  # fmt: skip
+
+
+def _kafka_settings(rng: Random, tmp: Path) -> None:
+    """Replay's reader of the published stream settings (``published_records``, what
+    ``read_published`` calls on each value) and its choice of the live record
+    (``live_settings``): a bad record may only be refused naming its setting (ConfigError)."""
+    from peerwatch.errors import ConfigError
+    from peerwatch.settings import Settings
+    from peerwatch.streams.live.published_settings import live_settings, published_records
+
+    msgs = _messages(rng, [("settings", "ss")], rng.randint(1, 10))
+    records = _timed("settings", lambda: published_records([m.value() for m, _ in msgs]))
+    tree = Settings()
+    with contextlib.suppress(ConfigError):
+        _timed("live settings", lambda: live_settings(tree, records, 1_767_225_600_000))
+
+
+KAFKA_CONSUMERS: dict[str, Callable[[Random, Path], None]] = {
+    "hot": _kafka_hot,
+    "jobs": _kafka_jobs,
+    "policy": _kafka_policy,
+    "export": _kafka_export,
+    "archive": _kafka_archive,
+    "drain": _kafka_drain,
+    "replay": _kafka_replay,
+    "settings": _kafka_settings,
+}
+
+
 TARGETS: dict[str, Callable[[Random, Path], None]] = {
     "archive": fuzz_archive,
     "spool": fuzz_spool,
     "slurm": fuzz_slurm,
+    "kafka": fuzz_kafka,
 }
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from peerwatch.clock import SYSTEM_CLOCK, Clock
 from peerwatch.errors import CodecError, ServiceError, SlurmCommandError
+from peerwatch.exporters.consume import produce_dead_letter
 from peerwatch.exporters.drain.audit import action_record, invalid_record, resume_record
 from peerwatch.exporters.drain.config import DrainSettings
 from peerwatch.exporters.drain.decide import (
@@ -132,7 +133,7 @@ class AuditPublisher:
     def dead_letter(self, key: bytes | None, value: bytes | None, why: str, source: str) -> None:
         headers = [("peerwatch.error", why.encode()[:1000]), ("peerwatch.source", source.encode()),
                    ("peerwatch.stage", b"drain-controller")]  # fmt: skip
-        self._producer.produce(self._topics.deadletter, value, key, headers=headers)
+        produce_dead_letter(self._producer, self._topics.deadletter, value, key, headers)
 
 
 class DrainController:

@@ -149,26 +149,22 @@ def _replay_settings(args: argparse.Namespace, span: Any, extra: dict[str, Any])
         return tree
     from confluent_kafka import KafkaException
 
-    from peerwatch.streams.live.published_settings import (
-        read_published,
-        settings_at,
-        with_published,
-    )
+    from peerwatch.streams.live.published_settings import live_settings, read_published
     from peerwatch.topics import STREAM_SETTINGS
 
     try:
         records = read_published(tree.kafka, tree.topic_prefix + STREAM_SETTINGS.name)
     except KafkaException as exc:
         raise ServiceError(f"cannot read the published stream settings: {exc}") from exc
-    record = settings_at(records, tree.stream.app_id, span.from_ms)
-    if record is None:
+    settings, source = live_settings(tree, records, span.from_ms)
+    if source is None:
         logging.getLogger(__name__).warning(
             "replay: no settings published by %s before the range; using the config's",
             tree.stream.app_id,
         )
         return tree
-    extra["settings_from"] = f"live {record['digest']} from {record['effective_from_ms']}"
-    return with_published(tree, record)
+    extra["settings_from"] = source
+    return settings
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -33,52 +33,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import faust
 import mode
 
-from peerwatch.errors import CodecError
-from peerwatch.schemas.codec import AvroCodec
+from peerwatch.exporters.consume import without_payload
 from peerwatch.settings import Settings, expand
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.job_stage import JobReleaser, PendingEntry, Released, batch_of_message
-from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.pipeline import PolicyStage
-from peerwatch.streams.core.policy_state import NodePolicyState
 from peerwatch.streams.live.counters import StreamCounters
+from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler, PolicyHandler
 from peerwatch.streams.live.hot_stage import HotStage, HotTopics
 from peerwatch.streams.live.window_output import WindowOutput
 from peerwatch.topics import TopicSpec, catalogue
 
 log = logging.getLogger(__name__)
-
-
-#: How often stage 3 walks its pending table for jobs pending from before a restart.
-PENDING_SCAN_EVERY_S = 5.0
-
-
-def _key_text(key: bytes | None) -> str:
-    """A record key as text. Raises ValueError for a missing or non-UTF-8 key (dead-lettered by
-    the agents, which go on)."""
-    if key is None:
-        raise ValueError("record without a key")
-    return key.decode()
-
-
-def _pending_message(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """A pending-table entry as the batch message it holds, with its ``channel``: the message's
-    text under ``raw``, or (entries written before that) the message's fields themselves."""
-    if "raw" in entry:
-        message = json.loads(entry["raw"])
-        if not isinstance(message, dict):
-            raise ValueError("pending entry: the message is no JSON object")
-        return {**message, "channel": entry.get("channel")}
-    return dict(entry)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -181,9 +154,6 @@ def build_app(settings: Settings) -> faust.App:
     pending_table = app.Table("pending", default=None, partitions=job_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
     policy_table = app.Table("policy", default=None, partitions=node_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
 
-    codecs = {n: AvroCodec(n) for n in ("NodeGpuSample", "JobEvent", "NodeStateEvent",
-                                        "HealthCheckResult", "GpuWindow", "StragglerFinding",
-                                        "DrainRecommendation", "StepTime")}  # fmt: skip
     counters = StreamCounters()
     app.peerwatch_counters = counters  # type: ignore[attr-defined]
 
@@ -197,7 +167,11 @@ def build_app(settings: Settings) -> faust.App:
             ("peerwatch.partition", str(msg.partition).encode()),
             ("peerwatch.offset", str(msg.offset).encode()),
         ]
-        await deadletter.send(key=event.key, value=msg.value, headers=headers)
+        key, value = event.key, msg.value
+        if len(key or b"") + len(value or b"") > app.conf.producer_max_request_size - 10_000:
+            key, sizes = without_payload(key, value)  # aiokafka would refuse it: not sent whole
+            value, headers = None, [*headers, *sizes]
+        await deadletter.send(key=key, value=value, headers=headers)
 
     # -- stage 2: the hot path, on its own consumer thread (see hot_stage) ---------------------
     hot = HotStage(
@@ -239,16 +213,25 @@ def build_app(settings: Settings) -> faust.App:
 
     app.service(HotService())  # type: ignore[arg-type]
 
-    # -- stage 3: per-job peer comparison (the pure JobReleaser; here decode, call, produce) -----
+    # -- stage 3: per-job peer comparison (the pure JobReleaser; see handlers) -------------------
     job_meta = AllocationTable(cfg.allocation_retention_s * 1000)
     stage3 = JobReleaser(
         settings.detector, job_meta, grace_ms=int(cfg.job_grace_s * 1000),
         fan_out_job_wide=cfg.fan_out_job_wide,
         partition_of=lambda node: _samples_partition(node, node_partitions),
     )  # fmt: skip
-    pending_scan = [0.0]  # monotonic s of the next walk of the pending table (see jobs)
-    # (job, window start) -> wall ms when the last samples partition closed it (latency only).
-    closed_wall: dict[tuple[str, int], float] = {}
+    # Step times (optional, keyed by job like the job events and window batches): a GPU's
+    # window gets the mean step duration of its steps in that window before detection.
+    step_times_name = topics["StepTime"].name
+    jobs_handler = JobsHandler(
+        stage3, job_meta, job_table, pending_table,
+        job_events_topic=job_events_t.get_topic_name(), step_times_topic=step_times_name,
+        retention_ms=cfg.allocation_retention_s * 1000, counters=counters,
+    )  # fmt: skip
+    out_topics = {"stragglers": stragglers_out, "findings": findings_t}
+    # Scored windows leave through librdkafka, flushed before each commit (see window_output).
+    window_output = WindowOutput(settings.kafka, windows_out.get_topic_name())
+    window_output.guard_commits(app.producer)
 
     def on_finding_sent(closed_ms: float | None) -> Any:
         def acked(_fut: Any) -> None:
@@ -257,111 +240,32 @@ def build_app(settings: Settings) -> faust.App:
 
         return acked
 
-    def restore(job_id: str) -> None:
-        """First sight of the job in this process: recover its state from the tables."""
-        if stage3.seen(job_id):
-            return
-        saved = job_table.get(job_id.encode()) or {}
-        for ev in saved.get("events") or []:
-            job_meta.apply_event(ev)
-        pending = [
-            _pending_message(b)
-            for key, b in list(pending_table.items())
-            if b and PendingEntry.from_key(key.decode()).job_id == job_id
-        ]
-        for entry in stage3.restore(job_id, saved, pending):
-            pending_table.pop(entry.key.encode(), None)
-
-    # Scored windows leave through librdkafka, flushed before each commit (see window_output).
-    window_output = WindowOutput(settings.kafka, windows_out.get_topic_name())
-    window_output.guard_commits(app.producer)
-
-    async def publish(released: Released) -> None:
-        for entry in released.retired:
-            pending_table.pop(entry.key.encode(), None)
-        for job_id, state in released.saved.items():
-            job_table[job_id.encode()] = {**(job_table.get(job_id.encode()) or {}), **state}
-        for r in released.releases:
-            key = r.context.job_id.encode()
-            closed_ms = closed_wall.pop((r.context.job_id, r.window_start_ms), None)
-            encode = codecs["GpuWindow"].encode
-            for w in r.result.windows:
-                window_output.send(key, encode(w))
-            counters.windows += len(r.result.windows)
-            for f, copies in zip(r.result.findings, r.to_nodes, strict=True):
-                counters.findings += 1
-                await stragglers_out.send(
-                    key=key,
-                    value=codecs["StragglerFinding"].encode(f),
-                    callback=on_finding_sent(closed_ms),
-                )
-                for copy in copies:
-                    await findings_t.send(key=str(copy["node"]).encode(), value=copy)
-
-    # Step times (optional, keyed by job like the job events and window batches): a GPU's
-    # window gets the mean step duration of its steps in that window before detection.
-    step_times_name = topics["StepTime"].name
-
     @app.agent(app.topic(job_events_t.get_topic_name(), batches_t.get_topic_name(), step_times_name,
                          key_type=bytes, key_serializer="raw", value_serializer="raw"),
                name=f"{app_id}-jobs")  # fmt: skip
     async def jobs(stream: Any) -> None:
         async for event in stream.events():
-            partition = event.message.partition
+            msg = event.message
             try:
-                if event.message.topic == step_times_name:
-                    step = codecs["StepTime"].decode(event.value)
-                    counters.step_times += 1
-                    restore(str(step["job_id"]))
-                    stage3.add_step(step)
-                    continue
-                if event.message.topic == job_events_t.get_topic_name():
-                    job_id = _key_text(event.key)
-                    restore(job_id)
-                    job = codecs["JobEvent"].decode(event.value)
-                    job_meta.apply_event(job)
-                    saved = dict(job_table.get(event.key) or {})
-                    saved["events"] = [*(saved.get("events") or []), job][-8:]
-                    job_table[event.key] = saved
-                    continue
-                b = json.loads(event.value)
-                if b.get("kind") == "watermark":
-                    # Jobs with windows pending from before a restart (or a rebalance) and no
-                    # batch since: the table is walked every few seconds, not at every
-                    # heartbeat (there are several per batch, and the table can be large).
-                    now_s = time.monotonic()
-                    if now_s >= pending_scan[0]:
-                        pending_scan[0] = now_s + PENDING_SCAN_EVERY_S
-                        for key in list(pending_table.keys()):
-                            restore(PendingEntry.from_key(key.decode()).job_id)
-                        # Ended jobs are forgotten here as in replay (Pipeline._closed_to).
-                        low_ms = stage3.low_watermark_ms()
-                        if low_ms is not None:
-                            job_meta.prune(low_ms)
-                            stage3.prune(low_ms, cfg.allocation_retention_s * 1000)
-                    until = int(b["closed_until_ms"])
-                    await publish(stage3.heartbeat(int(b["src"]), until, channel=partition))
-                    continue
-                batch, src = batch_of_message(b)
-                restore(batch.job_id)
-                if not stage3.add(batch, src, channel=partition):
-                    continue  # a window already released (re-sent after a hot-stage restart)
-                job_id, start = batch.job_id, batch.window_start_ms
-                wall = b.get("closed_wall_ms")
-                if wall is not None:
-                    closed_wall[(job_id, start)] = max(closed_wall.get((job_id, start), 0.0), wall)
-                entry = PendingEntry(job_id, start, src)
-                # The message as it came (a string: no second encoding of every window).
-                pending_table[entry.key.encode()] = {
-                    "raw": event.value.decode(), "channel": partition,
-                }  # fmt: skip
-                await publish(stage3.release(job_id))
-            except (CodecError, InvalidRecordError, KeyError, ValueError, TypeError) as exc:
+                outputs = jobs_handler.handle(msg.topic, msg.partition, event.key, event.value)
+                for out in outputs:
+                    if out.topic == "windows":
+                        window_output.send(out.key, out.value)
+                        continue
+                    callback = (
+                        on_finding_sent(out.closed_wall_ms) if out.topic == "stragglers" else None
+                    )
+                    await out_topics[out.topic].send(
+                        key=out.key, value=out.value, callback=callback
+                    )
+            except RECORD_ERRORS as exc:
                 await dead(event, "invalid", str(exc))
 
-    # -- stage 4: the drain policy, keyed by node -----------------------------------------------------
-    policy = PolicyStage(settings.policy)
-    loaded_nodes: set[str] = set()
+    # -- stage 4: the drain policy, keyed by node (the pure PolicyStage; see handlers) ----------
+    policy_handler = PolicyHandler(
+        PolicyStage(settings.policy), policy_table, findings_topic=findings_t.get_topic_name(),
+        health_topic=health_t.get_topic_name(), counters=counters,
+    )  # fmt: skip
 
     @app.agent(app.topic(findings_t.get_topic_name(), health_t.get_topic_name(), node_events_t.get_topic_name(),
                          key_type=bytes, key_serializer="raw", value_serializer="raw"),
@@ -369,34 +273,12 @@ def build_app(settings: Settings) -> faust.App:
     async def policy_agent(stream: Any) -> None:
         async for event in stream.events():
             try:
-                node = _key_text(event.key)
-            except ValueError as exc:  # no key, or not UTF-8: nothing to key the node's state by
+                recs = policy_handler.handle(event.message.topic, event.key, event.value)
+            except RECORD_ERRORS as exc:
                 await dead(event, "invalid", str(exc))
                 continue
-            if node not in loaded_nodes:
-                saved = policy_table.get(event.key)
-                if saved:
-                    policy.state.nodes[node] = NodePolicyState.from_dict(saved)
-                loaded_nodes.add(node)
-            topic = event.message.topic
-            try:
-                if topic == findings_t.get_topic_name():
-                    record = json.loads(event.value)
-                elif topic == health_t.get_topic_name():
-                    record = codecs["HealthCheckResult"].decode(event.value)
-                else:
-                    record = codecs["NodeStateEvent"].decode(event.value)
-                recs = policy.apply(record)
-            except (CodecError, InvalidRecordError, KeyError, ValueError, TypeError) as exc:
-                await dead(event, "invalid", str(exc))
-                continue
-            if node in policy.state.nodes:
-                policy_table[event.key] = policy.state.nodes[node].to_dict()
-            for r in recs:
-                counters.recommendations += 1
-                await recs_out.send(
-                    key=str(r["node"]).encode(), value=codecs["DrainRecommendation"].encode(r)
-                )
+            for key, value in recs:
+                await recs_out.send(key=key, value=value)
 
     @app.timer(interval=30.0)  # type: ignore[untyped-decorator]
     async def report_counters() -> None:

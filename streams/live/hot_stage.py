@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from peerwatch.errors import CodecError, ServiceError
+from peerwatch.exporters.consume import DEADLETTER_KEY_MAX_BYTES, without_payload
 from peerwatch.kafka_config import admin_config, consumer_config, producer_config
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.schemas.columns import MessageColumns, select_rows
@@ -515,7 +516,7 @@ class HotStage:
             self.counters.silence_findings += 1
             self._publish_finding(f)
 
-    def _send(self, topic: str, key: bytes, value: bytes, **kw: Any) -> None:
+    def _send(self, topic: str, key: bytes | None, value: bytes, **kw: Any) -> None:
         from confluent_kafka import KafkaError, KafkaException
 
         while True:
@@ -528,11 +529,17 @@ class HotStage:
                 err = exc.args[0] if exc.args else None
                 if not isinstance(err, KafkaError) or err.code() != KafkaError.MSG_SIZE_TOO_LARGE:
                     raise
+                if topic == self.topics.deadletter:  # an input's: sent without its bytes
+                    log.error("hot stage: a dead letter of %d bytes refused (%s); sent without "
+                              "its value", len(value) + len(key or b""), err.str())  # fmt: skip
+                    if value or len(key or b"") > DEADLETTER_KEY_MAX_BYTES:
+                        short_key, sizes = without_payload(key, value)
+                        headers = [*(kw.get("headers") or []), *sizes]
+                        self._send(topic, short_key, b"", headers=headers)
+                    return
                 self.counters.count_deadletter()
                 log.error("hot stage: a %d-byte record for %s refused (%s); dead-lettered",
                           len(value), topic, err.str())  # fmt: skip
-                if topic == self.topics.deadletter:
-                    return  # the dead letter itself: counted and logged only
                 headers = [("peerwatch.reason", b"too large"),
                            ("peerwatch.error", err.str().encode()[:1000]),
                            ("peerwatch.topic", topic.encode()),

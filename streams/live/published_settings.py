@@ -106,12 +106,35 @@ def read_published(
                     continue
                 if int(msg.offset() or 0) + 1 >= ends.get(int(msg.partition() or 0), 0):
                     ends.pop(int(msg.partition() or 0), None)
-                try:
-                    value = json.loads(msg.value() or b"")
-                except ValueError:
-                    continue
-                if isinstance(value, dict):
-                    out.append(value)
+                out.extend(published_records([msg.value()]))
     finally:
         consumer.close()
     return out
+
+
+def published_records(values: Iterable[bytes | None]) -> list[dict[str, Any]]:
+    """The settings records among message values: those that are JSON objects (anything else,
+    even JSON nested too deep to read, is skipped)."""
+    from peerwatch.streams.live.handlers import json_object
+
+    out = []
+    for value in values:
+        try:
+            out.append(json_object(value or b""))
+        except (ValueError, TypeError):
+            continue
+    return out
+
+
+def live_settings(
+    tree: Settings, records: Iterable[Mapping[str, Any]], ts_ms: int
+) -> tuple[Settings, str | None]:
+    """``tree`` with the published tables of the record of its app live at ``ts_ms``, and what
+    the replay reports about it (None, and ``tree`` itself, when none was published that early).
+    Raises ConfigError for a record this version cannot read (the bad setting named)."""
+    record = settings_at(records, tree.stream.app_id, ts_ms)
+    if record is None:
+        return tree, None
+    return with_published(tree, record), (
+        f"live {record.get('digest')} from {record['effective_from_ms']}"
+    )

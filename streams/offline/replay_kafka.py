@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from peerwatch.errors import CodecError
@@ -96,6 +96,30 @@ def range_messages(
         consumer.close()
 
 
+def message_records(
+    messages: Iterable[tuple[str, Any]], keep_nodes: frozenset[str] | None = None
+) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    """The (stream, record) of each (stream, message) consumed, and how many messages could not
+    be decoded (skipped, each logged up to a point). ``keep_nodes``: see :func:`kafka_records`."""
+    codecs = {stream: AvroCodec(str(spec.value_schema)) for stream, spec in INPUT_STREAMS.items()}
+    keep_keys = None if keep_nodes is None else {n.encode() for n in keep_nodes}
+    pairs: list[tuple[str, dict[str, Any]]] = []
+    bad = 0
+    for stream, msg in messages:
+        if keep_keys is not None and stream == "samples" and msg.key() not in keep_keys:
+            continue
+        try:
+            pairs.append((stream, codecs[stream].decode(msg.value() or b"")))
+        except CodecError as exc:  # one message, one record: the next message is read as usual
+            bad += 1
+            if bad <= _LOGGED:
+                log.warning("replay: skipping %s[%s]@%s: %s", msg.topic(), msg.partition(),
+                            msg.offset(), exc)  # fmt: skip
+    if bad > _LOGGED:
+        log.warning("replay: %d undecodable messages skipped in all", bad)
+    return pairs, bad
+
+
 @bulk_load()  # decoded records pile up: the cyclic collector is held off (see bulk_load)
 def kafka_records(
     kafka_settings: Any,
@@ -112,22 +136,8 @@ def kafka_records(
     truncated, trailing bytes after the record). ``streams`` limits the input streams read; ``keep_nodes`` skips, by
     message key and undecoded, the samples of other nodes (see ``replay.scope_nodes``). Raises
     confluent_kafka.KafkaException when the cluster does not answer."""
-    codecs = {stream: AvroCodec(str(spec.value_schema)) for stream, spec in INPUT_STREAMS.items()}
-    keep_keys = None if keep_nodes is None else {n.encode() for n in keep_nodes}
-    pairs: list[tuple[str, dict[str, Any]]] = []
-    bad = 0
-    for stream, msg in range_messages(
+    messages = range_messages(
         kafka_settings, span, topic_prefix, slack_ms=slack_ms, timeout_s=timeout_s, streams=streams
-    ):
-        if keep_keys is not None and stream == "samples" and msg.key() not in keep_keys:
-            continue
-        try:
-            pairs.append((stream, codecs[stream].decode(msg.value() or b"")))
-        except CodecError as exc:  # one message, one record: the next message is read as usual
-            bad += 1
-            if bad <= _LOGGED:
-                log.warning("replay: skipping %s[%s]@%s: %s", msg.topic(), msg.partition(),
-                            msg.offset(), exc)  # fmt: skip
-    if bad > _LOGGED:
-        log.warning("replay: %d undecodable messages skipped in all", bad)
+    )
+    pairs, bad = message_records(messages, keep_nodes)
     return sort_records((s, v) for s, v in pairs if span.admits(s, record_time_ms(v))), bad

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -329,13 +329,19 @@ def measure_floor(
 
 
 def bench_fleet(
-    nodes: int, gpus_per_node: int, duration_s: float, seed: int = 1, paced_s: float = 0.0
+    nodes: int,
+    gpus_per_node: int,
+    duration_s: float,
+    seed: int = 1,
+    paced_s: float = 0.0,
+    start_ms: int | None = None,
 ) -> Fleet:
     """A busy fleet stamped in the recent past: jobs of up to 512 GPUs side by side, each with
     an 8% SM-clock drop on one GPU from 60 s (so the benchmark sees findings and latencies).
     ``paced_s`` more seconds follow, with a second drop on another GPU 5 s into them (findings
     for the paced phase, see :func:`run_worker_over`), and hard faults on other nodes, one
-    every :data:`HARD_EVERY_S` seconds from 10 s into them (see :func:`paced_hard_faults`)."""
+    every :data:`HARD_EVERY_S` seconds from 10 s into them (see :func:`paced_hard_faults`).
+    ``start_ms``: the first tick's time (default: so that the whole fleet lies in the past)."""
     from peerwatch.producers.sim.scenario import parse_scenario
 
     total_s = duration_s + paced_s
@@ -363,7 +369,8 @@ def bench_fleet(
                            "start_s": duration_s + at_s, "params": dict(params)})  # fmt: skip
     doc = {
         "fleet": {"nodes": nodes, "gpus_per_node": gpus_per_node, "interval_s": 1.0,
-                  "duration_s": total_s, "seed": seed, "start_ms": now_ms - now_ms % 30_000},
+                  "duration_s": total_s, "seed": seed,
+                  "start_ms": now_ms - now_ms % 30_000 if start_ms is None else start_ms},
         "jobs": jobs,
         "faults": faults,
     }  # fmt: skip
@@ -418,21 +425,34 @@ def hard_latencies(
     return out, missing
 
 
+def encoded_ticks(fleet: Fleet, topic_prefix: str) -> Iterator[tuple[int, list[Raw]]]:
+    """The fleet's ticks as they are simulated, (tick ms, its records Avro-encoded, each
+    stamped with its event time)."""
+    codecs = {s: AvroCodec(t.value_schema or "") for s, t in STREAM_TOPICS.items()}
+    topics = {s: topic_prefix + t.name for s, t in STREAM_TOPICS.items()}
+    for tick_ms, records in fleet.timed_ticks():
+        yield tick_ms, [
+            (topics[rec.stream], rec.key.encode(), codecs[rec.stream].encode(rec.value),
+             int(rec.value.get("ts_ms", tick_ms)))
+            for rec in records
+        ]  # fmt: skip
+
+
+def _is_sample(record: Raw) -> bool:
+    return record[0].endswith(SAMPLES.name)
+
+
 def encode_fleet(fleet: Fleet, topic_prefix: str) -> tuple[list[Raw], list[Raw], int]:
     """Every record of ``fleet`` Avro-encoded, split into the first tick (job events and one
     sample per node: it opens the worker's start-up gate) and the rest; plus the node-record
     count of all of it."""
-    codecs = {s: AvroCodec(t.value_schema or "") for s, t in STREAM_TOPICS.items()}
-    topics = {s: topic_prefix + t.name for s, t in STREAM_TOPICS.items()}
     first: list[Raw] = []
     rest: list[Raw] = []
     samples = 0
-    for tick_ms, records in fleet.timed_ticks():
-        out = rest if samples else first  # ``first`` ends with the first tick that has samples
-        for rec in records:
-            out.append((topics[rec.stream], rec.key.encode(), codecs[rec.stream].encode(rec.value),
-                        int(rec.value.get("ts_ms", tick_ms))))  # fmt: skip
-        samples += sum(rec.stream == "samples" for rec in records)
+    for _tick_ms, records in encoded_ticks(fleet, topic_prefix):
+        # ``first`` ends with the first tick that has samples.
+        (rest if samples else first).extend(records)
+        samples += sum(map(_is_sample, records))
     return first, rest, samples
 
 
@@ -507,29 +527,62 @@ def delete_prefixed_topics(kafka: KafkaSettings, prefix: str) -> int:
     return len(names)
 
 
+@dataclass
+class PacedProgress:
+    """How a paced publication is going: ticks handed to the producer, node records among them,
+    and how late (s) the latest and the latest-worst tick were past their slots."""
+
+    ticks: int = 0
+    samples: int = 0
+    late_s: float = 0.0
+    max_late_s: float = 0.0
+
+
+def publish_ticks(
+    kafka: KafkaSettings,
+    ticks: Iterable[tuple[int, Sequence[Raw]]],
+    interval_s: float,
+    progress: PacedProgress | None = None,
+    stop: Callable[[], bool] = lambda: False,
+) -> dict[int, float]:
+    """Publish ``(tick ms, records)`` in order, one tick every ``interval_s`` of wall time from
+    now (each tick flushed, like an agent's send); ``ticks`` may be generated as it goes (a
+    tick taking longer than its slot to make is late, which ``progress`` shows). Stops early
+    when ``stop()``. Returns, per tick, the wall time (ms) its first record was handed to the
+    producer. Raises RuntimeError if a record is not acked."""
+    sink = _ConfluentSink(kafka)
+    progress = progress if progress is not None else PacedProgress()
+    sent: dict[int, float] = {}
+    t0 = time.monotonic()
+    for i, (tick_ms, records) in enumerate(ticks):
+        if stop():
+            break
+        delay = t0 + i * interval_s - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        progress.late_s = max(0.0, -delay)
+        progress.max_late_s = max(progress.max_late_s, progress.late_s)
+        sent[tick_ms] = time.time() * 1000.0
+        for topic, key, value, ts_ms in records:
+            sink.send(topic, key, value, (), ts_ms or 0)
+        sink.flush(30)
+        progress.ticks += 1
+        progress.samples += sum(map(_is_sample, records))
+    return sent
+
+
 def publish_paced(
     kafka: KafkaSettings, records: Sequence[Raw], interval_s: float
 ) -> dict[int, float]:
     """Publish ``records`` grouped by their timestamp's tick, one tick every ``interval_s`` of
-    wall time from now (each tick flushed, like an agent's send). Returns, per tick (its start,
-    epoch ms of event time), the wall time (ms) its first record was handed to the producer.
-    Raises RuntimeError if a record is not acked."""
-    sink = _ConfluentSink(kafka)
+    wall time from now (see :func:`publish_ticks`). Returns, per tick (its start, epoch ms of
+    event time), the wall time (ms) its first record was handed to the producer. Raises
+    RuntimeError if a record is not acked."""
     step_ms = int(interval_s * 1000)
     ticks: dict[int, list[Raw]] = {}
     for r in records:
         ticks.setdefault(int((r[3] or 0) // step_ms), []).append(r)
-    sent: dict[int, float] = {}
-    t0 = time.monotonic()
-    for i, tick in enumerate(sorted(ticks)):
-        delay = t0 + i * interval_s - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        sent[tick * step_ms] = time.time() * 1000.0
-        for topic, key, value, ts_ms in ticks[tick]:
-            sink.send(topic, key, value, (), ts_ms or 0)
-        sink.flush(30)
-    return sent
+    return publish_ticks(kafka, ((t * step_ms, ticks[t]) for t in sorted(ticks)), interval_s)
 
 
 def run_worker_over(

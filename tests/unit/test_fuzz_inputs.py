@@ -1,5 +1,5 @@
-"""The mutation fuzzer of archive files, spool segments and Slurm JSON (scripts/fuzz_inputs.py) in
-the unit tier: a bounded number of seeded inputs per target hold, and the checks catch a reader
+"""The mutation fuzzer of archive files, spool segments, Slurm JSON and Kafka messages
+(scripts/fuzz_inputs.py) in the unit tier: a bounded number of seeded inputs per target hold, and the checks catch a reader
 that loses records, invents them or gives up on a whole document. CI runs the same loop for a
 minute (make fuzz)."""
 
@@ -30,7 +30,7 @@ def fz() -> Iterator[Any]:
 def test_every_target_holds_on_seeded_inputs(fz: Any) -> None:
     result = fz.run(None, seed=12, targets=sorted(fz.TARGETS), inputs=60)
     assert result.failures == []
-    assert result.inputs == {"archive": 60, "slurm": 60, "spool": 60}
+    assert result.inputs == {"archive": 60, "kafka": 60, "slurm": 60, "spool": 60}
 
 
 def test_a_reader_that_drops_the_rest_of_a_file_is_caught(
@@ -77,3 +77,30 @@ def test_paths_walk_a_value_nested_far_past_the_recursion_limit(fz: Any) -> None
     assert paths[:3] == [(), ("jobs",), ("jobs", 0)]
     assert max(len(p) for p in paths) == 2 + 2 * 5000
     assert paths[-1] == ("meta",)
+
+
+def test_a_stream_agent_that_lets_a_hostile_message_escape_is_caught(
+    fz: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As before the fuzzer: json.loads as it is (a list has no .get; deep nesting recurses).
+    import json
+
+    from peerwatch.streams.live import handlers
+
+    monkeypatch.setattr(handlers, "json_object", json.loads)
+    monkeypatch.setattr(fz, "KAFKA_CONSUMERS", {"jobs": fz.KAFKA_CONSUMERS["jobs"]})
+    result = fz.run(None, seed=3, targets=["kafka"], inputs=40)
+    assert any("AttributeError" in f or "RecursionError" in f for f in result.failures)
+
+
+def test_a_dead_letter_that_drops_the_original_key_is_caught(
+    fz: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from peerwatch.exporters import consume
+
+    real = consume.produce_dead_letter
+    monkeypatch.setattr(consume, "produce_dead_letter",
+                        lambda p, t, v, k, h: real(p, t, v, None, h))  # fmt: skip
+    monkeypatch.setattr(fz, "KAFKA_CONSUMERS", {"export": fz.KAFKA_CONSUMERS["export"]})
+    result = fz.run(None, seed=3, targets=["kafka"], inputs=20)
+    assert any("lost the original key" in f for f in result.failures)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from peerwatch.streams.core.job_stage import batch_of_message
-from peerwatch.streams.live.app import _pending_message
+from peerwatch.streams.live.handlers import pending_message as _pending_message
 
 MESSAGE = {
     "kind": "windows", "src": 3, "job_id": "77", "window_start_ms": 5_000,
@@ -32,7 +32,13 @@ def test_an_entry_of_the_older_form_still_reads() -> None:
     assert _pending_message({**MESSAGE, "channel": 2}) == {**MESSAGE, "channel": 2}
 
 
-@pytest.mark.parametrize("raw", ["[1, 2]", "{not json", '"text"'])
+@pytest.mark.parametrize("raw", ["[1, 2]", "{not json", '"text"', "[" * 100_000])
 def test_a_damaged_entry_is_refused_with_a_value_error(raw: str) -> None:
     with pytest.raises(ValueError):
         _pending_message({"raw": raw, "channel": 0})
+
+
+@pytest.mark.parametrize("entry", [None, [1], {"raw": b"{}"}, {"raw": 5}])
+def test_an_entry_of_the_wrong_type_is_refused_with_a_type_error(entry: object) -> None:
+    with pytest.raises(TypeError):
+        _pending_message(entry)

@@ -83,3 +83,13 @@ def test_replay_uses_the_live_settings_unless_told_otherwise(
     assert replay_cmd._replay_settings(args(kafka=False), span, {}) == Settings()
     early = replay_cmd._replay_settings(args(), TimeRange(0, 500), extra)
     assert early == Settings() and extra["settings_from"] == "config"
+
+
+def test_values_that_are_no_settings_record_are_skipped() -> None:
+    # Found by the input fuzzer: a value nested ~100,000 deep raised RecursionError out of
+    # read_published (only ValueError was caught) and stopped the replay.
+    from peerwatch.streams.live.published_settings import published_records, settings_record
+
+    _, good = settings_record(Settings(), 1_000)
+    bad = [b"[" * 100_000, b"[1]", b"\xff", None, b"", b"1e999"]
+    assert published_records([*bad, good]) == [json.loads(good)]

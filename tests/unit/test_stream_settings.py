@@ -98,10 +98,10 @@ def test_settings_round_trip_through_json() -> None:
 
 
 def test_a_record_key_that_is_missing_or_not_utf8_is_refused_by_name() -> None:
-    from peerwatch.streams.live.app import _key_text
+    from peerwatch.streams.live.handlers import key_text
 
-    assert _key_text(b"gpu00001") == "gpu00001"
+    assert key_text(b"gpu00001") == "gpu00001"
     with pytest.raises(ValueError, match="without a key"):
-        _key_text(None)
+        key_text(None)
     with pytest.raises(ValueError):  # UnicodeDecodeError is a ValueError: dead-lettered
-        _key_text(b"\xff\xfe")
+        key_text(b"\xff\xfe")

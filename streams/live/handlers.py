@@ -1,0 +1,266 @@
+"""What the live worker's faust agents (stages 3 and 4) do with one Kafka message, without faust.
+
+The agents in :mod:`~peerwatch.streams.live.app` only read messages, hand each message's topic,
+partition, key and value bytes to :meth:`JobsHandler.handle` / :meth:`PolicyHandler.handle`, send
+the outputs these return, and dead-letter the message when its handling raises one of
+:data:`RECORD_ERRORS`: each message is hostile input (any key, no key, any bytes), and anything
+else escaping would stop the agent. The state tables are the agents' changelog-backed faust
+tables (any mutable mapping here; plain dicts in the input fuzzer, scripts/fuzz_inputs.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from peerwatch.errors import CodecError
+from peerwatch.schemas.codec import AvroCodec
+from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.job_stage import JobReleaser, PendingEntry, Released, batch_of_message
+from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.pipeline import PolicyStage
+from peerwatch.streams.core.policy_state import NodePolicyState
+
+#: What the handling of one bad message may raise: the agent dead-letters the message (reason
+#: ``invalid``) and goes on. OverflowError: a JSON number beyond an int (``1e999`` is infinity).
+RECORD_ERRORS: tuple[type[Exception], ...] = (
+    CodecError, InvalidRecordError, KeyError, ValueError, TypeError, OverflowError,
+)  # fmt: skip
+
+#: How often stage 3 walks its pending table for jobs pending from before a restart.
+PENDING_SCAN_EVERY_S = 5.0
+
+
+def key_text(key: Any) -> str:
+    """A record key as text. Raises ValueError for a missing or non-UTF-8 key (dead-lettered by
+    the agents, which go on)."""
+    if key is None:
+        raise ValueError("record without a key")
+    if not isinstance(key, bytes):
+        raise TypeError(f"record key of type {type(key).__name__}")
+    return key.decode()
+
+
+def json_object(value: Any) -> dict[str, Any]:
+    """The JSON object of an internal topic's message value. Raises ValueError for anything else
+    (not UTF-8, not JSON, nested too deep, not an object)."""
+    if not isinstance(value, bytes | bytearray):
+        raise TypeError(f"value of type {type(value).__name__}")
+    try:
+        out = json.loads(value)
+    except RecursionError:  # json.loads recurses: a hostile value nests thousands deep
+        raise ValueError("JSON nested too deep") from None
+    if not isinstance(out, dict):
+        raise ValueError(f"JSON {type(out).__name__}, not an object")
+    return out
+
+
+def pending_message(entry: Any) -> dict[str, Any]:
+    """A pending-table entry as the batch message it holds, with its ``channel``: the message's
+    text under ``raw``, or (entries written before that) the message's fields themselves.
+    Raises ValueError or TypeError for a damaged entry."""
+    if not isinstance(entry, dict):
+        raise TypeError(f"pending entry of type {type(entry).__name__}")
+    if "raw" not in entry:
+        return dict(entry)
+    raw = entry["raw"]
+    if not isinstance(raw, str):
+        raise TypeError(f"pending entry text of type {type(raw).__name__}")
+    message = json_object(raw.encode())
+    return {**message, "channel": entry.get("channel")}
+
+
+@dataclass(frozen=True)
+class Output:
+    """One record to send: ``topic`` is ``windows``, ``stragglers`` (Avro bytes) or ``findings``
+    (the JSON-serialised dict for the internal topic keyed by node); ``closed_wall_ms``: when the
+    window closed in the hot stage (finding latency), else None."""
+
+    topic: str
+    key: bytes
+    value: Any
+    closed_wall_ms: float | None = None
+
+
+class JobsHandler:
+    """Stage 3 (job events, window batches and step times, key job): the pure
+    :class:`~peerwatch.streams.core.job_stage.JobReleaser` fed one message at a time, its state
+    kept in ``job_table`` (job -> state and latest job events) and ``pending_table`` (one entry
+    per pending (job, window, source))."""
+
+    def __init__(
+        self,
+        releaser: JobReleaser,
+        job_meta: AllocationTable,
+        job_table: MutableMapping[bytes, Any],
+        pending_table: MutableMapping[bytes, Any],
+        *,
+        job_events_topic: str,
+        step_times_topic: str,
+        retention_ms: int,
+        counters: Any,
+        monotonic_s: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stage3 = releaser
+        self.job_meta = job_meta
+        self.job_table = job_table
+        self.pending_table = pending_table
+        self.job_events_topic = job_events_topic
+        self.step_times_topic = step_times_topic
+        self.retention_ms = retention_ms
+        self.counters = counters
+        self.monotonic_s = monotonic_s
+        self.codecs = {n: AvroCodec(n) for n in ("JobEvent", "StepTime", "GpuWindow",
+                                                 "StragglerFinding")}  # fmt: skip
+        self._pending_scan_s = 0.0  # monotonic s of the next walk of the pending table
+        #: (job, window start) -> wall ms when the last samples partition closed it (latency).
+        self.closed_wall: dict[tuple[str, int], float] = {}
+
+    def restore(self, job_id: str) -> None:
+        """First sight of the job in this process: recover its state from the tables."""
+        if self.stage3.seen(job_id):
+            return
+        saved = self.job_table.get(job_id.encode()) or {}
+        for ev in saved.get("events") or []:
+            self.job_meta.apply_event(ev)
+        pending = [
+            pending_message(b)
+            for key, b in list(self.pending_table.items())
+            if b and PendingEntry.from_key(key.decode()).job_id == job_id
+        ]
+        for entry in self.stage3.restore(job_id, saved, pending):
+            self.pending_table.pop(entry.key.encode(), None)
+
+    def handle(self, topic: str, partition: int, key: Any, value: Any) -> list[Output]:
+        """Handle one message; returns the records to send. Raises one of :data:`RECORD_ERRORS`
+        for a message it cannot use (the agent dead-letters it)."""
+        if topic == self.step_times_topic:
+            step = self.codecs["StepTime"].decode(_bytes(value))
+            self.counters.step_times += 1
+            self.restore(str(step["job_id"]))
+            self.stage3.add_step(step)
+            return []
+        if topic == self.job_events_topic:
+            job_id = key_text(key)
+            self.restore(job_id)
+            job = self.codecs["JobEvent"].decode(_bytes(value))
+            self.job_meta.apply_event(job)
+            saved = dict(self.job_table.get(key) or {})
+            saved["events"] = [*(saved.get("events") or []), job][-8:]
+            self.job_table[key] = saved
+            return []
+        b = json_object(value)
+        raw = bytes(value).decode()  # JSON in UTF-16 or -32 parses, but is not kept (ValueError)
+        if b.get("kind") == "watermark":
+            # Jobs with windows pending from before a restart (or a rebalance) and no batch
+            # since: the table is walked every few seconds, not at every heartbeat (there are
+            # several per batch, and the table can be large).
+            now_s = self.monotonic_s()
+            if now_s >= self._pending_scan_s:
+                self._pending_scan_s = now_s + PENDING_SCAN_EVERY_S
+                for pending_key in list(self.pending_table.keys()):
+                    self.restore(PendingEntry.from_key(pending_key.decode()).job_id)
+                # Ended jobs are forgotten here as in replay (Pipeline._closed_to).
+                low_ms = self.stage3.low_watermark_ms()
+                if low_ms is not None:
+                    self.job_meta.prune(low_ms)
+                    self.stage3.prune(low_ms, self.retention_ms)
+            until = int(b["closed_until_ms"])
+            return self.outputs(self.stage3.heartbeat(int(b["src"]), until, channel=partition))
+        batch, src = batch_of_message(b)
+        wall = b.get("closed_wall_ms")
+        wall_ms = None if wall is None else float(wall)
+        self.restore(batch.job_id)
+        if not self.stage3.add(batch, src, channel=partition):
+            return []  # a window already released (re-sent after a hot-stage restart)
+        job_id, start = batch.job_id, batch.window_start_ms
+        if wall_ms is not None:
+            before = self.closed_wall.get((job_id, start), 0.0)
+            self.closed_wall[(job_id, start)] = max(before, wall_ms)
+        entry = PendingEntry(job_id, start, src)
+        # The message as it came (its text: no second encoding of every window; see restore).
+        self.pending_table[entry.key.encode()] = {"raw": raw, "channel": partition}
+        return self.outputs(self.stage3.release(job_id))
+
+    def outputs(self, released: Released) -> list[Output]:
+        """Keep what ``released`` changed in the tables; its windows and findings, encoded."""
+        for entry in released.retired:
+            self.pending_table.pop(entry.key.encode(), None)
+        for job_id, state in released.saved.items():
+            old = self.job_table.get(job_id.encode()) or {}
+            self.job_table[job_id.encode()] = {**old, **state}
+        out: list[Output] = []
+        for r in released.releases:
+            key = r.context.job_id.encode()
+            closed_ms = self.closed_wall.pop((r.context.job_id, r.window_start_ms), None)
+            for w in r.result.windows:
+                self.counters.windows += 1
+                out.append(Output("windows", key, self.codecs["GpuWindow"].encode(w)))
+            for f, copies in zip(r.result.findings, r.to_nodes, strict=True):
+                self.counters.findings += 1
+                value = self.codecs["StragglerFinding"].encode(f)
+                out.append(Output("stragglers", key, value, closed_ms))
+                out.extend(Output("findings", str(c["node"]).encode(), c) for c in copies)
+        return out
+
+
+class PolicyHandler:
+    """Stage 4 (findings, health results and node events, key node): the pure
+    :class:`~peerwatch.streams.core.pipeline.PolicyStage`, each node's state kept in
+    ``policy_table``."""
+
+    def __init__(
+        self,
+        policy: PolicyStage,
+        policy_table: MutableMapping[bytes, Any],
+        *,
+        findings_topic: str,
+        health_topic: str,
+        counters: Any,
+    ) -> None:
+        self.policy = policy
+        self.policy_table = policy_table
+        self.findings_topic = findings_topic
+        self.health_topic = health_topic
+        self.counters = counters
+        self.loaded_nodes: set[str] = set()
+        self.codecs = {n: AvroCodec(n) for n in ("HealthCheckResult", "NodeStateEvent",
+                                                 "DrainRecommendation")}  # fmt: skip
+
+    def handle(self, topic: str, key: Any, value: Any) -> list[tuple[bytes, bytes]]:
+        """Handle one message; returns the DrainRecommendations to send, (key, Avro bytes).
+        Raises one of :data:`RECORD_ERRORS` for a message it cannot use (the agent
+        dead-letters it)."""
+        node = key_text(key)  # no key, or not UTF-8: nothing to key the node's state by
+        if node not in self.loaded_nodes:
+            saved = self.policy_table.get(key)
+            if saved:
+                self.policy.state.nodes[node] = NodePolicyState.from_dict(saved)
+            self.loaded_nodes.add(node)
+        record: Any
+        if topic == self.findings_topic:
+            record = json_object(value)
+        elif topic == self.health_topic:
+            record = self.codecs["HealthCheckResult"].decode(_bytes(value))
+        else:
+            record = self.codecs["NodeStateEvent"].decode(_bytes(value))
+        recs = self.policy.apply(record)
+        if node in self.policy.state.nodes:
+            self.policy_table[key] = self.policy.state.nodes[node].to_dict()
+        out = []
+        for r in recs:
+            self.counters.recommendations += 1
+            out.append((str(r["node"]).encode(), self.codecs["DrainRecommendation"].encode(r)))
+        return out
+
+
+def _bytes(value: Any) -> bytes:
+    """A message value for a decoder: a missing one is empty (undecodable, dead-lettered)."""
+    if value is None:
+        return b""
+    if not isinstance(value, bytes):
+        raise TypeError(f"value of type {type(value).__name__}")
+    return value

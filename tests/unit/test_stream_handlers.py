@@ -1,0 +1,220 @@
+"""The live worker's stage 3 and 4 message handling (streams/live/handlers.py, what the faust
+agents call) with hostile messages found by the input fuzzer (scripts/fuzz_inputs.py, target
+kafka): each is refused with one of RECORD_ERRORS, which the agent dead-letters before going on;
+nothing else escapes. Also the dead letters over the producers' size limit."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from peerwatch.exporters.archive import ArchiveWriter
+from peerwatch.exporters.archive_loop import ArchiveLoop
+from peerwatch.exporters.consume import ExportLoop, KafkaDeadLetter, produce_dead_letter
+from peerwatch.schemas.codec import AvroCodec
+from peerwatch.settings import Settings
+from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.job_stage import JobReleaser
+from peerwatch.streams.core.pipeline import PolicyStage
+from peerwatch.streams.live.counters import StreamCounters
+from peerwatch.streams.live.handlers import (
+    RECORD_ERRORS,
+    JobsHandler,
+    PolicyHandler,
+    json_object,
+    key_text,
+)
+
+T0 = 1_767_225_600_000
+JOB = {"event_id": "e1", "job_id": "7", "kind": "STARTED", "ts_ms": T0, "source": "SIMULATOR",
+       "state": "RUNNING", "exit_code": None, "user": "u", "partition": "gpu", "account": "a",
+       "job_name": "n", "allocations": [{"node": "gpu00001", "gpu_indices": [0, 1]}],
+       "start_ms": T0, "end_ms": None, "restart_count": 0}  # fmt: skip
+
+
+def jobs_handler() -> tuple[JobsHandler, dict[bytes, Any], dict[bytes, Any]]:
+    settings = Settings()
+    meta = AllocationTable(3_600_000)
+    job_table: dict[bytes, Any] = {}
+    pending: dict[bytes, Any] = {}
+    handler = JobsHandler(
+        JobReleaser(settings.detector, meta), meta, job_table, pending,
+        job_events_topic="je", step_times_topic="st", retention_ms=3_600_000,
+        counters=StreamCounters(),
+    )  # fmt: skip
+    return handler, job_table, pending
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"[]",  # not an object: b.get raised AttributeError, which stopped the agent
+        b'"watermark"',
+        b"null",
+        b"[" * 100_000,  # json.loads recursed into RecursionError, which stopped the agent
+        b'{"kind": "watermark", "src": 0, "closed_until_ms": 1e999}',  # int(inf): OverflowError
+        b"\xff\xfe",
+        b"",
+    ],
+)
+def test_a_hostile_window_batch_is_refused_with_a_record_error(value: bytes) -> None:
+    handler, _, pending = jobs_handler()
+    with pytest.raises(RECORD_ERRORS):
+        handler.handle("b", 0, b"7", value)
+    assert pending == {}
+
+
+@pytest.mark.parametrize("key", [None, b"\xff\xfe", b"\xed\xa0\x80"])
+def test_a_job_event_without_a_readable_key_is_refused(key: bytes | None) -> None:
+    handler, job_table, _ = jobs_handler()
+    with pytest.raises(ValueError):
+        handler.handle("je", 0, key, AvroCodec("JobEvent").encode(JOB))
+    assert job_table == {}
+    handler.handle("je", 0, b"7", AvroCodec("JobEvent").encode(JOB))  # and the next one is read
+    assert job_table[b"7"]["events"][0]["job_id"] == "7"
+
+
+@pytest.mark.parametrize("value", [b"[1]", b'"x"', b"{" * 50_000, b"\xc0\x80", None])
+def test_a_hostile_node_finding_is_refused_with_a_record_error(value: bytes | None) -> None:
+    table: dict[bytes, Any] = {}
+    handler = PolicyHandler(PolicyStage(Settings().policy), table, findings_topic="nf",
+                            health_topic="h", counters=StreamCounters())  # fmt: skip
+    with pytest.raises(RECORD_ERRORS):
+        handler.handle("nf", b"gpu00001", value)
+    assert table == {}
+
+
+def test_json_object_names_what_it_refuses() -> None:
+    assert json_object(b'{"a": 1}') == {"a": 1}
+    with pytest.raises(ValueError, match="too deep"):
+        json_object(b"[" * 100_000)
+    with pytest.raises(ValueError, match="list, not an object"):
+        json_object(b"[]")
+    with pytest.raises(TypeError):
+        key_text("text")
+
+
+# -- dead letters over the producer's size limit (librdkafka's own check, no broker needed) ---
+HUGE_KEY = b"k" * (1 << 20)  # over message.max.bytes (1,000,000) whatever the value
+
+
+class Queued:
+    """A real producer with nothing listening (records stay queued; produce() runs the
+    client's own checks, size included), and what was queued through it."""
+
+    def __init__(self) -> None:
+        from confluent_kafka import Producer
+
+        quiet = logging.getLogger("test.producer")
+        quiet.propagate = False
+        quiet.addHandler(logging.NullHandler())
+        self._producer = Producer({"bootstrap.servers": "127.0.0.1:9", "logger": quiet})
+        self.queued: list[tuple[bytes | None, bytes | None, dict[str, bytes]]] = []
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, **kw: Any) -> None:
+        self._producer.produce(topic, value, key, **kw)  # raises what the client raises
+        self.queued.append((key, value, dict(kw.get("headers") or [])))
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+
+class Msg:
+    def __init__(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        self._topic, self._key, self._value = topic, key, value
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return 5
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, T0)
+
+    def error(self) -> None:
+        return None
+
+
+def test_produce_dead_letter_sends_a_record_too_large_without_its_bytes() -> None:
+    q = Queued()
+    produce_dead_letter(q, "dead", b"v" * 999_990, b"short", [("peerwatch.reason", b"r")])
+    produce_dead_letter(q, "dead", b"bad", HUGE_KEY, [("peerwatch.reason", b"r")])
+    # Before, produce() raised KafkaException MSG_SIZE_TOO_LARGE out of both.
+    assert sorted(q.queued, key=repr) == sorted([
+        (b"short", None, {"peerwatch.reason": b"r", "peerwatch.value.size": b"999990",
+                          "peerwatch.key.size": b"5"}),
+        (None, None, {"peerwatch.reason": b"r", "peerwatch.value.size": b"3",
+                      "peerwatch.key.size": b"1048576"}),
+    ], key=repr)  # fmt: skip
+
+
+def test_archiver_dead_letters_an_undecodable_record_with_a_huge_key_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    # Found by the fuzzer: the dead letter's produce() raised KafkaException out of
+    # ArchiveLoop.handle, which stopped the archiver (and every restart, on the same message).
+    topics = {"t.jobs": "JobEvent"}
+    writer = ArchiveWriter(tmp_path, topics)
+    writer.recover()
+    q = Queued()
+    loop = ArchiveLoop(None, writer, topics, deadletter=KafkaDeadLetter(q, "dead"))  # type: ignore[arg-type]
+    loop.handle(Msg("t.jobs", HUGE_KEY, b"\x00\x01junk"))
+    loop.handle(Msg("t.jobs", b"7", AvroCodec("JobEvent").encode(JOB)))
+    assert (loop.stats.undecodable, loop.stats.records) == (1, 1)
+    [(key, value, headers)] = q.queued
+    assert key is None and value is None and headers["peerwatch.key.size"] == b"1048576"
+    assert headers["peerwatch.reason"].startswith(b"undecodable")
+
+
+def test_export_loop_dead_letters_a_record_near_the_size_limit() -> None:
+    class Sink:
+        def write(self, schema_name: str, record: Any) -> None:
+            pass
+
+        def flush(self, timeout_s: float = 10.0) -> bool:
+            return True
+
+    q = Queued()
+    loop = ExportLoop(None, Sink(), deadletter=KafkaDeadLetter(q, "dead"))  # type: ignore[arg-type]
+    loop.handle(Msg("t", b"k", b"\xc3\x01" + bytes(999_990)))  # undecodable, 999,992 bytes
+    assert (loop.stats.undecodable, loop.stats.deadlettered) == (1, 1)
+    [(key, value, headers)] = q.queued
+    assert (key, value, headers["peerwatch.value.size"]) == (b"k", None, b"999992")
+
+
+def test_drain_controller_dead_letter_with_a_huge_key_is_sent_without_it() -> None:
+    from peerwatch.exporters.drain.controller import AuditPublisher, Topics
+
+    q = Queued()
+    AuditPublisher(q, Topics("r", "e", "a", "dead"), 1.0).dead_letter(
+        HUGE_KEY, b"junk", "undecodable", "r/0/5"
+    )  # raised KafkaException MSG_SIZE_TOO_LARGE out of DrainController.handle
+    [(key, value, headers)] = q.queued
+    assert (key, value, headers["peerwatch.error"]) == (None, None, b"undecodable")
+
+
+def test_hot_stage_dead_letter_with_a_huge_key_is_sent_without_it() -> None:
+    from peerwatch.streams.live.hot_stage import HotStage, HotTopics
+
+    counters = StreamCounters()
+    hot = HotStage(Settings(), "t", HotTopics("s", "je", "b", "dead", 1), counters, window_s=5,
+                   lateness_s=2, batch_max=10, batch_within_s=0.1, allocation_retention_s=60)  # fmt: skip
+    q = Queued()
+    hot._producer = q
+    hot._dead(Msg("s", HUGE_KEY, b"junk"), "undecodable", "bad magic")  # was logged, not sent
+    [(key, value, headers)] = q.queued
+    assert (key, value, headers["peerwatch.reason"]) == (None, b"", b"undecodable")
+    assert headers["peerwatch.value.size"] == b"4" and counters.deadletter == 1
