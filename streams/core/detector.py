@@ -62,6 +62,8 @@ GATE_PHASE_CHANGE = "phase_change"
 _CLEAN, _CONFIRMING, _FLAGGED = 0, 1, 2
 
 _JobWideGroup = tuple[str, list[GpuWindow], list[GpuVerdict]]
+#: The fields every GpuWindow given to the detector must hold.
+_KEY_FIELDS = ("job_id", "node", "gpu_index", "window_start_ms", "window_end_ms")
 
 
 @dataclass
@@ -117,8 +119,9 @@ def detect_job_window(
     reports = [_reports(w) for w in ordered]
     groups = _groups(job, [(k, w) for k, w, r in zip(keys, ordered, reports, strict=True) if r])
     group_size = {k: len(g) for g in groups.values() for k, _ in g}
+    gpus = state.gpus
     for key, window in zip(keys, ordered, strict=True):
-        gpu_state = state.gpu(key)
+        gpu_state = gpus.get(key) or state.gpu(key)
         gpu_state.last_seen_ms = start_ms
         if window.get("xids"):
             result.recorded_xids.extend(recorded_xids(window, settings))
@@ -137,7 +140,7 @@ def detect_job_window(
         result.job_wide = bool(job_wide_groups)
 
     for key, window, reporting in zip(keys, ordered, reports, strict=True):
-        out = GpuWindow(**window)
+        out = window.copy()
         out["score"] = scores.get(key) if gate is None else None
         out["gated"] = gate or gpu_gate.get(key) or (None if reporting else GATE_NO_DATA)
         result.windows.append(out)
@@ -219,9 +222,10 @@ def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> list[GpuWindow]
     first_start = windows[0].get("window_start_ms")
     idents: list[tuple[str, int]] = []
     for w in windows:
-        require(
-            w, "job_id", "node", "gpu_index", "window_start_ms", "window_end_ms", what="GpuWindow"
-        )
+        if None in (w.get("node"), w.get("gpu_index"), w.get("window_end_ms")) or (
+            w.get("job_id") != job.job_id or w.get("window_start_ms") is None
+        ):
+            require(w, *_KEY_FIELDS, what="GpuWindow")
         if w["job_id"] != job.job_id:
             raise InvalidRecordError(f"GpuWindow of job {w['job_id']!r} in job {job.job_id!r}")
         if w["window_start_ms"] != first_start:
