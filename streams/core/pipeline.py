@@ -35,8 +35,9 @@ from typing import Any, cast
 import numpy as np
 
 from peerwatch.schemas.columns import Table, slice_rows, tables_from_records
-from peerwatch.schemas.records import DrainRecommendation, StragglerFinding
+from peerwatch.schemas.records import DrainRecommendation, GpuWindow, StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.fleet import FleetWatch
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.model import InvalidRecordError
@@ -138,6 +139,7 @@ class Pipeline:
         self.policy = PolicyStage(settings.policy)
         # Beside stage 2, on the same samples: hard rules on arrival and the silence watch.
         self.hard = HardWatch(self.allocations, self.aggregator.name, settings.detector)
+        self.fleet = FleetWatch(settings.detector)
         self.silence = SilenceWatch(
             int(settings.silent_after_s * 1000),
             int(settings.silent_group_s * 1000),
@@ -352,10 +354,11 @@ class Pipeline:
         out: list[Output] = []
         for b in batches:
             self.jobs.add(b, src=0)
+        fleet = self._fleet(batches)
         try:
             released = self.jobs.heartbeat(0, watermark_ms)
         except InvalidRecordError as exc:  # pragma: no cover - the aggregator builds valid windows
-            return [self._invalid("job-windows", "", {}, exc)]
+            return [self._invalid("job-windows", "", {}, exc), *fleet]
         for r in released.releases:
             job_id = r.context.job_id
             if self.emit_windows:  # the detector's own copies: no other reference to them
@@ -367,6 +370,21 @@ class Pipeline:
                 out.append(Output(FINDING, job_id, dict(f), self._stream_ms))
                 for copy in copies:
                     out += self._recommend(copy)
+        return out + fleet
+
+    def _fleet(self, batches: list[JobWindowBatch]) -> list[Output]:
+        """The fleet watch over every closed window, one window start at a time (batches come
+        sorted by window start)."""
+        out: list[Output] = []
+        i = 0
+        while i < len(batches):
+            start, end = batches[i].window_start_ms, batches[i].window_end_ms
+            windows: list[GpuWindow] = []
+            while i < len(batches) and batches[i].window_start_ms == start:
+                windows += cast(list[GpuWindow], batches[i].windows)
+                i += 1
+            found = self.fleet.observe(start, end, windows)
+            out += [Output(FINDING, str(f["job_id"]), dict(f), self._stream_ms) for f in found]
         return out
 
     def _recommend(self, record: Mapping[str, Any], stream_ms: int | None = None) -> list[Output]:
@@ -392,6 +410,7 @@ class Pipeline:
             **self.aggregator.counters(),
             **self.hard.counters(),
             **self.silence.counters(),
+            **self.fleet.counters(),
             "step_times": self.step_times,
         }
 

@@ -180,6 +180,17 @@ class DetectorSettings:
     cause_power_cap_frac: float = setting(
         0.5, "cause: a slow GPU at the SW power cap this share of the window is named POWER"
     )
+    fleet_cap_frac: float = setting(
+        0.5, "fleet context: a GPU counts as capped at the SW power cap this share of a window"
+    )
+    fleet_cap_share: float = setting(
+        0.5,
+        "fleet context: this share of a partition's busy GPUs capped at once is one fleet-wide "
+        "power event (one FLEET_WIDE finding, no GPU blamed)",
+    )
+    fleet_min_gpus: int = setting(
+        16, "fleet context: a partition needs this many busy GPUs reporting to judge"
+    )
     baseline_power_cap_excuse: float = setting(
         0.5, "small groups: clk drop excused when at the SW power cap this share of the window"
     )
@@ -203,6 +214,8 @@ class DetectorSettings:
         check_range(self, t, 0, 1, "mad_floor_clk_rel", "mad_floor_step_rel", "effect_clk_rel")
         check_range(self, t, 0, 1, "baseline_power_cap_excuse", "effect_thr", "effect_sm")
         check_range(self, t, 0, 1, "cause_power_cap_frac", "phase_change_sm")
+        check_range(self, t, 0, 1, "fleet_cap_frac", "fleet_cap_share")
+        check_at_least(self, t, 1, "fleet_min_gpus")
         check_positive(self, t, "z_scale", "z_threshold", "cusum_h", "cusum_z_cap")
         check_positive(self, t, "mad_floor_clk_rel", "mad_floor_sm", "mad_floor_thr")
         check_positive(self, t, "mad_floor_step_rel", "mad_floor_power")

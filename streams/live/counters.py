@@ -45,10 +45,11 @@ class StreamCounters:
     consumer_lag: int | None = None
     #: GPU readings no job owned at their time (no allocation known): counted, not windowed.
     unattributed: int = 0
-    #: Findings of the hot stage: hard rules on arrival, and silence (SILENT, FLEET_WIDE,
-    #: their CLEARED).
+    #: Findings of the hot stage: hard rules on arrival, silence (SILENT, FLEET_WIDE, their
+    #: CLEARED) and fleet context (a fleet-wide power cap, FLEET_WIDE and CLEARED).
     hard_findings: int = 0
     silence_findings: int = 0
+    fleet_findings: int = 0
     #: Hot-stage outputs the broker refused for good (dead-lettered) or failed to deliver.
     outputs_refused: int = 0
     outputs_failed: int = 0

@@ -57,6 +57,7 @@ from peerwatch.schemas.codec import AvroCodec
 from peerwatch.schemas.columns import MessageColumns, select_rows
 from peerwatch.settings import Settings
 from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.fleet import FleetWatch
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.silence import SilenceWatch
@@ -88,6 +89,8 @@ class _Partition:
         self.aggregator = aggregator
         self.progress = progress
         self.hard = hard
+        #: Fleet context over this partition's nodes (a random sample of the fleet).
+        self.fleet = FleetWatch(hard.settings)
         self.dirty = False  # windows closed since the last commit
         self.max_ts_ms: int | None = None  # latest sample time (the silence clock)
         self.first_ts_ms: int | None = None  # first sample time read since the assignment
@@ -386,13 +389,21 @@ class HotStage:
         closed_before = agg.closed_until_ms
         closed_wall_ms = time.time() * 1000.0
         batches = self.topics.batches
-        for b in agg.close_ready():
+        closed = agg.close_ready()
+        for b in closed:
             value = {
                 "kind": "windows", "src": p, "job_id": b.job_id,
                 "window_start_ms": b.window_start_ms, "window_end_ms": b.window_end_ms,
                 "windows": b.windows, "closed_wall_ms": closed_wall_ms,
             }  # fmt: skip
             self._send(batches, b.job_id.encode(), json.dumps(value).encode())
+        by_start: dict[tuple[int, int], list[Any]] = {}
+        for b in closed:
+            by_start.setdefault((b.window_start_ms, b.window_end_ms), []).extend(b.windows)
+        for (start, end), windows in sorted(by_start.items()):
+            for f in part.fleet.observe(start, end, windows):
+                self.counters.fleet_findings += 1
+                self._publish_finding(f)
         if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
             part.progress.closed(agg.closed_until_ms)
             part.dirty = True

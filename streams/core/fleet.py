@@ -1,0 +1,192 @@
+"""Fleet context: a power cap (or any SW power limit) moving a whole Slurm partition at once.
+
+When a facility lowers every GPU's power limit, every busy GPU of the partition runs at its SW
+power cap and its clocks drop together. No GPU is at fault and no job can act on it, so it is
+**one** fleet-level finding, not an alert per job. This pure, event-time watch reads every
+closed GpuWindow of a window start (the aggregator's output, beside the per-job detector) and,
+per Slurm partition:
+
+- counts the reporting GPUs of jobs (idle GPUs draw too little power to hit a cap) and those
+  at the SW power cap for at least ``fleet_cap_frac`` of the window;
+- when at least ``fleet_min_gpus`` GPUs report and at least ``fleet_cap_share`` of them are
+  capped, the partition is in a *fleet shift*: its first window opens one ``FLEET_WIDE``
+  finding (job id ``fleet``, no node, cause ``POWER``) with the evidence (how many GPUs, how
+  many capped, the median clock ratio against the partition's own median before the shift);
+- ``clear_after_s`` of windows without the shift close it with one ``CLEARED`` finding.
+
+The detector needs no other change for it: a GPU's own-baseline comparison already excuses a
+window spent at the cap (``baseline_power_cap_excuse``), and peers inside a job move together.
+
+Live, each hot-stage worker runs one watch over the nodes of its samples partitions (a random
+sample of the fleet); finding ids are derived from the Slurm partition and the episode's first
+window, so workers that see the same shift start publish the same finding id.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from peerwatch.schemas.records import FeatureEvidence, FindingStatus, GpuWindow, StragglerFinding
+from peerwatch.streams.core.model import CLEARED, FLEET_WIDE, is_idle_job, stable_id
+from peerwatch.streams.core.settings import DetectorSettings
+
+#: The job id of a fleet-level finding (it spans every job of the partition).
+FLEET_JOB = "fleet"
+#: Medians of this many shift-free windows make a partition's reference clock ratio.
+REFERENCE_WINDOWS = 12
+
+
+@dataclass
+class _Partition:
+    """One Slurm partition's memory: recent clean clock medians and the open shift."""
+
+    clean_clk: list[float] = field(default_factory=list)
+    finding_id: str | None = None
+    start_ms: int = 0
+    quiet_windows: int = 0
+    reference_clk: float | None = None
+
+
+@dataclass(frozen=True)
+class WindowCensus:
+    """What one partition's GPUs did in one window."""
+
+    gpus: int
+    capped: int
+    clk_median: float | None
+
+
+def census(windows: Iterable[GpuWindow], cap_frac: float) -> dict[str, WindowCensus]:
+    """Per Slurm partition (``""`` when unknown): reporting GPUs of jobs, capped ones, and the
+    median clock ratio. Windows of idle GPUs, lost GPUs and GPUs without samples do not count."""
+    gpus: dict[str, int] = {}
+    capped: dict[str, int] = {}
+    clks: dict[str, list[float]] = {}
+    for w in windows:
+        if is_idle_job(str(w.get("job_id"))) or w.get("lost") or not w.get("samples"):
+            continue
+        cap = w.get("power_cap_frac")
+        if cap is None:
+            continue
+        part = str(w.get("partition") or "")
+        gpus[part] = gpus.get(part, 0) + 1
+        if float(cap) >= cap_frac:
+            capped[part] = capped.get(part, 0) + 1
+        clk = w.get("clk_ratio")
+        if clk is not None and clk == clk:
+            clks.setdefault(part, []).append(float(clk))
+    return {
+        p: WindowCensus(n, capped.get(p, 0), statistics.median(clks[p]) if p in clks else None)
+        for p, n in gpus.items()
+    }
+
+
+class FleetWatch:
+    """See the module docstring. Feed it every closed window of one window start at a time,
+    window starts in increasing order (:meth:`observe`)."""
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        self.settings = settings
+        self.partitions: dict[str, _Partition] = {}
+        self.last_start_ms: int | None = None
+        self.findings = 0
+
+    def observe(
+        self, window_start_ms: int, window_end_ms: int, windows: Iterable[GpuWindow]
+    ) -> list[StragglerFinding]:
+        """The fleet findings of one window start (FLEET_WIDE when a shift starts, CLEARED when
+        it ended). An older or repeated window start changes nothing."""
+        if self.last_start_ms is not None and window_start_ms <= self.last_start_ms:
+            return []
+        self.last_start_ms = window_start_ms
+        s = self.settings
+        out: list[StragglerFinding] = []
+        seen = census(windows, s.fleet_cap_frac)
+        for name in sorted(set(seen) | set(self.partitions)):
+            part = self.partitions.setdefault(name, _Partition())
+            c = seen.get(name)
+            shifted = (
+                c is not None
+                and c.gpus >= s.fleet_min_gpus
+                and c.capped >= s.fleet_cap_share * c.gpus
+            )
+            if shifted and c is not None:
+                part.quiet_windows = 0
+                if part.finding_id is None:
+                    part.finding_id = stable_id(
+                        FLEET_JOB, name, FLEET_WIDE, "POWER", window_start_ms,
+                        hex_chars=s.id_hex_chars,
+                    )  # fmt: skip
+                    part.start_ms = window_start_ms
+                    part.reference_clk = (
+                        statistics.median(part.clean_clk) if part.clean_clk else None
+                    )
+                    out.append(self._finding(part, name, FLEET_WIDE, window_end_ms, c))
+                continue
+            if c is not None and c.clk_median is not None and c.capped == 0:
+                part.clean_clk.append(c.clk_median)
+                del part.clean_clk[:-REFERENCE_WINDOWS]
+            if part.finding_id is not None:
+                part.quiet_windows += 1
+                if part.quiet_windows >= s.clear_after_windows:
+                    out.append(self._finding(part, name, CLEARED, window_end_ms, c))
+                    part.finding_id = None
+                    part.quiet_windows = 0
+        self.findings += len(out)
+        return out
+
+    def _finding(
+        self,
+        part: _Partition,
+        name: str,
+        status: FindingStatus,
+        end_ms: int,
+        c: WindowCensus | None,
+    ) -> StragglerFinding:
+        assert part.finding_id is not None
+        finding_id = part.finding_id
+        where = f"partition {name}" if name else "the fleet"
+        features: list[FeatureEvidence] = []
+        gpus = c.gpus if c is not None else 0
+        capped = c.capped if c is not None else 0
+        if status == CLEARED:
+            finding_id = stable_id(finding_id, CLEARED, hex_chars=self.settings.id_hex_chars)
+            reason = f"fleet-wide power cap in {where} over"
+        else:
+            shift = ""
+            if c is not None and c.clk_median is not None and part.reference_clk:
+                rel = c.clk_median / part.reference_clk - 1.0
+                shift = f"; median clk {rel * 100:+.1f}% against before"
+                features.append({
+                    "feature": "clk", "value": c.clk_median, "peer_median": part.reference_clk,
+                    "mad": 0.0, "z": 0.0,
+                })  # fmt: skip
+            reason = (
+                f"fleet-wide: {capped} of {gpus} busy GPUs in {where} at the SW power cap"
+                f"{shift}; no GPU blamed"
+            )
+        return {
+            "finding_id": finding_id,
+            "job_id": FLEET_JOB,
+            "node": None,
+            "gpu_index": None,
+            "gpu_uuid": None,
+            "status": status,
+            "window_start_ms": part.start_ms,
+            "window_end_ms": end_ms,
+            "features": features,
+            "hard_rules": [],
+            "windows_flagged": capped,
+            "windows_considered": gpus,
+            "first_flagged_ms": part.start_ms,
+            "peer_group_size": gpus,
+            "reason": reason,
+            "cause": "POWER",
+            # A window-based verdict has its evidence when the window's last moment has been seen.
+            "detected_ms": end_ms,
+        }
+
+    def counters(self) -> dict[str, int]:
+        return {"fleet_findings": self.findings}
