@@ -132,8 +132,10 @@ class PeerComparison:
     ``evaluated``, ``score`` and ``confirm_score`` (None where no feature applied). A GPU's
     whole :class:`GpuVerdict`, with its evidence dicts, is built only when asked
     (:meth:`verdict`): the detector asks for the flagged GPUs and those inside an episode, a few
-    of a group's hundreds. Missing values (None) are absent features, as in
-    :func:`peer_verdicts`; a NaN among the present values raises ValueError (it has no rank).
+    of a group's hundreds. A feature is compared only when at least ``min_peers`` GPUs of the
+    group report it (so step_ms from StepTime is used when present and ignored otherwise);
+    missing values (None) are absent features; a NaN among the present values raises
+    ValueError (it has no rank).
     A z that is NaN (infinite values on both sides) is no candidate and no score.
     """
 
@@ -206,17 +208,6 @@ class PeerComparison:
             confirm_score=self.confirm_score[i],
             evidence=evidence,
         )
-
-
-def peer_verdicts(group: Sequence[GpuWindow], settings: DetectorSettings) -> list[GpuVerdict]:
-    """Verdicts for a group of at least ``min_peers`` reporting GPU windows (same order).
-
-    A feature is compared only when at least ``min_peers`` GPUs of the group report it (so
-    step_ms from StepTime is used when present and ignored otherwise). Every verdict whole
-    (see :class:`PeerComparison` for the detector's way, evidence only where needed).
-    """
-    cmp = PeerComparison(group, settings)
-    return [cmp.verdict(i) for i in range(len(group))]
 
 
 def baseline_verdict(

@@ -36,6 +36,8 @@ class StreamCounters:
     recommendations: int = 0
     late: int = 0
     deadletter: int = 0
+    #: Stage 3's pending-table entries found damaged at a restore: dropped, the rest kept.
+    pending_damaged: int = 0
     #: StepTime records taken by stage 3.
     step_times: int = 0
     #: Wall time spent in hot batches, s; and the latest batch's.

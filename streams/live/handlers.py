@@ -11,6 +11,7 @@ tables (any mutable mapping here; plain dicts in the input fuzzer, scripts/fuzz_
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from peerwatch.streams.core.job_stage import JobReleaser, PendingEntry, Released
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import PolicyStage
 from peerwatch.streams.core.policy_state import NodePolicyState
+
+log = logging.getLogger(__name__)
 
 #: What the handling of one bad message may raise: the agent dead-letters the message (reason
 #: ``invalid``) and goes on. OverflowError: a JSON number beyond an int (``1e999`` is infinity).
@@ -126,11 +129,16 @@ class JobsHandler:
         saved = self.job_table.get(job_id.encode()) or {}
         for ev in saved.get("events") or []:
             self.job_meta.apply_event(ev)
-        pending = [
-            pending_message(b)
-            for key, b in list(self.pending_table.items())
-            if b and PendingEntry.from_key(key.decode()).job_id == job_id
-        ]
+        pending = []
+        for key, b in list(self.pending_table.items()):
+            if not b or PendingEntry.from_key(key.decode()).job_id != job_id:
+                continue
+            try:
+                pending.append(pending_message(b))
+            except (ValueError, TypeError) as exc:  # a damaged entry: dropped, the rest kept
+                self.counters.pending_damaged += 1
+                log.warning("stage 3: pending entry %r of job %s dropped: %s", key, job_id, exc)
+                self.pending_table.pop(key, None)
         for entry in self.stage3.restore(job_id, saved, pending):
             self.pending_table.pop(entry.key.encode(), None)
 
@@ -153,7 +161,6 @@ class JobsHandler:
             self.job_table[key] = saved
             return []
         b = json_object(value)
-        raw = bytes(value).decode()  # JSON in UTF-16 or -32 parses, but is not kept (ValueError)
         if b.get("kind") == "watermark":
             # Jobs with windows pending from before a restart (or a rebalance) and no batch
             # since: the table is walked every few seconds, not at every heartbeat (there are
@@ -171,6 +178,7 @@ class JobsHandler:
             until = int(b["closed_until_ms"])
             return self.outputs(self.stage3.heartbeat(int(b["src"]), until, channel=partition))
         batch, src = batch_of_message(b)
+        raw = bytes(value).decode()  # JSON in UTF-16 or -32 parses, but is not kept (ValueError)
         wall = b.get("closed_wall_ms")
         wall_ms = None if wall is None else float(wall)
         self.restore(batch.job_id)

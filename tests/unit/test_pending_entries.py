@@ -42,3 +42,18 @@ def test_a_damaged_entry_is_refused_with_a_value_error(raw: str) -> None:
 def test_an_entry_of_the_wrong_type_is_refused_with_a_type_error(entry: object) -> None:
     with pytest.raises(TypeError):
         _pending_message(entry)
+
+
+def test_a_restore_drops_and_counts_a_damaged_entry_and_keeps_the_rest() -> None:
+    from peerwatch.streams.core.job_stage import PendingEntry
+    from tests.unit.test_stream_handlers import jobs_handler
+
+    handler, _, pending = jobs_handler()
+    good = {**MESSAGE, "window_start_ms": 5_000}
+    pending[PendingEntry("77", 5_000, 3).key.encode()] = {"raw": json.dumps(good), "channel": 1}
+    bad_key = PendingEntry("77", 10_000, 3).key.encode()
+    pending[bad_key] = {"raw": "{cut", "channel": 1}
+    handler.restore("77")
+    assert handler.counters.pending_damaged == 1
+    assert bad_key not in pending
+    assert 5_000 in handler.stage3.stage.pending["77"]  # the good window is pending again
