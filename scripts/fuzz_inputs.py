@@ -452,6 +452,18 @@ def _hostile_headers(rng: Random) -> Any:
     ])  # fmt: skip
 
 
+def _dumps_deep(doc: Any) -> bytes:
+    """JSON text of a document the mutations may have nested thousands deep (three 900-deep
+    values, one inside another): the encoder gets the recursion room it needs, so the reader
+    under test, not the harness, meets the depth."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20_000))
+    try:
+        return json.dumps(doc).encode()
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def _hostile_value(rng: Random, good: bytes, framed: bool) -> tuple[Any, bool]:
     """A message value (``good``: a valid record of the topic; ``framed``: Avro with the codec's
     header, else JSON), and whether it is unchanged."""
@@ -462,7 +474,7 @@ def _hostile_value(rng: Random, good: bytes, framed: bool) -> tuple[Any, bool]:
         doc = json.loads(good)
         for _ in range(rng.randint(1, 3)):
             doc = _set(doc, rng.choice(list(_paths(doc))), _hostile_value_slurm(rng))
-        return json.dumps(doc).encode(), False
+        return _dumps_deep(doc), False
     if r < 0.8:
         data = good
         for _ in range(rng.randint(1, 3)):
@@ -473,7 +485,7 @@ def _hostile_value(rng: Random, good: bytes, framed: bool) -> tuple[Any, bool]:
         None, b"", good[:1], good[:5], good[10:] if framed else good[1:], good + b"\x00junk",
         good + good, other + good[10:] if framed else other, b'{"kind": "watermark"}',
         b"[" * 100_000, b'{"a": ' * 5000, b"null", b"[]", b"1e999", b'"x"', b"\xff" * 64,
-        bytes(KAFKA_LIMIT_BYTES - 100), json.dumps(_hostile_value_slurm(rng)).encode(),
+        bytes(KAFKA_LIMIT_BYTES - 100), _dumps_deep(_hostile_value_slurm(rng)),
     ]), False  # fmt: skip
 
 
