@@ -22,13 +22,18 @@ from typing import Any, Literal
 
 @dataclass(frozen=True)
 class SelfMetric:
-    """One exported number: ``key`` in the process's snapshot mapping."""
+    """One exported number: ``key`` in the process's snapshot mapping. With a ``label``, the key
+    holds a mapping ``{label value: number}`` and each entry is one series carrying the label
+    as an attribute (a gauge per node); ``scale`` converts the snapshot's unit (ms) to the
+    metric's (s)."""
 
     name: str
     unit: str
     kind: Literal["counter", "gauge"]
     key: str
     description: str
+    label: str = ""
+    scale: float = 1.0
 
 
 def _c(name: str, unit: str, key: str, description: str) -> SelfMetric:
@@ -62,6 +67,12 @@ STREAM: tuple[SelfMetric, ...] = (
     _c("peerwatch.stream.step_times", "{record}", "step_times", "StepTime records taken."),
     _g("peerwatch.stream.consumer.lag", "{record}", "consumer_lag",
        "Samples not yet consumed on this worker's partitions (high watermark - position)."),
+    _g("peerwatch.stream.clock_skewed_nodes", "{node}", "clock_skewed_nodes",
+       "Nodes whose clock runs at least stream.clock_skew_warn_s from the fleet's."),
+    SelfMetric("peerwatch.node.clock_offset", "s", "gauge", "clock_offsets_ms",
+               "A node's sample clock less the fleet's median clock, from sample times "
+               "against receive times (positive: ahead); per node of this worker's partitions.",
+               label="node", scale=0.001),
 )  # fmt: skip
 
 #: The node agent (``peerwatch agent``), from AgentStats, DeliveryStats and the spool.
@@ -137,8 +148,34 @@ def observations(specs: tuple[SelfMetric, ...], snapshot: Mapping[str, Any]) -> 
     missing, None or non-numeric values produce nothing (not a zero)."""
     out: dict[str, float] = {}
     for spec in specs:
+        if spec.label:
+            continue
         value = snapshot.get(spec.key)
         # bool is an int: True/False export as 1/0.
         if isinstance(value, int | float) and math.isfinite(value):
             out[spec.name] = float(value)
+    return out
+
+
+def labelled_observations(
+    specs: tuple[SelfMetric, ...], snapshot: Mapping[str, Any]
+) -> dict[str, list[tuple[str, float]]]:
+    """``{metric name: [(label value, value), ...]}`` for every labelled spec (scaled), sorted
+    by label value; entries whose label is not a string or whose value is not a finite number
+    are left out."""
+    out: dict[str, list[tuple[str, float]]] = {}
+    for spec in specs:
+        if not spec.label:
+            continue
+        values = snapshot.get(spec.key)
+        if not isinstance(values, Mapping):
+            continue
+        out[spec.name] = [
+            (label, float(value) * spec.scale)
+            for label, value in sorted(values.items(), key=lambda kv: str(kv[0]))
+            if isinstance(label, str)
+            and isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+        ]
     return out

@@ -32,7 +32,12 @@ from opentelemetry.sdk.resources import Resource
 from peerwatch import __version__
 from peerwatch.exporters.otlp_counting import CountingMetricExporter
 from peerwatch.exporters.otlp_sdk import otlp_metric_exporter
-from peerwatch.exporters.self_metrics import COMPONENTS, SelfMetric, observations
+from peerwatch.exporters.self_metrics import (
+    COMPONENTS,
+    SelfMetric,
+    labelled_observations,
+    observations,
+)
 from peerwatch.settings import TelemetrySettings
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,7 @@ class SelfTelemetry:
         self._snapshot = snapshot
         self._lock = threading.Lock()
         self._latest: dict[str, float] = {}
+        self._labelled: dict[str, list[tuple[str, float]]] = {}
         self._taken_s = -math.inf
         self.snapshot_errors = 0
         readers = list(metric_readers)
@@ -83,10 +89,10 @@ class SelfTelemetry:
                 if spec.kind == "counter"
                 else meter.create_observable_gauge
             )
-            create(spec.name, callbacks=[self._observer(spec.name)],
+            create(spec.name, callbacks=[self._observer(spec.name, spec.label)],
                    unit=spec.unit, description=spec.description)  # fmt: skip
 
-    def _observer(self, name: str) -> Any:
+    def _observer(self, name: str, label: str = "") -> Any:
         def observe(_options: CallbackOptions) -> list[Observation]:
             # One snapshot serves every instrument of a collection (they run back to back).
             with self._lock:
@@ -95,19 +101,25 @@ class SelfTelemetry:
                 self._refresh()
             with self._lock:
                 value = self._latest.get(name)
+                series = self._labelled.get(name, [])
+            if label:
+                return [Observation(v, {label: key}) for key, v in series]
             return [] if value is None else [Observation(value)]
 
         return observe
 
     def _refresh(self) -> None:
         try:
-            latest = observations(self.specs, self._snapshot())
+            snapshot = self._snapshot()
+            latest = observations(self.specs, snapshot)
+            labelled = labelled_observations(self.specs, snapshot)
         except Exception:  # a snapshot must never kill the SDK's reader thread
             self.snapshot_errors += 1
             log.exception("self telemetry: snapshot failed")
             return
         with self._lock:
-            self._latest, self._taken_s = latest, time.monotonic()
+            self._latest, self._labelled = latest, labelled
+            self._taken_s = time.monotonic()
 
     def close(self) -> None:
         """A last export, then shut down (idempotent through the SDK)."""

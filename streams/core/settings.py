@@ -71,6 +71,12 @@ class StreamSettings:
         8, "a silence event of this many nodes over several jobs is one FLEET_WIDE finding"
     )
     silent_check_s: float = setting(2.0, "how often the silence watch looks (event time, s)")
+    clock_skew_warn_s: float = setting(
+        1.0,
+        "a node whose clock runs this far from the fleet's median clock (sample times against "
+        "receive times) "
+        "is logged and counted in clock_skewed_nodes (s)",
+    )
 
     def __post_init__(self) -> None:
         t = "stream"
@@ -78,7 +84,7 @@ class StreamSettings:
         check_at_least(self, t, 0, "lateness_s", "job_grace_s", "allocation_retention_s")
         check_at_least(self, t, 0, "silent_group_s")
         check_at_least(self, t, 2, "silent_fleet_min_nodes")
-        check_positive(self, t, "silent_after_s", "silent_check_s")
+        check_positive(self, t, "silent_after_s", "silent_check_s", "clock_skew_warn_s")
         if self.silent_group_s >= self.silent_after_s:
             raise ConfigError(f"{t}.silent_group_s", "must be below silent_after_s")
         check_positive(self, t, "batch_max", "batch_within_s", "counters_interval_s")

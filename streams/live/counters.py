@@ -55,6 +55,10 @@ class StreamCounters:
     #: Hot-stage outputs the broker refused for good (dead-lettered) or failed to deliver.
     outputs_refused: int = 0
     outputs_failed: int = 0
+    #: Each node's clock offset from the fleet's median clock, ms (sample times against receive times; see
+    #: streams.core.clock_offset), refreshed once a second; nodes past the warning threshold.
+    clock_offsets_ms: dict[str, int] = field(default_factory=dict)
+    clock_skewed_nodes: int = 0
     first_batch_wall_s: float | None = None
     first_batch_cpu_s: float | None = None
     last_batch_wall_s: float | None = None
@@ -98,12 +102,15 @@ class StreamCounters:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["finding_latency_ms"] = list(self.finding_latency_ms)
         out["batch_log"] = list(self.batch_log)
+        out["clock_offsets_ms"] = dict(self.clock_offsets_ms)
         return out
 
     def scalars(self) -> dict[str, Any]:
         """The counters without the lists (what peerwatch's own telemetry exports)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("finding_latency_ms", "batch_log")}  # fmt: skip
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("finding_latency_ms", "batch_log")}  # fmt: skip
+        out["clock_offsets_ms"] = dict(self.clock_offsets_ms)
+        return out
 
     def write(self, path: str) -> None:
         """Replace ``path`` with the counters as JSON (atomically: readers never see half)."""

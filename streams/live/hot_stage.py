@@ -57,6 +57,7 @@ from peerwatch.schemas.codec import AvroCodec
 from peerwatch.schemas.columns import MessageColumns, select_rows
 from peerwatch.settings import Settings
 from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.clock_offset import ClockOffsets
 from peerwatch.streams.core.fleet import FleetWatch
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
@@ -158,6 +159,12 @@ class HotStage:
         self._job_tps: list[Any] = []
         self._job_next: dict[int, int] = {}  # job-events partition -> next offset to apply
         self._producer: Any = None
+        #: Node clock offsets: sample times against receive times (see clock_offset).
+        self.clocks = ClockOffsets()
+        self.clock_skew_warn_ms = int(stream.clock_skew_warn_s * 1000)
+        self._clocks_due_s = 0.0
+        self._clock_warned: set[str] = set()
+        self._create_time_warned = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -378,6 +385,7 @@ class HotStage:
         if not keep.all():
             tables, rows = select_rows(tables, keep), rows[keep]
         self._arrivals(part, tables)
+        self._clock_leads(p, part, batch, tables)
         unattributed_before = agg.unattributed
         result = agg.add_columns(tables)
         self.counters.unattributed += agg.unattributed - unattributed_before
@@ -445,6 +453,51 @@ class HotStage:
             part.first_ts_ms = int(latest.min())
         part.max_ts_ms = top_ms if part.max_ts_ms is None else max(part.max_ts_ms, top_ms)
         part.arrival_wall_s = time.time()
+
+    def _clock_leads(self, p: int, part: _Partition, batch: list[Any], tables: Any) -> None:
+        """Feed the clock-offset estimate the kept samples of a batch read at the head of its
+        partition, against the time the batch was received; at most once a second, refresh the
+        offsets in the counters and log nodes newly past the warning threshold."""
+        received_ms = int(time.time() * 1000)
+        if self._fresh(p, batch):
+            top = tables[""]
+            self.clocks.observe(
+                part.aggregator.name, top.values["node"], top.values["ts_ms"],
+                np.full(top.n, received_ms, np.int64),
+            )  # fmt: skip
+        now = time.monotonic()
+        if now < self._clocks_due_s:
+            return
+        self._clocks_due_s = now + 1.0
+        offsets = self.clocks.offsets_ms()
+        warn = self.clock_skew_warn_ms
+        skewed = {n: v for n, v in offsets.items() if abs(v) >= warn}
+        for node in sorted(skewed.keys() - self._clock_warned):
+            log.warning("node %s: its clock runs %+.1f s from the fleet's median clock",
+                        node, skewed[node] / 1000.0)  # fmt: skip
+        self._clock_warned = set(skewed) | {
+            n for n in self._clock_warned if abs(offsets.get(n, 0)) >= warn // 2
+        }
+        self.counters.clock_offsets_ms = offsets
+        self.counters.clock_skewed_nodes = len(skewed)
+
+    def _fresh(self, p: int, batch: list[Any]) -> bool:
+        """Whether ``batch`` of partition ``p`` ends within one batch length of the partition's
+        head (librdkafka's cached high watermark: no broker request). A batch read from a
+        backlog says nothing of the nodes' clocks through its receive time."""
+        if self._consumer is None or not batch:
+            return False
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            marks = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topics.samples, p), cached=True
+            )
+        except KafkaException:
+            return False
+        if not marks or marks[1] < 0:
+            return False
+        return bool(marks[1] - (batch[-1].offset() + 1) <= len(batch))
 
     def _publish_finding(self, f: Any) -> None:
         self._send(self.topics.findings, str(f["job_id"]).encode(), self.finding_codec.encode(f))

@@ -110,3 +110,30 @@ def test_archiver_and_drain_metrics_read_their_stats() -> None:
     assert "peerwatch.drain.breaker.open" not in observations(
         DRAIN, dataclasses.asdict(DrainStats())
     )
+
+
+def test_node_clock_offsets_are_one_gauge_series_per_node_in_seconds() -> None:
+    counters = StreamCounters()
+    counters.clock_offsets_ms = {"gpu00002": -1500, "gpu00001": 2500, "gpu00003": 0}
+    counters.clock_skewed_nodes = 2
+    reader = InMemoryMetricReader()
+    telemetry = SelfTelemetry(TelemetrySettings(), "stream", counters.scalars,
+                              metric_exporter=None, metric_readers=[reader])  # fmt: skip
+    metrics = collected(reader)
+    telemetry.close()
+    offset = metrics["peerwatch.node.clock_offset"]
+    assert isinstance(offset.data, Gauge) and offset.unit == "s"
+    got = {p.attributes["node"]: p.value for p in offset.data.data_points}
+    assert got == {"gpu00001": 2.5, "gpu00002": -1.5, "gpu00003": 0.0}
+    assert metrics["peerwatch.stream.clock_skewed_nodes"].data.data_points[0].value == 2
+
+
+def test_labelled_observations_leave_out_odd_entries() -> None:
+    from peerwatch.exporters.self_metrics import labelled_observations
+
+    snapshot = {"clock_offsets_ms": {"a": 1000, "b": float("nan"), "c": True, 7: 5, "d": "x"}}
+    got = labelled_observations(STREAM, snapshot)
+    assert got == {"peerwatch.node.clock_offset": [("a", 1.0)]}
+    assert labelled_observations(STREAM, {"clock_offsets_ms": None}) == {}
+    # a labelled metric is never an unlabelled observation
+    assert "peerwatch.node.clock_offset" not in observations(STREAM, snapshot)
