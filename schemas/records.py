@@ -246,6 +246,11 @@ class GpuWindow(TypedDict):
     #: named cause.
     power_brake_frac: float | None
 
+    #: During a fleet-wide shift of the GPU's Slurm partition (a power cap, a cooling event): the
+    #: partition's median clock ratio in this window over its median before the shift, which a small
+    #: job's own-baseline comparison is judged against; null otherwise.
+    fleet_clk_ratio: float | None
+
 
 #: When the check ran.
 HealthPhase = Literal["PROLOG", "EPILOG", "PERIODIC", "UNKNOWN"]

@@ -32,6 +32,7 @@ from peerwatch.producers.sim.scheduler import JobRun, Schedule, build_schedule
 STREAMS = ("samples", "job-events", "node-events", "step-times")
 _JOB_WIDE = frozenset({"checkpoint", "eval_pause", "pipeline_stages", "network_slowdown"})
 _NODE_WIDE = frozenset({"clock_skew", "missing_samples", "agent_silent"})
+_FLEET_WIDE = frozenset({"cluster_power_cap", "cluster_cooling"})
 _DEFAULT_STAGE_SM = (1.0, 0.92, 0.85, 0.78)
 
 
@@ -87,7 +88,7 @@ class Fleet:
         start = round(inj.start_s * 1000)
         end = round(inj.end_s * 1000) if inj.end_s is not None else self.spec.duration_ms + 1
         win = _Window(inj, start, end)
-        if inj.name == "cluster_power_cap":
+        if inj.name in _FLEET_WIDE:
             self._global.append(win)
         elif inj.name in _JOB_WIDE:
             job_id = inj.params.get("job_id")
@@ -141,10 +142,16 @@ class Fleet:
     def _global_effects(self, t: int) -> dyn.Effects | None:
         eff = None
         for w in self._global:
-            if w.active(t):
-                eff = eff or dyn.Effects()
-                limit = w.inj.param("limit_w", 450.0)
-                eff.power_limit_w = min(eff.power_limit_w or limit, limit)
+            if not w.active(t):
+                continue
+            eff = eff or dyn.Effects()
+            if w.inj.name == "cluster_cooling":  # every busy GPU in SW thermal slowdown
+                eff.clock_factor *= 1.0 - w.inj.param("clock_drop_pct", 6.0) / 100.0
+                eff.temp_floor_c = max(eff.temp_floor_c, w.inj.param("temp_c", 87.0))
+                eff.reasons |= dyn.SW_THERMAL
+                continue
+            limit = w.inj.param("limit_w", 450.0)
+            eff.power_limit_w = min(eff.power_limit_w or limit, limit)
         return eff
 
     def _gpu_effects(self, wins: list[_Window], t: int, base: dyn.Effects | None) -> dyn.Effects:

@@ -41,6 +41,7 @@ CONFOUNDER_KINDS: frozenset[str] = frozenset(
         "dataloader_stall",
         "network_slowdown",
         "cluster_power_cap",
+        "cluster_cooling",
         "small_jobs",
         "requeue",
         "missing_samples",
@@ -48,7 +49,7 @@ CONFOUNDER_KINDS: frozenset[str] = frozenset(
     }
 )
 #: Injections that need a node; the others may leave ``node`` out (fleet- or job-wide ones).
-NODE_OPTIONAL: frozenset[str] = frozenset({"cluster_power_cap", "small_jobs"})
+NODE_OPTIONAL: frozenset[str] = frozenset({"cluster_power_cap", "cluster_cooling", "small_jobs"})
 #: Injections that act on one GPU and so need ``gpu_index``.
 GPU_REQUIRED: frozenset[str] = frozenset(
     {

@@ -4,7 +4,7 @@ Pure: one GpuWindow and the features that flagged it in, a FindingCause symbol o
 first match wins:
 
 1. ``THERMAL``: the GPU spent at least ``effect_thr`` of the window in HW or SW thermal slowdown
-   (``thermal_frac``), more than in power braking;
+   (``thermal_frac``), more than in power braking, and was not flagged on SM activity alone;
 2. ``POWER``: the same for the HW power brake (``power_brake_frac``), or the GPU sat at its SW
    power cap for at least ``cause_power_cap_frac`` of the window;
 3. ``LINK``: its PCIe link ran below its maximum width, or NVLink errors or PCIe replays rose;
@@ -49,7 +49,10 @@ def straggler_cause(
     flagged = frozenset(flags)
     thermal = _frac(window, "thermal_frac")
     brake = _frac(window, "power_brake_frac")
-    if max(thermal, brake) >= settings.effect_thr:
+    # Flagged on SM activity alone, the GPU is not slow through its clocks: its thermal or
+    # power state (shared by its peers in a cooling event) is not why it is behind.
+    sm_only = bool(flagged) and flagged <= {"sm"}
+    if max(thermal, brake) >= settings.effect_thr and not sm_only:
         return THERMAL if thermal >= brake else POWER
     if _frac(window, "power_cap_frac") >= settings.cause_power_cap_frac and (
         "clk" in flagged or "thr" in flagged

@@ -301,16 +301,25 @@ def _gate(
     expected = job.expected_gpus or state.max_gpus_seen
     if len(reporting) < settings.min_reported_frac * expected:
         return GATE_INCOMPLETE
+    thr_values = [float(v) for w in reporting if (v := w.get("throttle_frac")) is not None]
+    thr_change = False
+    if thr_values:
+        job_thr = median(thr_values)
+        thr_before, state.last_job_thr = state.last_job_thr, job_thr
+        thr_change = thr_before is not None and abs(job_thr - thr_before) >= (
+            settings.phase_change_thr
+        )
     sm_values = [float(v) for w in reporting if (v := w.get("sm_frac")) is not None]
     if not sm_values:
-        return None
+        return GATE_PHASE_CHANGE if thr_change else None
     job_sm = median(sm_values)
     before, state.last_job_sm = state.last_job_sm, job_sm
     if job_sm < settings.min_job_sm:
         return GATE_LOW_ACTIVITY
-    if before is not None and abs(job_sm - before) >= settings.phase_change_sm:
-        # A job-wide phase change (checkpoint, eval, restart) inside or next to this window: a
-        # node whose clock is a second or two off straddles it differently from its peers.
+    if thr_change or (before is not None and abs(job_sm - before) >= settings.phase_change_sm):
+        # A job-wide phase change (checkpoint, eval, restart; a power cap or cooling event
+        # starting or ending) inside or next to this window: a node whose clock is a second or
+        # two off straddles it differently from its peers.
         return GATE_PHASE_CHANGE
     return None
 
@@ -321,7 +330,10 @@ def _learn_baseline(
     verdict: GpuVerdict,
     settings: DetectorSettings,
 ) -> None:
-    """Only clean, un-capped windows teach the baseline, so a lasting drop stays visible."""
+    """Only clean, un-capped windows outside a fleet shift teach the baseline, so a lasting
+    drop stays visible."""
+    if window.get("fleet_clk_ratio") is not None:
+        return
     clk = window.get("clk_ratio")
     cap = window.get("power_cap_frac")
     capped = cap is not None and float(cap) >= settings.baseline_power_cap_excuse

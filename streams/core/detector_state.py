@@ -103,6 +103,8 @@ class JobDetectorState:
     job_wide_clean: int = 0
     #: The job's median SM activity in its last window with any (the phase-change gate).
     last_job_sm: float | None = None
+    #: The job's median throttled share in its last window with any (the same gate).
+    last_job_thr: float | None = None
     gpus: dict[str, GpuDetectorState] = field(default_factory=dict)
 
     def gpu(self, key: str) -> GpuDetectorState:
@@ -122,6 +124,7 @@ class JobDetectorState:
             "job_wide_start_ms": self.job_wide_start_ms,
             "job_wide_clean": self.job_wide_clean,
             "last_job_sm": self.last_job_sm,
+            "last_job_thr": self.last_job_thr,
             "gpus": {k: self.gpus[k].to_dict() for k in sorted(self.gpus)},
         }
 
@@ -136,6 +139,7 @@ class JobDetectorState:
             job_wide_start_ms=data.get("job_wide_start_ms"),
             job_wide_clean=int(data.get("job_wide_clean") or 0),
             last_job_sm=data.get("last_job_sm"),
+            last_job_thr=data.get("last_job_thr"),
             gpus={
                 str(k): GpuDetectorState.from_dict(v) for k, v in (data.get("gpus") or {}).items()
             },

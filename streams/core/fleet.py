@@ -1,25 +1,29 @@
-"""Fleet context: a power cap (or any SW power limit) moving a whole Slurm partition at once.
+"""Fleet context: a power cap or a cooling event moving a whole Slurm partition at once.
 
 When a facility lowers every GPU's power limit, every busy GPU of the partition runs at its SW
-power cap and its clocks drop together. No GPU is at fault and no job can act on it, so it is
-**one** fleet-level finding, not an alert per job. This pure, event-time watch reads every
-closed GpuWindow of a window start (the aggregator's output, beside the per-job detector) and,
-per Slurm partition:
+power cap and its clocks drop together; when its cooling degrades, every GPU enters thermal
+slowdown. No GPU is at fault and no job can act on it, so it is **one** fleet-level finding, not
+an alert per job. This pure, event-time watch reads every closed GpuWindow of a window start
+(the aggregator's output, before the per-job detector sees it) and, per Slurm partition:
 
 - counts the reporting GPUs of jobs (idle GPUs draw too little power to hit a cap) and those
-  at the SW power cap for at least ``fleet_cap_frac`` of the window;
+  at the SW power cap, or in thermal slowdown, for at least ``fleet_cap_frac`` of the window;
 - when at least ``fleet_min_gpus`` GPUs report and at least ``fleet_cap_share`` of them are
-  capped, the partition is in a *fleet shift*: its first window opens one ``FLEET_WIDE``
-  finding (job id ``fleet``, no node, cause ``POWER``) with the evidence (how many GPUs, how
-  many capped, the median clock ratio against the partition's own median before the shift);
-- ``clear_after_s`` of windows without the shift close it with one ``CLEARED`` finding.
-
-The detector needs no other change for it: a GPU's own-baseline comparison already excuses a
-window spent at the cap (``baseline_power_cap_excuse``), and peers inside a job move together.
+  capped (cause ``POWER``) or hot (cause ``THERMAL``), the partition is in a *fleet shift*: its
+  first window opens one ``FLEET_WIDE`` finding (job id ``fleet``, no node) with the evidence
+  (how many GPUs, how many capped or hot, the median clock ratio against the partition's own
+  median before the shift);
+- while the shift lasts, every window of the partition carries ``fleet_clk_ratio``: the
+  partition's median clock ratio over its median before the shift. A small job (too few GPUs
+  for peers) compares each GPU with its own past; the detector judges that comparison against
+  this ratio, so a GPU that only moved with its partition is not flagged and one that dropped
+  further still is. Large jobs need nothing: peers inside a job move together;
+- ``clear_after_s`` of windows without the shift close it with one ``CLEARED`` finding; a shift
+  of the other cause while one is open closes the open one and opens its own.
 
 Live, each hot-stage worker runs one watch over the nodes of its samples partitions (a random
-sample of the fleet); finding ids are derived from the Slurm partition and the episode's first
-window, so workers that see the same shift start publish the same finding id.
+sample of the fleet); finding ids are derived from the Slurm partition, the cause and the
+episode's first window, so workers that see the same shift start publish the same finding id.
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from peerwatch.schemas.records import FeatureEvidence, FindingStatus, GpuWindow, StragglerFinding
+from peerwatch.schemas.records import (
+    FeatureEvidence,
+    FindingCause,
+    FindingStatus,
+    GpuWindow,
+    StragglerFinding,
+)
 from peerwatch.streams.core.model import CLEARED, FLEET_WIDE, is_idle_job, stable_id
 from peerwatch.streams.core.settings import DetectorSettings
 
@@ -44,6 +54,7 @@ class _Partition:
 
     clean_clk: list[float] = field(default_factory=list)
     finding_id: str | None = None
+    cause: FindingCause = "POWER"
     start_ms: int = 0
     quiet_windows: int = 0
     reference_clk: float | None = None
@@ -56,13 +67,16 @@ class WindowCensus:
     gpus: int
     capped: int
     clk_median: float | None
+    hot: int = 0
 
 
 def census(windows: Iterable[GpuWindow], cap_frac: float) -> dict[str, WindowCensus]:
-    """Per Slurm partition (``""`` when unknown): reporting GPUs of jobs, capped ones, and the
-    median clock ratio. Windows of idle GPUs, lost GPUs and GPUs without samples do not count."""
+    """Per Slurm partition (``""`` when unknown): reporting GPUs of jobs, capped ones, hot ones
+    (thermal slowdown) and the median clock ratio. Windows of idle GPUs, lost GPUs and GPUs
+    without samples do not count."""
     gpus: dict[str, int] = {}
     capped: dict[str, int] = {}
+    hot: dict[str, int] = {}
     clks: dict[str, list[float]] = {}
     for w in windows:
         if is_idle_job(str(w.get("job_id"))) or w.get("lost") or not w.get("samples"):
@@ -74,13 +88,31 @@ def census(windows: Iterable[GpuWindow], cap_frac: float) -> dict[str, WindowCen
         gpus[part] = gpus.get(part, 0) + 1
         if float(cap) >= cap_frac:
             capped[part] = capped.get(part, 0) + 1
+        thermal = w.get("thermal_frac")
+        if thermal is not None and float(thermal) >= cap_frac:
+            hot[part] = hot.get(part, 0) + 1
         clk = w.get("clk_ratio")
         if clk is not None and clk == clk:
             clks.setdefault(part, []).append(float(clk))
     return {
-        p: WindowCensus(n, capped.get(p, 0), statistics.median(clks[p]) if p in clks else None)
+        p: WindowCensus(
+            n, capped.get(p, 0), statistics.median(clks[p]) if p in clks else None, hot.get(p, 0)
+        )
         for p, n in gpus.items()
     }
+
+
+def shift_cause(c: WindowCensus | None, settings: DetectorSettings) -> FindingCause | None:
+    """``POWER`` or ``THERMAL`` when enough of the partition's busy GPUs are capped or hot at
+    once (capped first), else None."""
+    if c is None or c.gpus < settings.fleet_min_gpus:
+        return None
+    need = settings.fleet_cap_share * c.gpus
+    if c.capped >= need:
+        return "POWER"
+    if c.hot >= need:
+        return "THERMAL"
+    return None
 
 
 class FleetWatch:
@@ -97,35 +129,42 @@ class FleetWatch:
         self, window_start_ms: int, window_end_ms: int, windows: Iterable[GpuWindow]
     ) -> list[StragglerFinding]:
         """The fleet findings of one window start (FLEET_WIDE when a shift starts, CLEARED when
-        it ended). An older or repeated window start changes nothing."""
+        it ended); each window of a partition in a shift gets its ``fleet_clk_ratio``. An older
+        or repeated window start changes nothing."""
         if self.last_start_ms is not None and window_start_ms <= self.last_start_ms:
             return []
         self.last_start_ms = window_start_ms
         s = self.settings
         out: list[StragglerFinding] = []
+        windows = list(windows)
         seen = census(windows, s.fleet_cap_frac)
+        ratios: dict[str, float] = {}
         for name in sorted(set(seen) | set(self.partitions)):
             part = self.partitions.setdefault(name, _Partition())
             c = seen.get(name)
-            shifted = (
-                c is not None
-                and c.gpus >= s.fleet_min_gpus
-                and c.capped >= s.fleet_cap_share * c.gpus
-            )
-            if shifted and c is not None:
+            cause = shift_cause(c, s)
+            if cause is not None and c is not None:
                 part.quiet_windows = 0
+                if part.finding_id is not None and cause != part.cause:
+                    # Another event (a power cap while a cooling event is still open): the
+                    # open episode ends here and a new one starts with its own cause.
+                    out.append(self._finding(part, name, CLEARED, window_end_ms, c))
+                    part.finding_id = None
                 if part.finding_id is None:
                     part.finding_id = stable_id(
-                        FLEET_JOB, name, FLEET_WIDE, "POWER", window_start_ms,
+                        FLEET_JOB, name, FLEET_WIDE, cause, window_start_ms,
                         hex_chars=s.id_hex_chars,
                     )  # fmt: skip
+                    part.cause = cause
                     part.start_ms = window_start_ms
                     part.reference_clk = (
                         statistics.median(part.clean_clk) if part.clean_clk else None
                     )
                     out.append(self._finding(part, name, FLEET_WIDE, window_end_ms, c))
+                if c.clk_median is not None and part.reference_clk:
+                    ratios[name] = c.clk_median / part.reference_clk
                 continue
-            if c is not None and c.clk_median is not None and c.capped == 0:
+            if c is not None and c.clk_median is not None and c.capped == 0 and c.hot == 0:
                 part.clean_clk.append(c.clk_median)
                 del part.clean_clk[:-REFERENCE_WINDOWS]
             if part.finding_id is not None:
@@ -134,6 +173,11 @@ class FleetWatch:
                     out.append(self._finding(part, name, CLEARED, window_end_ms, c))
                     part.finding_id = None
                     part.quiet_windows = 0
+        if ratios:
+            for w in windows:
+                ratio = ratios.get(str(w.get("partition") or ""))
+                if ratio is not None:
+                    w["fleet_clk_ratio"] = ratio
         self.findings += len(out)
         return out
 
@@ -150,10 +194,11 @@ class FleetWatch:
         where = f"partition {name}" if name else "the fleet"
         features: list[FeatureEvidence] = []
         gpus = c.gpus if c is not None else 0
-        capped = c.capped if c is not None else 0
+        capped = 0 if c is None else c.capped if part.cause == "POWER" else c.hot
+        what = "power cap" if part.cause == "POWER" else "thermal slowdown"
         if status == CLEARED:
             finding_id = stable_id(finding_id, CLEARED, hex_chars=self.settings.id_hex_chars)
-            reason = f"fleet-wide power cap in {where} over"
+            reason = f"fleet-wide {what} in {where} over"
         else:
             shift = ""
             if c is not None and c.clk_median is not None and part.reference_clk:
@@ -163,9 +208,9 @@ class FleetWatch:
                     "feature": "clk", "value": c.clk_median, "peer_median": part.reference_clk,
                     "mad": 0.0, "z": 0.0,
                 })  # fmt: skip
+            state = "at the SW power cap" if part.cause == "POWER" else "in thermal slowdown"
             reason = (
-                f"fleet-wide: {capped} of {gpus} busy GPUs in {where} at the SW power cap"
-                f"{shift}; no GPU blamed"
+                f"fleet-wide: {capped} of {gpus} busy GPUs in {where} {state}{shift}; no GPU blamed"
             )
         return {
             "finding_id": finding_id,
@@ -183,7 +228,7 @@ class FleetWatch:
             "first_flagged_ms": part.start_ms,
             "peer_group_size": gpus,
             "reason": reason,
-            "cause": "POWER",
+            "cause": part.cause,
             # A window-based verdict has its evidence when the window's last moment has been seen.
             "detected_ms": end_ms,
         }

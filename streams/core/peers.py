@@ -222,6 +222,11 @@ def baseline_verdict(
     base = median(gpu_state.baseline_clk)
     if base <= 0:
         return GpuVerdict(key=key, evaluated=False, baseline=True)
+    # In a fleet shift (a power cap, a cooling event) the GPU is expected where its partition
+    # moved: judged against its own past times the partition's move, never above its past.
+    fleet = window.get("fleet_clk_ratio")
+    if fleet is not None and 0 < float(fleet) < 1:
+        base *= float(fleet)
     floor = settings.mad_floor_clk_rel * base
     z = robust_z(value, base, floor, settings.z_scale)
     cap = window.get("power_cap_frac")

@@ -352,9 +352,9 @@ class Pipeline:
         """Stage 3 offline: one source (every node) on one channel, its watermark the
         aggregator's."""
         out: list[Output] = []
+        fleet = self._fleet(batches)  # first: it gives windows of a fleet shift their ratio
         for b in batches:
             self.jobs.add(b, src=0)
-        fleet = self._fleet(batches)
         try:
             released = self.jobs.heartbeat(0, watermark_ms)
         except InvalidRecordError as exc:  # pragma: no cover - the aggregator builds valid windows

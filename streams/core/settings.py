@@ -122,6 +122,12 @@ class DetectorSettings:
         "gate: the job median SM activity moved this much since the last window (a checkpoint, "
         "eval or restart transition, where node clock skew shifts peers against each other)",
     )
+    phase_change_thr: float = setting(
+        0.2,
+        "gate: the job median throttled share moved this much since the last window (a power "
+        "cap or cooling event starting or ending, where node clock skew shifts peers against "
+        "each other)",
+    )
     min_peers: int = setting(8, "peer statistics need at least this many GPUs in the group")
     z_scale: float = setting(0.6745, "robust-z consistency constant: z = z_scale*(x-median)/MAD")
     # DETECTION.md's 1% clk floor puts the detection limit at 3.5 / 0.6745 = 5.19% (a 5% drop is
@@ -187,12 +193,15 @@ class DetectorSettings:
         0.5, "cause: a slow GPU at the SW power cap this share of the window is named POWER"
     )
     fleet_cap_frac: float = setting(
-        0.5, "fleet context: a GPU counts as capped at the SW power cap this share of a window"
+        0.5,
+        "fleet context: a GPU counts as capped (at the SW power cap) or hot (in thermal "
+        "slowdown) this share of a window",
     )
     fleet_cap_share: float = setting(
         0.5,
-        "fleet context: this share of a partition's busy GPUs capped at once is one fleet-wide "
-        "power event (one FLEET_WIDE finding, no GPU blamed)",
+        "fleet context: this share of a partition's busy GPUs capped (or hot) at once is one "
+        "fleet-wide power (or cooling) event: one FLEET_WIDE finding, no GPU blamed, and small "
+        "jobs' own-baseline comparisons judged against the partition's clock move",
     )
     fleet_min_gpus: int = setting(
         16, "fleet context: a partition needs this many busy GPUs reporting to judge"
@@ -219,7 +228,7 @@ class DetectorSettings:
         check_range(self, t, 0, 1, "min_job_sm", "min_reported_frac", "job_wide_frac")
         check_range(self, t, 0, 1, "mad_floor_clk_rel", "mad_floor_step_rel", "effect_clk_rel")
         check_range(self, t, 0, 1, "baseline_power_cap_excuse", "effect_thr", "effect_sm")
-        check_range(self, t, 0, 1, "cause_power_cap_frac", "phase_change_sm")
+        check_range(self, t, 0, 1, "cause_power_cap_frac", "phase_change_sm", "phase_change_thr")
         check_range(self, t, 0, 1, "fleet_cap_frac", "fleet_cap_share")
         check_at_least(self, t, 1, "fleet_min_gpus")
         check_positive(self, t, "z_scale", "z_threshold", "cusum_h", "cusum_z_cap")

@@ -731,6 +731,7 @@ class WindowAggregator:
             "gated": [None] * n,
             "thermal_frac": _shares(a, "thm"),
             "power_brake_frac": _shares(a, "brk"),
+            "fleet_clk_ratio": [None] * n,
         }
         fields = tuple(columns)
         return [

@@ -398,13 +398,7 @@ class HotStage:
         closed_wall_ms = time.time() * 1000.0
         batches = self.topics.batches
         closed = agg.close_ready()
-        for b in closed:
-            value = {
-                "kind": "windows", "src": p, "job_id": b.job_id,
-                "window_start_ms": b.window_start_ms, "window_end_ms": b.window_end_ms,
-                "windows": b.windows, "closed_wall_ms": closed_wall_ms,
-            }  # fmt: skip
-            self._send(batches, b.job_id.encode(), json.dumps(value).encode())
+        # Fleet context first: windows of a partition in a fleet shift get its clock ratio.
         by_start: dict[tuple[int, int], list[Any]] = {}
         for b in closed:
             by_start.setdefault((b.window_start_ms, b.window_end_ms), []).extend(b.windows)
@@ -412,6 +406,13 @@ class HotStage:
             for f in part.fleet.observe(start, end, windows):
                 self.counters.fleet_findings += 1
                 self._publish_finding(f)
+        for b in closed:
+            value = {
+                "kind": "windows", "src": p, "job_id": b.job_id,
+                "window_start_ms": b.window_start_ms, "window_end_ms": b.window_end_ms,
+                "windows": b.windows, "closed_wall_ms": closed_wall_ms,
+            }  # fmt: skip
+            self._send(batches, b.job_id.encode(), json.dumps(value).encode())
         if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
             part.progress.closed(agg.closed_until_ms)
             part.dirty = True

@@ -175,6 +175,7 @@ def confounders(seed: int, duration_s: float = 1200.0) -> EvalScenario:
         {"name": "dataloader_stall", "node": 1, "gpu_index": 2, "start_s": 300, "end_s": 900,
          "params": {"sm_factor": 0.4}},
         {"name": "cluster_power_cap", "start_s": 850, "end_s": 1050, "params": {"limit_w": 450}},
+        {"name": "cluster_cooling", "start_s": 400, "end_s": 560, "params": {"clock_drop_pct": 6}},
         {"name": "small_jobs", "start_s": 60, "end_s": 600, "params": {"count": 8}},
         {"name": "requeue", "node": 20, "start_s": 400, "end_s": 460},
         {"name": "missing_samples", "node": 3, "start_s": 200, "end_s": 700,

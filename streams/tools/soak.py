@@ -13,8 +13,8 @@ messaged for, per 100 node-days of fleet time:
 
 Scenario knobs follow what a 128-node x 8-GPU training partition sees in three hours: random
 jobs of 1-512 GPUs with checkpoints, evaluation phases and requeues, two fleet-wide power caps,
-two job-wide network slowdowns, three data-loader stalls, lossy nodes, and two nodes whose
-clocks run 2.5-4 s off.
+two fleet-wide cooling events, two job-wide network slowdowns, three data-loader stalls, lossy
+nodes, and two nodes whose clocks run 2.5-4 s off.
 """
 
 from __future__ import annotations
@@ -71,6 +71,10 @@ def soak(seed: int, nodes: int = SOAK_NODES, hours: float = SOAK_HOURS) -> EvalS
          "params": {"limit_w": 450}},
         {"name": "cluster_power_cap", "start_s": at(0.65), "end_s": at(0.65) + 900,
          "params": {"limit_w": 500}},
+        {"name": "cluster_cooling", "start_s": at(0.40), "end_s": at(0.40) + 600,
+         "params": {"clock_drop_pct": 6}},
+        {"name": "cluster_cooling", "start_s": at(0.88), "end_s": at(0.88) + 300,
+         "params": {"clock_drop_pct": 8}},
         {"name": "network_slowdown", "node": 8, "start_s": at(0.30), "end_s": at(0.30) + 300},
         {"name": "network_slowdown", "node": 0, "start_s": at(0.80), "end_s": at(0.80) + 240},
         {"name": "dataloader_stall", "node": 2, "gpu_index": seed % 8, "start_s": at(0.10),

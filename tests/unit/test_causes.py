@@ -25,6 +25,9 @@ SLOW_CLK = {"clk_ratio": 0.80}
         ({}, {"clk"}, "CLOCKS"),
         ({"thermal_frac": 0.01, "power_cap_frac": 0.2}, {"clk"}, "CLOCKS"),
         ({}, {"sm"}, "HOST"),
+        # a data-loader stall during a cooling event: every peer is in thermal slowdown too
+        ({"thermal_frac": 1.0, "throttle_frac": 1.0}, {"sm"}, "HOST"),
+        ({"thermal_frac": 1.0, "throttle_frac": 1.0}, {"sm", "thr"}, "THERMAL"),
         ({"throttle_frac": 0.5}, {"thr"}, "UNKNOWN"),  # HW slowdown alone names nothing
         ({}, {"step"}, "UNKNOWN"),
     ],

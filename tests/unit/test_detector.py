@@ -212,6 +212,35 @@ def test_small_jobs_stay_quiet_when_healthy_or_power_capped(n: int) -> None:
     assert findings(results) == []
 
 
+@pytest.mark.parametrize("n", [1, 4])
+def test_small_jobs_are_judged_against_their_partitions_move_in_a_fleet_shift(n: int) -> None:
+    """A cooling event moves the whole partition 6% down (windows carry fleet_clk_ratio): a GPU
+    that moved with it is not flagged; one that fell 12% (6% below the partition's move) is."""
+
+    def make(k: int, own_drop: float) -> list[dict[str, Any]]:
+        shift = {"clk_ratio": 0.90 * 0.94, "thermal_frac": 1.0, "fleet_clk_ratio": 0.94}
+        ws = [window("job1", i, k, **(shift if k >= 8 else {})) for i in range(n)]
+        if k >= 8:
+            ws[0]["clk_ratio"] = 0.90 * own_drop
+        return ws
+
+    moved, _ = run(job(n), lambda k: make(k, 0.94), range(16))
+    assert findings(moved) == []
+    fell, _ = run(job(n), lambda k: make(k, 0.88), range(16))
+    assert [(f["gpu_index"], f["status"]) for f in findings(fell)][:1] == [(0, "SUSPECT")]
+    clk = findings(fell)[0]["features"][0]
+    assert clk["peer_median"] == pytest.approx(0.90 * 0.94)  # its own past times the move
+
+    # Windows of a fleet shift do not teach the baseline: after it, the old baseline holds.
+    def later(k: int) -> list[dict[str, Any]]:  # GPU 0 at 0.865 after it: 3.9% below 0.90
+        if k < 16:
+            return make(k, 0.94)
+        return with_overrides([window("job1", i, k) for i in range(n)], {0: {"clk_ratio": 0.865}})
+
+    after, _ = run(job(n), later, range(24))
+    assert [f["status"] for f in findings(after)][:1] == ["SUSPECT"]
+
+
 def test_small_job_where_every_gpu_drops_abstains_without_a_finding() -> None:
     # "2 of 2 GPUs slow" tells an operator nothing: the GPUs abstain (gated), nothing reported.
     def make(k: int) -> list[dict[str, Any]]:
@@ -491,3 +520,29 @@ def test_outputs_fit_the_schemas() -> None:
         assert fastavro.validation.validate(f, finding_schema, raise_errors=True)
     for w in (w for r in results for w in r.windows):
         assert fastavro.validation.validate(w, window_schema, raise_errors=True)
+
+
+def test_a_job_wide_throttle_change_is_gated_so_a_skewed_node_straddling_it_is_not_flagged() -> (
+    None
+):
+    """A cooling event ends at the start of window 11: every GPU of the job was hot until then;
+    node0's clock runs 6 s ahead, so its GPUs still look hot for 0.2 of window 11."""
+
+    def make(k: int) -> list[dict[str, Any]]:
+        thr = 0.9 if k < 11 else 0.0
+        ahead = 0.9 if k < 11 else 0.2 if k == 11 else 0.0
+        return [
+            window("job1", i, k, throttle_frac=ahead if i < 8 else thr,
+                   thermal_frac=ahead if i < 8 else thr)
+            for i in range(32)
+        ]  # fmt: skip
+
+    results, state = run(job(32), make, range(16))
+    assert [r.gated for r in results[10:13]] == [None, "phase_change", None]
+    assert findings(results) == []
+    assert state.last_job_thr == 0.0
+    # The same windows with the gate off: node0's GPUs are suspects (thr +0.2).
+    loose = replace(SETTINGS_30S, phase_change_thr=0.95)
+    results, _ = run(job(32), make, range(16), settings=loose)
+    assert results[11].gated is None
+    assert {(f["node"], f["status"]) for f in findings(results)} == {("node0000", "SUSPECT")}

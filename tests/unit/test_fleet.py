@@ -97,3 +97,66 @@ def test_bad_settings_name_the_field() -> None:
 
     with pytest.raises(ConfigError, match=r"detector\.fleet_cap_share"):
         DetectorSettings(fleet_cap_share=1.5)
+
+
+def hot_windows(n: int, hot: int, clk: float, hot_clk: float) -> list[dict[str, Any]]:
+    out = windows(n, 0, clk=clk)
+    for w in out[:hot]:
+        w.update(thermal_frac=1.0, clk_ratio=hot_clk)
+    return out
+
+
+def test_a_partition_wide_cooling_event_is_one_thermal_finding_and_stamps_its_windows() -> None:
+    watch = FleetWatch(SETTINGS)
+    normal = [hot_windows(64, 0, 0.98, 0.98) for _ in range(10)]
+    hot = [hot_windows(64, 50, 0.98, 0.92) for _ in range(12)]
+    after = [hot_windows(64, 0, 0.98, 0.98) for _ in range(8)]
+    found = run(watch, normal + hot + after)
+    assert [(f["status"], f["cause"]) for f in found] == [
+        ("FLEET_WIDE", "THERMAL"), ("CLEARED", "THERMAL")
+    ]  # fmt: skip
+    shift = found[0]
+    assert shift["reason"].startswith("fleet-wide: 50 of 64 busy GPUs in partition gpu in thermal")
+    assert (shift["windows_flagged"], shift["windows_considered"]) == (50, 64)
+    assert "fleet-wide thermal slowdown in partition gpu over" in found[1]["reason"]
+    # During the shift each window carries the partition's median move (0.92 / 0.98); not
+    # before it, not after it.
+    assert all("fleet_clk_ratio" not in w for ws in normal + after for w in ws)
+    for ws in hot:
+        assert [w["fleet_clk_ratio"] for w in ws] == pytest.approx([0.92 / 0.98] * 64)
+
+
+def test_a_cap_wins_over_heat_and_another_partition_is_not_stamped() -> None:
+    watch = FleetWatch(SETTINGS)
+    both = []
+    for _ in range(4):
+        ws = windows(32, 32, capped_clk=0.9)
+        for w in ws:
+            w["thermal_frac"] = 1.0
+        both.append(ws + windows(32, 0, part="other"))
+    found = run(watch, [windows(32, 0) + windows(32, 0, part="other")] * 4 + both)
+    assert [(f["status"], f["cause"]) for f in found] == [("FLEET_WIDE", "POWER")]
+    assert all("fleet_clk_ratio" not in w for w in both[-1] if w["partition"] == "other")
+    assert all(w["fleet_clk_ratio"] == pytest.approx(0.9) for w in both[-1]
+               if w["partition"] == "gpu")  # fmt: skip
+
+
+def test_without_a_shift_free_past_no_window_is_stamped() -> None:
+    watch = FleetWatch(SETTINGS)
+    ws = [hot_windows(64, 64, 0.98, 0.92) for _ in range(3)]
+    assert [f["status"] for f in run(watch, ws)] == ["FLEET_WIDE"]
+    assert all("fleet_clk_ratio" not in w for w in ws[-1])
+
+
+def test_a_cap_during_an_open_cooling_episode_closes_it_and_opens_its_own() -> None:
+    watch = FleetWatch(SETTINGS)
+    normal = [hot_windows(64, 0, 0.98, 0.98) for _ in range(10)]
+    hot = [hot_windows(64, 64, 0.98, 0.92) for _ in range(4)]
+    quiet = [hot_windows(64, 0, 0.98, 0.98) for _ in range(2)]  # under clear_after_s
+    capped = [windows(64, 64, capped_clk=0.88) for _ in range(4)]
+    found = run(watch, normal + hot + quiet + capped)
+    assert [(f["status"], f["cause"]) for f in found] == [
+        ("FLEET_WIDE", "THERMAL"), ("CLEARED", "THERMAL"), ("FLEET_WIDE", "POWER")
+    ]  # fmt: skip
+    assert found[1]["window_end_ms"] == found[2]["detected_ms"] == 17 * W_MS
+    assert [w["fleet_clk_ratio"] for w in capped[-1]] == pytest.approx([0.88 / 0.98] * 64)

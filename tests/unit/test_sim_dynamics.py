@@ -289,6 +289,27 @@ def test_cluster_power_cap_flags_every_busy_gpu_and_lowers_clocks() -> None:
             assert all(g["clocks_event_reasons"] & THROTTLE_BITS == 0 for g in busy)
 
 
+def test_cluster_cooling_puts_every_busy_gpu_in_thermal_slowdown_and_lowers_clocks() -> None:
+    conf = [{"name": "cluster_cooling", "start_s": 100, "end_s": 300,
+             "params": {"clock_drop_pct": 6}}]  # fmt: skip
+    before: list[float] = []
+    for t, samples in run(confounders=conf, nodes=5):
+        busy = [g for n, s in samples.items() if n != "gpu00004" for g in s["gpus"]]
+        idle = samples["gpu00004"]["gpus"]
+        assert all(g["clocks_event_reasons"] & THROTTLE_BITS == 0 for g in idle)
+        if t < 100:
+            before = [clk(g) for g in busy]
+        elif 100 <= t < 300:
+            assert all(g["clocks_event_reasons"] & dyn.SW_THERMAL for g in busy)
+            during = [clk(g) for g in busy]
+            drop = statistics.median(during) / statistics.median(before)
+            assert 0.93 <= drop <= 0.95
+            if t >= 200:  # the temperature has settled at the slowdown point
+                assert all(g["temperature_c"] >= 85 for g in busy)
+        else:
+            assert all(g["clocks_event_reasons"] & THROTTLE_BITS == 0 for g in busy)
+
+
 def test_gpu_constants_do_not_depend_on_construction_order() -> None:
     spec = FleetSpec(nodes=4, seed=5)
     a, b = dyn.Dynamics(spec), dyn.Dynamics(spec)

@@ -67,6 +67,7 @@ EVERYTHING: dict[str, Any] = {
         {"name": "dataloader_stall", "node": 1, "gpu_index": 0, "start_s": 300, "end_s": 400},
         {"name": "network_slowdown", "node": 2, "start_s": 650, "end_s": 700},
         {"name": "cluster_power_cap", "start_s": 700, "end_s": 800},
+        {"name": "cluster_cooling", "start_s": 820, "end_s": 860},
         {"name": "small_jobs", "start_s": 0, "end_s": 200, "params": {"count": 5}},
         {"name": "requeue", "node": 4, "start_s": 100, "end_s": 110},
         {"name": "missing_samples", "node": 5, "start_s": 100, "end_s": 600},
