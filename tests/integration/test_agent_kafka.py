@@ -184,7 +184,9 @@ def test_health_with_kafka_down_returns_in_time_and_spools(
     code = main([*_prolog(tmp_path), "--kafka-timeout-s", "3"])
     elapsed_s = time.monotonic() - t0
     assert code == 2
-    assert elapsed_s < 3 + 1.5, f"health took {elapsed_s:.1f} s with Kafka down"
+    # Bounded by --kafka-timeout-s, not by librdkafka's own minutes-long retries (a loaded
+    # machine's margin: the check itself takes well under a second).
+    assert elapsed_s < 3 + 20, f"health took {elapsed_s:.1f} s with Kafka down"
     assert "published=spooled" in capsys.readouterr().out
     spool = Spool(tmp_path / "s" / "health")
     (rec,) = spool.peek(10)

@@ -320,7 +320,8 @@ def test_interval_must_be_positive() -> None:
 
 def test_real_watcher_thread_delivers_xid_within_the_interval() -> None:
     """Real time, real XidWatcher thread over FakeNvml: the XID is in a record long before the
-    next tick."""
+    next tick (the interval is 60 s; the bounds below are a loaded machine's, not a latency
+    target: an XID that waited for the tick would take the whole minute)."""
     nvml = FakeNvml([FakeGpu.h100(i) for i in range(2)])
     nvml.nvmlInit()
 
@@ -335,12 +336,12 @@ def test_real_watcher_thread_delivers_xid_within_the_interval() -> None:
                 got_xid.set()
 
     agent = NodeAgent(
-        sampler=GpuSampler(nvml, "gpu-a02", 2000, clock),
+        sampler=GpuSampler(nvml, "gpu-a02", 60_000, clock),
         sink=SignallingSink(),
         encode=CODEC.encode,
         topic=TOPIC,
         node="gpu-a02",
-        interval_ms=2000,
+        interval_ms=60_000,
         clock=clock,
         watcher_factory=lambda cb: XidWatcher(nvml, cb, clock, wait_timeout_ms=50),
     )
@@ -350,7 +351,7 @@ def test_real_watcher_thread_delivers_xid_within_the_interval() -> None:
         time.sleep(0.2)  # let the watcher register
         injected_ms = clock.now_ms()
         nvml.inject_xid(1, 48)
-        assert got_xid.wait(1.0), "no record carried the XID within 1 s (interval 2 s)"
+        assert got_xid.wait(30.0), "no record carried the XID within 30 s (interval 60 s)"
     finally:
         agent.stop()
         runner.join(5)
@@ -359,7 +360,7 @@ def test_real_watcher_thread_delivers_xid_within_the_interval() -> None:
     with_xid = [r for r in records if r["xids"]]
     assert len(with_xid) == 1
     assert with_xid[0]["xids"][0]["xid"] == 48
-    assert with_xid[0]["ts_ms"] - injected_ms < 1000
+    assert with_xid[0]["ts_ms"] - injected_ms < 30_000
     assert [r["seq"] for r in records] == list(range(len(records)))
 
 
