@@ -67,10 +67,17 @@ class _Consumer(threading.Thread):
         )
         self.view, self.lock, self.stop = view, lock, threading.Event()
         self.last_output = time.monotonic()
+        #: Why the thread ended early (the main loop stops the demo and says so); records the
+        #: archive refused (a time no archive file is named by), skipped.
+        self.error: str | None = None
+        self.unarchived = 0
 
     def run(self) -> None:
         try:
             self._run()
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            raise
         finally:
             self.consumer.close()
             self.archive.close()
@@ -95,7 +102,10 @@ class _Consumer(threading.Thread):
                     continue  # the stream dead-letters such records; the view just skips them
                 ts_ms = record_time_ms(record)
                 if ts_ms is not None:
-                    self.archive.write(self.archived[kind], record, ts_ms)
+                    try:
+                        self.archive.write(self.archived[kind], record, ts_ms)
+                    except ValueError:  # an event time no archive hour holds: as the archiver
+                        self.unarchived += 1
                 if kind == "window":
                     with self.lock:
                         self.view.windows += 1
@@ -204,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(1.0)
             if worker.poll() is not None:
                 print(f"demo: the stream worker exited ({worker.returncode}); log: {log_path}")
+                break
+            if not consumer.is_alive():
+                print(f"demo: the view's consumer stopped ({consumer.error}); stopping")
                 break
             with lock:
                 screen = view.render()
