@@ -66,6 +66,11 @@ from peerwatch.streams.core.windows import SAMPLE_SPEC, VALUE_LIMIT, WindowAggre
 from peerwatch.streams.live.hot_progress import PartitionProgress
 
 log = logging.getLogger(__name__)
+#: Clock offsets: a batch's newest sample time may run ahead of the wall time since the last
+#: batch by this much (a tick, jitter) and the partition still counts as read live (ms).
+LIVE_SLACK_MS = 2000
+#: Nodes newly past the clock-skew threshold logged one by one per refresh (then a count).
+CLOCK_WARNINGS_AT_ONCE = 10
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,8 @@ class _Partition:
         self.max_ts_ms: int | None = None  # latest sample time (the silence clock)
         self.first_ts_ms: int | None = None  # first sample time read since the assignment
         self.arrival_wall_s = time.time()  # when its latest samples arrived
+        #: (newest sample time, receive time) of the last batch read at the head (clocks).
+        self.clock_prev: tuple[int, int] | None = None
 
 
 class HotStage:
@@ -456,12 +463,12 @@ class HotStage:
         part.arrival_wall_s = time.time()
 
     def _clock_leads(self, p: int, part: _Partition, batch: list[Any], tables: Any) -> None:
-        """Feed the clock-offset estimate the kept samples of a batch read at the head of its
-        partition, against the time the batch was received; at most once a second, refresh the
-        offsets in the counters and log nodes newly past the warning threshold."""
+        """Feed the clock-offset estimate the kept samples of a batch read live (see
+        :meth:`_live`), against the time the batch was received; at most once a second,
+        refresh the offsets in the counters and log nodes newly past the warning threshold."""
         received_ms = int(time.time() * 1000)
-        if self._fresh(p, batch):
-            top = tables[""]
+        top = tables[""]
+        if top.n and self._live(p, part, batch, int(top.values["ts_ms"].max()), received_ms):
             self.clocks.observe(
                 part.aggregator.name, top.values["node"], top.values["ts_ms"],
                 np.full(top.n, received_ms, np.int64),
@@ -473,14 +480,31 @@ class HotStage:
         offsets = self.clocks.offsets_ms()
         warn = self.clock_skew_warn_ms
         skewed = {n: v for n, v in offsets.items() if abs(v) >= warn}
-        for node in sorted(skewed.keys() - self._clock_warned):
+        new = sorted(skewed.keys() - self._clock_warned)
+        for node in new[:CLOCK_WARNINGS_AT_ONCE]:
             log.warning("node %s: its clock runs %+.1f s from the fleet's median clock",
                         node, skewed[node] / 1000.0)  # fmt: skip
+        if len(new) > CLOCK_WARNINGS_AT_ONCE:
+            log.warning("... and %d more nodes 1 s or more off the fleet's clock "
+                        "(peerwatch_node_clock_offset_seconds)", len(new) - CLOCK_WARNINGS_AT_ONCE)  # fmt: skip
         self._clock_warned = set(skewed) | {
             n for n in self._clock_warned if abs(offsets.get(n, 0)) >= warn // 2
         }
         self.counters.clock_offsets_ms = offsets
         self.counters.clock_skewed_nodes = len(skewed)
+
+    def _live(self, p: int, part: _Partition, batch: list[Any], top_ms: int, received_ms: int
+              ) -> bool:  # fmt: skip
+        """Whether partition ``p`` is read live: ``batch`` ends at the partition's head and its
+        newest sample time moved on from the previous such batch's by no more than the wall
+        time between them (plus a tick's slack). A backlog, or input published faster than
+        real time (a catch-up, a benchmark), says nothing of the nodes' clocks through its
+        receive times."""
+        if not self._fresh(p, batch):
+            part.clock_prev = None
+            return False
+        prev, part.clock_prev = part.clock_prev, (top_ms, received_ms)
+        return prev is not None and top_ms - prev[0] <= received_ms - prev[1] + LIVE_SLACK_MS
 
     def _fresh(self, p: int, batch: list[Any]) -> bool:
         """Whether ``batch`` of partition ``p`` ends within one batch length of the partition's
