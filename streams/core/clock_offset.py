@@ -6,7 +6,8 @@ those windows (``phase_change_sm``); this estimate makes the cause visible to an
 node's offset, in ms, exported per node (``peerwatch_node_clock_offset_seconds``).
 
 The reference is a time taken after the sample left its node: the stream worker's clock when
-it received a batch read at the head of its partition (a batch from a backlog is not used). For
+it received a batch of a partition it reads live (the hot stage decides: at the head, sample
+time advancing no faster than wall time; a backlog is not used). For
 one sample, ``lead = ts_ms - ref_ms = offset - delay`` where ``delay`` (tick to receipt:
 sampling, batching, the broker, the fetch) is never negative. So the *largest* lead of a node
 over a recent stretch is its offset less its smallest delay, a bound that a late or spooled
