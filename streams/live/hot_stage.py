@@ -162,6 +162,8 @@ class HotStage:
         self._consumer: Any = None
         self._jobs: Any = None  # the job-events consumer
         self._lag_due_s = 0.0
+        #: Samples behind the head per assigned partition, as last measured (_measure_lag).
+        self._lags: dict[int, int] = {}
         self._admin: Any = None
         self._job_tps: list[Any] = []
         self._job_next: dict[int, int] = {}  # job-events partition -> next offset to apply
@@ -245,15 +247,16 @@ class HotStage:
 
         tps = [TopicPartition(self.topics.samples, p) for p in sorted(self.parts)]
         try:
-            lag = 0
+            lags: dict[int, int] = {}
             for tp in self._consumer.position(tps):
                 _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
                 if high >= 0 and tp.offset >= 0:
-                    lag += max(high - tp.offset, 0)
+                    lags[tp.partition] = max(high - tp.offset, 0)
         except KafkaException as exc:
             log.debug("hot stage: lag not measured (%s)", exc)
             return
-        self.counters.consumer_lag = lag
+        self._lags = lags
+        self.counters.consumer_lag = sum(lags.values())
 
     # -- allocations -----------------------------------------------------------------------------
     def _sync_job_events(self, limit_s: float = 30.0) -> None:
@@ -507,22 +510,12 @@ class HotStage:
         return prev is not None and top_ms - prev[0] <= received_ms - prev[1] + LIVE_SLACK_MS
 
     def _fresh(self, p: int, batch: list[Any]) -> bool:
-        """Whether ``batch`` of partition ``p`` ends within one batch length of the partition's
-        head (librdkafka's cached high watermark: no broker request). A batch read from a
-        backlog says nothing of the nodes' clocks through its receive time."""
-        if self._consumer is None or not batch:
-            return False
-        from confluent_kafka import KafkaException, TopicPartition
-
-        try:
-            marks = self._consumer.get_watermark_offsets(
-                TopicPartition(self.topics.samples, p), cached=True
-            )
-        except KafkaException:
-            return False
-        if not marks or marks[1] < 0:
-            return False
-        return bool(marks[1] - (batch[-1].offset() + 1) <= len(batch))
+        """Whether partition ``p`` was at most one batch length behind its head when its lag
+        was last measured (:meth:`_measure_lag`, once a second: no librdkafka call per batch,
+        which stalled the worker). A batch read from a backlog says nothing of the nodes'
+        clocks through its receive time."""
+        lag = self._lags.get(p)
+        return bool(batch) and lag is not None and lag <= len(batch)
 
     def _publish_finding(self, f: Any) -> None:
         self._send(self.topics.findings, str(f["job_id"]).encode(), self.finding_codec.encode(f))
