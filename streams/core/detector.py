@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Literal, cast
 
 from peerwatch.schemas.records import FindingCause, FindingStatus, GpuWindow, StragglerFinding
 from peerwatch.streams.core.causes import UNKNOWN, majority_cause, straggler_cause
@@ -301,27 +301,33 @@ def _gate(
     expected = job.expected_gpus or state.max_gpus_seen
     if len(reporting) < settings.min_reported_frac * expected:
         return GATE_INCOMPLETE
-    thr_values = [float(v) for w in reporting if (v := w.get("throttle_frac")) is not None]
-    thr_change = False
-    if thr_values:
-        job_thr = median(thr_values)
-        thr_before, state.last_job_thr = state.last_job_thr, job_thr
-        thr_change = thr_before is not None and abs(job_thr - thr_before) >= (
-            settings.phase_change_thr
-        )
-    sm_values = [float(v) for w in reporting if (v := w.get("sm_frac")) is not None]
-    if not sm_values:
-        return GATE_PHASE_CHANGE if thr_change else None
-    job_sm = median(sm_values)
-    before, state.last_job_sm = state.last_job_sm, job_sm
-    if job_sm < settings.min_job_sm:
+    job_sm = _job_median(reporting, "sm_frac")
+    job_thr = _job_median(reporting, "throttle_frac")
+    # A job-wide phase change (checkpoint, eval, restart; a power cap or cooling event starting
+    # or ending) inside or next to this window: a node whose clock is a second or two off
+    # straddles it differently from its peers.
+    changed = _moved(state.last_job_sm, job_sm, settings.phase_change_sm) or _moved(
+        state.last_job_thr, job_thr, settings.phase_change_thr
+    )
+    if job_sm is not None:
+        state.last_job_sm = job_sm
+    if job_thr is not None:
+        state.last_job_thr = job_thr
+    if job_sm is not None and job_sm < settings.min_job_sm:
         return GATE_LOW_ACTIVITY
-    if thr_change or (before is not None and abs(job_sm - before) >= settings.phase_change_sm):
-        # A job-wide phase change (checkpoint, eval, restart; a power cap or cooling event
-        # starting or ending) inside or next to this window: a node whose clock is a second or
-        # two off straddles it differently from its peers.
-        return GATE_PHASE_CHANGE
-    return None
+    return GATE_PHASE_CHANGE if changed else None
+
+
+def _job_median(
+    reporting: list[GpuWindow], name: Literal["sm_frac", "throttle_frac"]
+) -> float | None:
+    """The job's median of one window field over its reporting GPUs (None: none has it)."""
+    values = [float(v) for w in reporting if (v := w.get(name)) is not None]
+    return median(values) if values else None
+
+
+def _moved(before: float | None, now: float | None, limit: float) -> bool:
+    return before is not None and now is not None and abs(now - before) >= limit
 
 
 def _learn_baseline(

@@ -55,8 +55,9 @@ class StreamCounters:
     #: Hot-stage outputs the broker refused for good (dead-lettered) or failed to deliver.
     outputs_refused: int = 0
     outputs_failed: int = 0
-    #: Each node's clock offset from the fleet's median clock, ms (sample times against receive times; see
-    #: streams.core.clock_offset), refreshed once a second; nodes past the warning threshold.
+    #: Each node's clock offset from the fleet's median clock, ms (sample times against receive
+    #: times; see streams.core.clock_offset), refreshed once a second; nodes past the warning
+    #: threshold.
     clock_offsets_ms: dict[str, int] = field(default_factory=dict)
     clock_skewed_nodes: int = 0
     first_batch_wall_s: float | None = None

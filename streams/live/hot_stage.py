@@ -173,7 +173,6 @@ class HotStage:
         self.clock_skew_warn_ms = int(stream.clock_skew_warn_s * 1000)
         self._clocks_due_s = 0.0
         self._clock_warned: set[str] = set()
-        self._create_time_warned = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -471,10 +470,12 @@ class HotStage:
         refresh the offsets in the counters and log nodes newly past the warning threshold."""
         received_ms = int(time.time() * 1000)
         top = tables[""]
-        if top.n and self._live(p, part, batch, int(top.values["ts_ms"].max()), received_ms):
+        ts = top.values["ts_ms"]
+        ok = (ts >= 0) & (ts < VALUE_LIMIT)  # the rest is dead-lettered as invalid (counted)
+        if ok.any() and self._live(p, part, batch, int(ts[ok].max()), received_ms):
             self.clocks.observe(
-                part.aggregator.name, top.values["node"], top.values["ts_ms"],
-                np.full(top.n, received_ms, np.int64),
+                part.aggregator.name, top.values["node"][ok], ts[ok],
+                np.full(int(ok.sum()), received_ms, np.int64),
             )  # fmt: skip
         now = time.monotonic()
         if now < self._clocks_due_s:
@@ -498,24 +499,18 @@ class HotStage:
 
     def _live(self, p: int, part: _Partition, batch: list[Any], top_ms: int, received_ms: int
               ) -> bool:  # fmt: skip
-        """Whether partition ``p`` is read live: ``batch`` ends at the partition's head and its
-        newest sample time moved on from the previous such batch's by no more than the wall
-        time between them (plus a tick's slack). A backlog, or input published faster than
-        real time (a catch-up, a benchmark), says nothing of the nodes' clocks through its
-        receive times."""
-        if not self._fresh(p, batch):
+        """Whether partition ``p`` is read live: it was at most one batch length behind its head
+        when its lag was last measured (:meth:`_measure_lag`, once a second; asking librdkafka
+        on every batch stalled the worker), and its newest sample time moved on from the
+        previous such batch's by no more than the wall time between them (plus a tick's slack).
+        A backlog, or input published faster than real time (a catch-up, a benchmark), says
+        nothing of the nodes' clocks through its receive times."""
+        lag = self._lags.get(p)
+        if lag is None or lag > len(batch):
             part.clock_prev = None
             return False
         prev, part.clock_prev = part.clock_prev, (top_ms, received_ms)
         return prev is not None and top_ms - prev[0] <= received_ms - prev[1] + LIVE_SLACK_MS
-
-    def _fresh(self, p: int, batch: list[Any]) -> bool:
-        """Whether partition ``p`` was at most one batch length behind its head when its lag
-        was last measured (:meth:`_measure_lag`, once a second: no librdkafka call per batch,
-        which stalled the worker). A batch read from a backlog says nothing of the nodes'
-        clocks through its receive time."""
-        lag = self._lags.get(p)
-        return bool(batch) and lag is not None and lag <= len(batch)
 
     def _publish_finding(self, f: Any) -> None:
         self._send(self.topics.findings, str(f["job_id"]).encode(), self.finding_codec.encode(f))

@@ -28,6 +28,17 @@ def collected(reader: InMemoryMetricReader) -> dict[str, Any]:
             for m in sm.metrics}  # fmt: skip
 
 
+def exported_stream(counters: StreamCounters) -> dict[str, Any]:
+    """The stream worker's metrics from ``counters``, collected once in memory."""
+    reader = InMemoryMetricReader()
+    telemetry = SelfTelemetry(TelemetrySettings(), "stream", counters.scalars,
+                              metric_exporter=None, metric_readers=[reader])  # fmt: skip
+    try:
+        return collected(reader)
+    finally:
+        telemetry.close()
+
+
 def test_every_stream_metric_reads_a_stream_counter() -> None:
     names = set(StreamCounters().scalars())
     assert {m.key for m in STREAM} <= names
@@ -44,11 +55,7 @@ def test_stream_counters_are_exported_as_counters_and_gauges() -> None:
     counters = StreamCounters()
     counters.batch_done(10, 80, start_wall_s=0.0, start_cpu_s=0.0)  # a long batch: wall time now
     counters.late, counters.windows, counters.consumer_lag = 3, 16, 42
-    reader = InMemoryMetricReader()
-    telemetry = SelfTelemetry(TelemetrySettings(), "stream", counters.scalars,
-                              metric_exporter=None, metric_readers=[reader])  # fmt: skip
-    metrics = collected(reader)
-    telemetry.close()
+    metrics = exported_stream(counters)
     late = metrics["peerwatch.stream.late"]
     assert isinstance(late.data, Sum) and late.data.is_monotonic
     assert late.data.data_points[0].value == 3
@@ -116,11 +123,7 @@ def test_node_clock_offsets_are_one_gauge_series_per_node_in_seconds() -> None:
     counters = StreamCounters()
     counters.clock_offsets_ms = {"gpu00002": -1500, "gpu00001": 2500, "gpu00003": 0}
     counters.clock_skewed_nodes = 2
-    reader = InMemoryMetricReader()
-    telemetry = SelfTelemetry(TelemetrySettings(), "stream", counters.scalars,
-                              metric_exporter=None, metric_readers=[reader])  # fmt: skip
-    metrics = collected(reader)
-    telemetry.close()
+    metrics = exported_stream(counters)
     offset = metrics["peerwatch.node.clock_offset"]
     assert isinstance(offset.data, Gauge) and offset.unit == "s"
     got = {p.attributes["node"]: p.value for p in offset.data.data_points}
