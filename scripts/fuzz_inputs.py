@@ -557,6 +557,7 @@ def kafka_corpus() -> dict[str, list[tuple[bytes | None, bytes]]]:
         FakeMessage("s", 0, i, k, v) for i, (k, v) in enumerate(corpus["NodeGpuSample"][:360])
     ]
     hot._aggregate(0, hot.parts[0], samples)
+    hot._send_closed()
     corpus["window-batches"] = [
         (p.key, p.value) for p in producer.sent if p.topic == "b" and p.value
     ]
@@ -629,14 +630,14 @@ def fuzz_kafka(rng: Random, tmp: Path) -> None:
 
 def _kafka_hot(rng: Random, tmp: Path) -> None:
     """The hot stage's job-events reader and its samples batch (``_apply_job_event``,
-    ``_aggregate``: what ``run`` calls on each consumed batch)."""
+    ``_aggregate``, ``_send_closed``: what ``run`` calls on each consumed batch)."""
     hot, producer = _hot_stage()
     for msg, _ in _messages(rng, [("JobEvent", "je")], rng.randint(0, 8)):
         _timed("hot job event", lambda m=msg: hot._apply_job_event(m))
     batch = [m for m, _ in _messages(rng, [("NodeGpuSample", "s")], rng.randint(1, 40))]
     for i, m in enumerate(batch):
         m._partition, m._offset = 0, i  # one partition's batch, in offset order
-    _timed("hot batch", lambda: hot._aggregate(0, hot.parts[0], batch))
+    _timed("hot batch", lambda: (hot._aggregate(0, hot.parts[0], batch), hot._send_closed()))
     codec = AvroCodec("NodeGpuSample")
     refused = set()
     for m in batch:
@@ -658,7 +659,7 @@ def _kafka_jobs(rng: Random, tmp: Path) -> None:
     from peerwatch.streams.core.allocation import AllocationTable
     from peerwatch.streams.core.job_stage import JobReleaser
     from peerwatch.streams.live.counters import StreamCounters
-    from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler
+    from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler, pending_message
 
     settings = Settings()
     meta = AllocationTable(3600_000)
@@ -685,7 +686,11 @@ def _kafka_jobs(rng: Random, tmp: Path) -> None:
         for out in outputs:
             if out.topic == "findings":
                 json.dumps(out.value)  # the internal topic's JSON serializer
-    json.dumps([list(job_table.values()), list(pending.values())])  # the tables' JSON
+    json.dumps(list(job_table.values()))  # the job table's JSON serializer
+    for entry in pending.values():  # the pending table's raw serializer: bytes that read back
+        if not isinstance(entry, bytes):
+            raise Failure(f"pending entry of type {type(entry).__name__}, not bytes")
+        pending_message(entry)
 
 
 def _kafka_policy(rng: Random, tmp: Path) -> None:

@@ -271,9 +271,9 @@ def route_finding(
 
 
 def batch_of_message(message: Mapping[str, Any]) -> tuple[JobWindowBatch, int]:
-    """The window batch and source of a stage 2 -> 3 message (``kind`` ``windows``, as the hot
-    stage sends and the live driver keeps in its pending table). Raises KeyError, ValueError or
-    TypeError for a malformed one."""
+    """The window batch and source of a single-source stage 2 -> 3 message (``kind``
+    ``windows`` with ``src`` and ``windows``). Raises KeyError, ValueError or TypeError for a
+    malformed one."""
     batch = JobWindowBatch(
         str(message["job_id"]),
         int(message["window_start_ms"]),
@@ -281,6 +281,23 @@ def batch_of_message(message: Mapping[str, Any]) -> tuple[JobWindowBatch, int]:
         list(message["windows"]),
     )
     return batch, int(message["src"])
+
+
+def batches_of_message(message: Mapping[str, Any]) -> list[tuple[JobWindowBatch, int]]:
+    """The window batches and their sources of a stage 2 -> 3 message, as the hot stage sends
+    it and the live driver keeps it in its pending table: one job and window, with ``parts``
+    (source -> its windows: every samples partition of a hot batch that closed the window), or
+    one ``src`` and its ``windows`` (older workers). Raises KeyError, ValueError or TypeError
+    for a malformed one."""
+    if "parts" not in message:
+        return [batch_of_message(message)]
+    parts = message["parts"]
+    if not isinstance(parts, Mapping) or not parts:
+        raise ValueError("window batch without parts")
+    job_id, start, end = (
+        str(message["job_id"]), int(message["window_start_ms"]), int(message["window_end_ms"])
+    )  # fmt: skip
+    return [(JobWindowBatch(job_id, start, end, list(ws)), int(src)) for src, ws in parts.items()]
 
 
 class JobReleaser:
@@ -339,8 +356,15 @@ class JobReleaser:
         """Source ``src`` closed every window ending at or before ``closed_until_ms`` (int ms);
         releases what that completes among the jobs of ``channel``. A source's watermark never
         goes back (an older heartbeat read again changes nothing)."""
+        return self.heartbeats({src: closed_until_ms}, channel)
+
+    def heartbeats(self, closed_until_ms: Mapping[int, int], channel: int = 0) -> Released:
+        """:meth:`heartbeat` of several sources at once (source -> closed until, ms), one
+        release at the end: the same windows released as by one heartbeat after another (a
+        window waits for every source holding its nodes), fewer calls."""
         marks = self.watermarks.setdefault(channel, {})
-        marks[src] = max(marks.get(src, closed_until_ms), closed_until_ms)
+        for src, until in closed_until_ms.items():
+            marks[src] = max(marks.get(src, until), until)
         jobs = [j for j in self.stage.pending if self.channel_of.get(j) == channel]
         return self.release(*sorted(jobs))
 
@@ -413,7 +437,7 @@ class JobReleaser:
         self, job_id: str, saved: Mapping[str, Any], pending: Iterable[Mapping[str, Any]]
     ) -> list[PendingEntry]:
         """A job first seen by this process: its :meth:`saved_state` and its pending batch
-        messages (:func:`batch_of_message`) as a changelog kept them, each with the channel it
+        messages (:func:`batches_of_message`) as a changelog kept them, each with the channel it
         arrived on (``channel``, so that heartbeats release it before another batch comes);
         later releases are the same as without the restart. Returns the entries for windows
         the job had already released (a deletion that did not reach the changelog): to delete.
@@ -425,9 +449,9 @@ class JobReleaser:
             self.stage.released[job_id] = int(saved["released_ms"])
         stale: list[PendingEntry] = []
         for message in pending:
-            batch, src = batch_of_message(message)
-            if message.get("channel") is not None:
-                self.channel_of.setdefault(batch.job_id, int(message["channel"]))
-            if not self._hold(batch, src):
-                stale.append(PendingEntry(batch.job_id, batch.window_start_ms, src))
+            for batch, src in batches_of_message(message):
+                if message.get("channel") is not None:
+                    self.channel_of.setdefault(batch.job_id, int(message["channel"]))
+                if not self._hold(batch, src):
+                    stale.append(PendingEntry(batch.job_id, batch.window_start_ms, src))
         return stale

@@ -51,6 +51,11 @@ class StreamSettings:
     )
     batch_max: int = setting(2000, "most samples the hot stage aggregates in one batch")
     batch_within_s: float = setting(0.2, "longest wait to fill a hot-stage batch (s)")
+    hot_process: bool = setting(
+        True,
+        "run the hot stage in a process of its own, beside the faust agents (a core each); "
+        "false: a thread of the worker's process",
+    )
     allocation_retention_s: int = setting(
         3600, "how long an ended job's allocation is kept for late samples (s)"
     )

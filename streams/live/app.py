@@ -9,8 +9,9 @@ changelog-backed tables, so a restarted or moved worker recovers it):
    second), and reading them directly, up to the end offsets asked after each batch of samples
    was fetched, orders a job's start and end exactly before its own samples: a re-keyed,
    co-partitioned table fed by another stage cannot promise that.
-2. the hot stage (samples, key node) runs on its own confluent-kafka consumer thread
-   (:mod:`~peerwatch.streams.live.hot_stage`): batches of up to ``batch_max`` samples are decoded,
+2. the hot stage (samples, key node) runs on its own confluent-kafka consumer
+   (:mod:`~peerwatch.streams.live.hot_stage`), in a process of its own beside this one
+   (:mod:`~peerwatch.streams.live.hot_process`; ``stream.hot_process``): batches of up to ``batch_max`` samples are decoded,
    attributed and aggregated by the pure
    :class:`~peerwatch.streams.core.windows.WindowAggregator`; closed windows leave as one compact
    record per (job, window) on ``<id>-window-batches`` keyed by job. Hard rules fire there on
@@ -32,7 +33,6 @@ dead-letter topic with reason ``late``, never dropped silently.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from typing import Any
@@ -47,20 +47,12 @@ from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.pipeline import PolicyStage
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler, PolicyHandler
-from peerwatch.streams.live.hot_stage import HotStage, HotTopics
+from peerwatch.streams.live.hot_process import HotProcess
+from peerwatch.streams.live.hot_stage import HotSpec, HotTopics, samples_partition
 from peerwatch.streams.live.window_output import WindowOutput
 from peerwatch.topics import TopicSpec, catalogue
 
 log = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _samples_partition(node: str, partitions: int) -> int:
-    """The samples partition of ``node``: Kafka's default keyed partitioner (murmur2), which the
-    producers (librdkafka ``murmur2_random``) and faust (aiokafka) both use."""
-    from aiokafka.partitioner import murmur2
-
-    return int(murmur2(node.encode()) & 0x7FFFFFFF) % partitions
 
 
 def _faust_broker(settings: Settings) -> str:
@@ -151,7 +143,9 @@ def build_app(settings: Settings) -> faust.App:
     job_table = app.Table("jobs", default=None, partitions=job_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
     # One entry per (job, window, source partition): a job's pending windows stay small records
     # (a 512-GPU job's whole state would not fit one Kafka message).
-    pending_table = app.Table("pending", default=None, partitions=job_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
+    # Entries are the batch messages as they came (handlers.pending_entry): raw bytes.
+    raw_schema: Any = faust.Schema(key_serializer="raw", value_serializer="raw")
+    pending_table = app.Table("pending", default=None, partitions=job_partitions, schema=raw_schema, key_type=bytes)  # fmt: skip
     policy_table = app.Table("policy", default=None, partitions=node_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
 
     counters = StreamCounters()
@@ -173,8 +167,9 @@ def build_app(settings: Settings) -> faust.App:
             value, headers = None, [*headers, *sizes]
         await deadletter.send(key=key, value=value, headers=headers)
 
-    # -- stage 2: the hot path, on its own consumer thread (see hot_stage) ---------------------
-    hot = HotStage(
+    # -- stage 2: the hot path, on its own consumer (see hot_stage), in a process of its own
+    # (see hot_process) or a thread of this one ----------------------------------------------
+    hot_spec = HotSpec(
         settings, app_id,
         HotTopics(
             samples=samples_t.get_topic_name(),
@@ -185,11 +180,9 @@ def build_app(settings: Settings) -> faust.App:
             findings=stragglers_out.get_topic_name(),
             node_findings=findings_t.get_topic_name(),
         ),
-        counters,
-        window_s=settings.detector.window_s, lateness_s=cfg.lateness_s, batch_max=cfg.batch_max,
-        batch_within_s=cfg.batch_within_s, allocation_retention_s=cfg.allocation_retention_s,
-        partition_of=lambda node: _samples_partition(node, node_partitions),
+        node_partitions,
     )  # fmt: skip
+    hot: Any = None
 
     telemetry: list[Any] = []
 
@@ -201,13 +194,19 @@ def build_app(settings: Settings) -> faust.App:
         async def on_started(self) -> None:
             from peerwatch.exporters.self_telemetry import start_self_telemetry
 
+            nonlocal hot
+            if cfg.hot_process:
+                hot = HotProcess(hot_spec, counters, logging.getLogger().getEffectiveLevel())
+            else:
+                hot = hot_spec.build(counters)
             hot.start()
             exporter = start_self_telemetry(settings.telemetry, "stream", counters.scalars)
             if exporter is not None:
                 telemetry.append(exporter)
 
         async def on_stop(self) -> None:
-            await asyncio.to_thread(hot.stop)
+            if hot is not None:
+                await asyncio.to_thread(hot.stop)
             for exporter in telemetry:
                 await asyncio.to_thread(exporter.close)
 
@@ -218,7 +217,7 @@ def build_app(settings: Settings) -> faust.App:
     stage3 = JobReleaser(
         settings.detector, job_meta, grace_ms=int(cfg.job_grace_s * 1000),
         fan_out_job_wide=cfg.fan_out_job_wide,
-        partition_of=lambda node: _samples_partition(node, node_partitions),
+        partition_of=lambda node: samples_partition(node, node_partitions),
     )  # fmt: skip
     # Step times (optional, keyed by job like the job events and window batches): a GPU's
     # window gets the mean step duration of its steps in that window before detection.

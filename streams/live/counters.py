@@ -1,7 +1,11 @@
 """What a stream worker did, as counters a benchmark or a test reads back (``--counters-file``).
 
-Written by both the faust event loop (stages 3, 4) and the hot stage's thread; every field but
-``deadletter`` has one writer, and that one is counted under a lock.
+Written by both the faust event loop (stages 3, 4) and the hot stage; every field but
+``deadletter`` has one writer, and that one is counted under a lock. When the hot stage runs in
+a process of its own (:mod:`~peerwatch.streams.live.hot_process`), it counts into its own
+``StreamCounters`` and sends :meth:`StreamCounters.hot_update` to the worker a few times a
+second, which :meth:`StreamCounters.merge_hot` applies: the worker's file and its telemetry show
+one set of counters either way.
 """
 
 from __future__ import annotations
@@ -14,6 +18,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 _COUNT_LOCK = threading.Lock()
+
+#: The counters the hot stage writes (the rest are stage 3's and 4's); ``deadletter`` and
+#: ``batch_log`` are sent apart (both stages dead-letter; the log goes as its new entries).
+HOT_FIELDS = (
+    "samples", "gpu_samples", "batches", "late", "batch_time_s", "last_batch_s",
+    "consumer_lag", "unattributed", "hard_findings", "silence_findings", "fleet_findings",
+    "outputs_refused", "outputs_failed", "clock_offsets_ms", "clock_skewed_nodes",
+    "first_batch_wall_s", "first_batch_cpu_s", "last_batch_wall_s", "last_batch_cpu_s",
+)  # fmt: skip
+#: Hot batches kept in ``batch_log``.
+BATCH_LOG_MAX = 20_000
 
 
 @dataclass
@@ -68,6 +83,11 @@ class StreamCounters:
     #: The latest 20,000 hot batches: [start wall s, end wall s, start CPU s, end CPU s,
     #: node records, GPU readings], so a benchmark can take any interval of them.
     batch_log: list[list[float]] = field(default_factory=list)
+    #: Stage 3: when it last took a window batch (wall s), so a benchmark can tell when the
+    #: worker, not only its hot stage, was done with its input.
+    last_window_batch_wall_s: float | None = None
+    #: Dead letters of a hot stage running in its own process (see merge_hot).
+    hot_deadletter: int = 0
 
     def batch_done(
         self, node_records: int, gpu_readings: int, start_wall_s: float, start_cpu_s: float
@@ -77,16 +97,17 @@ class StreamCounters:
         if self.first_batch_wall_s is None:
             self.first_batch_wall_s, self.first_batch_cpu_s = now_wall, now_cpu
         self.last_batch_wall_s, self.last_batch_cpu_s = now_wall, now_cpu
-        self.batch_log.append(
-            [start_wall_s, now_wall, start_cpu_s, now_cpu, node_records, gpu_readings]
-        )
-        if len(self.batch_log) > 20_000:
-            del self.batch_log[:1000]
         self.last_batch_s = max(now_wall - start_wall_s, 0.0)
         self.batch_time_s += self.last_batch_s
         self.samples += node_records
         self.gpu_samples += gpu_readings
-        self.batches += 1
+        with _COUNT_LOCK:  # the log and its count together (hot_update reads both)
+            self.batch_log.append(
+                [start_wall_s, now_wall, start_cpu_s, now_cpu, node_records, gpu_readings]
+            )
+            if len(self.batch_log) > BATCH_LOG_MAX:
+                del self.batch_log[:1000]
+            self.batches += 1
 
     def latency(self, ms: float) -> None:
         self.finding_latency_ms.append(ms)
@@ -98,9 +119,30 @@ class StreamCounters:
         with _COUNT_LOCK:
             self.deadletter += 1
 
+    def hot_update(self, batches_sent: int) -> dict[str, Any]:
+        """What a hot process sends its worker: the hot fields, its dead letters and the batch
+        log entries after the first ``batches_sent`` batches."""
+        with _COUNT_LOCK:
+            out = {name: getattr(self, name) for name in HOT_FIELDS}
+            new = min(self.batches - batches_sent, len(self.batch_log))
+            out["batch_log_new"] = [list(b) for b in self.batch_log[len(self.batch_log) - new :]]
+            out["deadletter"] = self.deadletter
+        out["clock_offsets_ms"] = dict(self.clock_offsets_ms)
+        return out
+
+    def merge_hot(self, update: dict[str, Any]) -> None:
+        """Apply a hot process's :meth:`hot_update` (on the worker's side)."""
+        for name in HOT_FIELDS:
+            setattr(self, name, update[name])
+        self.hot_deadletter = int(update["deadletter"])
+        self.batch_log.extend(update["batch_log_new"])
+        if len(self.batch_log) > BATCH_LOG_MAX:
+            del self.batch_log[: len(self.batch_log) - BATCH_LOG_MAX]
+
     def snapshot(self) -> dict[str, Any]:
         """The counters as plain data (lists copied: the hot thread keeps appending)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["deadletter"] = self.deadletter + self.hot_deadletter
         out["finding_latency_ms"] = list(self.finding_latency_ms)
         out["batch_log"] = list(self.batch_log)
         out["clock_offsets_ms"] = dict(self.clock_offsets_ms)
@@ -110,6 +152,7 @@ class StreamCounters:
         """The counters without the lists (what peerwatch's own telemetry exports)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)
                if f.name not in ("finding_latency_ms", "batch_log")}  # fmt: skip
+        out["deadletter"] = self.deadletter + self.hot_deadletter
         out["clock_offsets_ms"] = dict(self.clock_offsets_ms)
         return out
 

@@ -20,7 +20,12 @@ from typing import Any
 from peerwatch.errors import CodecError
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.job_stage import JobReleaser, PendingEntry, Released, batch_of_message
+from peerwatch.streams.core.job_stage import (
+    JobReleaser,
+    PendingEntry,
+    Released,
+    batches_of_message,
+)
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import PolicyStage
 from peerwatch.streams.core.policy_state import NodePolicyState
@@ -61,10 +66,37 @@ def json_object(value: Any) -> dict[str, Any]:
     return out
 
 
+def watermarks(message: dict[str, Any]) -> dict[int, int]:
+    """Source -> closed until (ms) of a heartbeat message: ``marks`` (one per source that closed
+    windows in a hot batch), or one ``src`` and its ``closed_until_ms`` (older workers). Raises
+    KeyError, ValueError or TypeError for a malformed one."""
+    if "marks" not in message:
+        return {int(message["src"]): int(message["closed_until_ms"])}
+    marks = message["marks"]
+    if not isinstance(marks, dict):
+        raise TypeError(f"watermark marks of type {type(marks).__name__}")
+    return {int(src): int(until) for src, until in marks.items()}
+
+
+def pending_entry(channel: int, message: bytes) -> bytes:
+    """A pending-table entry: the batch message as it came (no second encoding of its windows)
+    after the stage-3 partition it came on, ``b"<channel>\\n<message>"``."""
+    return b"%d\n" % channel + message
+
+
 def pending_message(entry: Any) -> dict[str, Any]:
-    """A pending-table entry as the batch message it holds, with its ``channel``: the message's
-    text under ``raw``, or (entries written before that) the message's fields themselves.
-    Raises ValueError or TypeError for a damaged entry."""
+    """A pending-table entry as the batch message it holds, with its ``channel``
+    (:func:`pending_entry`). Entries of older versions still read: JSON objects holding the
+    message's text under ``raw``, or the message's fields themselves. Raises ValueError or
+    TypeError for a damaged entry."""
+    if isinstance(entry, bytes | bytearray):
+        if entry[:1] == b"{":  # an older version's entry, JSON
+            entry = json_object(entry)
+        else:
+            head, sep, body = bytes(entry).partition(b"\n")
+            if not sep or not head.isdigit() or len(head) > 9:
+                raise ValueError("pending entry without its channel")
+            return {**json_object(body), "channel": int(head)}
     if not isinstance(entry, dict):
         raise TypeError(f"pending entry of type {type(entry).__name__}")
     if "raw" not in entry:
@@ -175,22 +207,24 @@ class JobsHandler:
                 if low_ms is not None:
                     self.job_meta.prune(low_ms)
                     self.stage3.prune(low_ms, self.retention_ms)
-            until = int(b["closed_until_ms"])
-            return self.outputs(self.stage3.heartbeat(int(b["src"]), until, channel=partition))
-        batch, src = batch_of_message(b)
-        raw = bytes(value).decode()  # JSON in UTF-16 or -32 parses, but is not kept (ValueError)
+            return self.outputs(self.stage3.heartbeats(watermarks(b), channel=partition))
+        parts = batches_of_message(b)
+        bytes(value).decode()  # JSON in UTF-16 or -32 parses, but is not kept (ValueError)
         wall = b.get("closed_wall_ms")
         wall_ms = None if wall is None else float(wall)
-        self.restore(batch.job_id)
-        if not self.stage3.add(batch, src, channel=partition):
+        job_id, start = parts[0][0].job_id, parts[0][0].window_start_ms
+        self.restore(job_id)
+        self.counters.last_window_batch_wall_s = time.time()
+        held = [src for batch, src in parts if self.stage3.add(batch, src, channel=partition)]
+        if not held:
             return []  # a window already released (re-sent after a hot-stage restart)
-        job_id, start = batch.job_id, batch.window_start_ms
         if wall_ms is not None:
             before = self.closed_wall.get((job_id, start), 0.0)
             self.closed_wall[(job_id, start)] = max(before, wall_ms)
-        entry = PendingEntry(job_id, start, src)
-        # The message as it came (its text: no second encoding of every window; see restore).
-        self.pending_table[entry.key.encode()] = {"raw": raw, "channel": partition}
+        # The message as it came (no second encoding of every window; see restore), once,
+        # under its first source: the window's sources are retired together.
+        entry = PendingEntry(job_id, start, min(held))
+        self.pending_table[entry.key.encode()] = pending_entry(partition, bytes(value))
         return self.outputs(self.stage3.release(job_id))
 
     def outputs(self, released: Released) -> list[Output]:

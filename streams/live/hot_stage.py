@@ -7,8 +7,9 @@ run in C, off the GIL), in batches of up to ``batch_max`` records, decodes each 
 batch straight into columns (:class:`~peerwatch.schemas.columns.MessageColumns`: the C decoder
 for the current schema version) and feeds them to the pure
 :class:`~peerwatch.streams.core.windows.WindowAggregator` (one per samples partition). Closed
-windows leave as one JSON record per (job, window) on ``<id>-window-batches`` keyed by job, with
-watermark heartbeats to every stage-3 partition.
+windows leave as one JSON record per (job, window) and batch, holding each samples partition's
+windows, on ``<id>-window-batches`` keyed by job, then one watermark heartbeat per batch to every stage-3 partition (the closed-until of each samples
+partition that closed windows in it).
 
 Allocations: a second consumer, outside any group, reads every partition of the job-events topic
 from the beginning (14 days of retention) into one :class:`AllocationTable` for the whole
@@ -38,6 +39,7 @@ itself): a worker that no longer reads samples must not look healthy.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -73,6 +75,15 @@ LIVE_SLACK_MS = 2000
 CLOCK_WARNINGS_AT_ONCE = 10
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def samples_partition(node: str, partitions: int) -> int:
+    """The samples partition of ``node``: Kafka's default keyed partitioner (murmur2), which the
+    producers (librdkafka ``murmur2_random``) and faust (aiokafka) both use."""
+    from aiokafka.partitioner import murmur2
+
+    return int(murmur2(node.encode()) & 0x7FFFFFFF) % partitions
+
+
 @dataclass(frozen=True)
 class HotTopics:
     samples: str
@@ -84,6 +95,28 @@ class HotTopics:
     #: key node).
     findings: str = ""
     node_findings: str = ""
+
+
+@dataclass(frozen=True)
+class HotSpec:
+    """Everything a worker's hot stage is built from (picklable: a hot process gets it)."""
+
+    settings: Settings
+    app_id: str
+    topics: HotTopics
+    #: Partitions of the samples topic (the producers' partitioner, for the silence watch).
+    node_partitions: int
+
+    def build(self, counters: Any) -> HotStage:
+        """The hot stage, counting into ``counters``."""
+        cfg = self.settings.stream
+        return HotStage(
+            self.settings, self.app_id, self.topics, counters,
+            window_s=self.settings.detector.window_s, lateness_s=cfg.lateness_s,
+            batch_max=cfg.batch_max, batch_within_s=cfg.batch_within_s,
+            allocation_retention_s=cfg.allocation_retention_s,
+            partition_of=functools.partial(samples_partition, partitions=self.node_partitions),
+        )  # fmt: skip
 
 
 class _Partition:
@@ -149,6 +182,12 @@ class HotStage:
         self._watched_key: tuple[int, frozenset[int]] | None = None
         self.alloc = AllocationTable(self.retention_ms)
         self.parts: dict[int, _Partition] = {}
+        #: Samples partition -> its new closed-until (ms), sent after the batch (_process).
+        self._marks: dict[int, int] = {}
+        #: (job, window start, end) -> samples partition -> the windows it closed in this
+        #: batch (one message per job and window, sent after the batch), and when they closed.
+        self._out: dict[tuple[str, int, int], dict[str, list[Any]]] = {}
+        self._out_wall_ms = 0.0
         self.job_events_seen = self.job_events_bad = 0
         self.last_prune_ms = -(1 << 62)
         self._stop = threading.Event()
@@ -178,6 +217,14 @@ class HotStage:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run_or_die, name="peerwatch-hot", daemon=True)
         self._thread.start()
+
+    def stopped(self) -> bool:
+        """Whether a stop was asked."""
+        return self._stop.is_set()
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to end after its batch (with its final commit); returns at once."""
+        self._stop.set()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         self._stop.set()
@@ -365,11 +412,30 @@ class HotStage:
             n_records, n_readings = self._aggregate(p, self.parts[p], batch)
             records += n_records
             readings += n_readings
+        self._send_closed()
         if records:
             self.counters.batch_done(records, readings, start_wall, start_cpu)
         dirty = [p for p, part in self.parts.items() if part.dirty]
         if dirty:
             self._commit(dirty)
+
+    def _send_closed(self) -> None:
+        """Send what the batch closed: one message per job and window (every partition's
+        windows of it), then one heartbeat per stage-3 partition for every source that closed
+        windows, after their window batches (same producer, same partition: in order)."""
+        for (job_id, start, end), parts in self._out.items():
+            value = {
+                "kind": "windows", "job_id": job_id, "window_start_ms": start,
+                "window_end_ms": end, "parts": parts, "closed_wall_ms": self._out_wall_ms,
+            }  # fmt: skip
+            self._send(self.topics.batches, job_id.encode(), json.dumps(value).encode())
+        self._out.clear()
+        if self._marks:
+            marks = {str(p): until for p, until in sorted(self._marks.items())}
+            mark = json.dumps({"kind": "watermark", "marks": marks}).encode()
+            self._marks.clear()
+            for q in range(self.topics.job_partitions):
+                self._send(self.topics.batches, b"~watermark", mark, partition=q)
 
     def _aggregate(self, p: int, part: _Partition, batch: list[Any]) -> tuple[int, int]:
         """Decode one partition's messages into columns and aggregate them; returns (samples,
@@ -405,7 +471,6 @@ class HotStage:
             self._dead(batch[rows[r]], "invalid", "sample time outside [0, 2**53) ms")
         closed_before = agg.closed_until_ms
         closed_wall_ms = time.time() * 1000.0
-        batches = self.topics.batches
         closed = agg.close_ready()
         # Fleet context first: windows of a partition in a fleet shift get its clock ratio.
         by_start: dict[tuple[int, int], list[Any]] = {}
@@ -415,21 +480,14 @@ class HotStage:
             for f in part.fleet.observe(start, end, windows):
                 self.counters.fleet_findings += 1
                 self._publish_finding(f)
-        for b in closed:
-            value = {
-                "kind": "windows", "src": p, "job_id": b.job_id,
-                "window_start_ms": b.window_start_ms, "window_end_ms": b.window_end_ms,
-                "windows": b.windows, "closed_wall_ms": closed_wall_ms,
-            }  # fmt: skip
-            self._send(batches, b.job_id.encode(), json.dumps(value).encode())
+        for b in closed:  # sent after the whole batch, one message per job and window
+            out = self._out.setdefault((b.job_id, b.window_start_ms, b.window_end_ms), {})
+            out[str(p)] = b.windows
+            self._out_wall_ms = closed_wall_ms
         if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
             part.progress.closed(agg.closed_until_ms)
             part.dirty = True
-            mark = json.dumps({
-                "kind": "watermark", "src": p, "closed_until_ms": agg.closed_until_ms,
-            }).encode()  # fmt: skip
-            for q in range(self.topics.job_partitions):
-                self._send(batches, b"~watermark", mark, partition=q)
+            self._marks[p] = agg.closed_until_ms
         # Pruning walks every node's table: once per window of event time is plenty; by the
         # slowest partition, which may still need the allocations of jobs that ended.
         marks = [q.aggregator.watermark_ms for q in self.parts.values()]

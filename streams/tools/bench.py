@@ -97,6 +97,41 @@ def read_proc(pid: int) -> ProcSnapshot:
     )
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux ``/proc/<pid>/task/*/children``); processes that end
+    meanwhile are left out."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def read_proc_tree(pid: int) -> ProcSnapshot:
+    """CPU seconds and peak RSS of a live process and its descendants, summed (a worker with
+    its hot process: the sum of the peaks bounds the peak of the sum). Raises OSError if
+    ``pid`` is gone."""
+    total = read_proc(pid)
+    cpu, rss = total.cpu_s, total.peak_rss_bytes
+    for child in process_tree(pid)[1:]:
+        try:
+            snap = read_proc(child)
+        except (OSError, ValueError):
+            continue
+        cpu, rss = cpu + snap.cpu_s, rss + snap.peak_rss_bytes
+    return ProcSnapshot(cpu, rss)
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The ``q`` quantile (0..1, nearest rank) of ``values``; None when empty."""
     if not values:
@@ -127,11 +162,15 @@ def worker_metrics(
     counters: Mapping[str, Any],
     since_wall_s: float | None = None,
     until_records: int | None = None,
+    done_wall_s: float | None = None,
+    cpu_s: float | None = None,
 ) -> dict[str, Any]:
     """Rates and CPU cost from a worker's counters file (see ``StreamCounters``), over the hot
     batches that began at or after ``since_wall_s`` (all logged batches when None) and, with
     ``until_records``, up to the batch that brought the worker's node-record count to it: wall
-    time from the first such batch's start to the last one's end, CPU time likewise."""
+    time from the first such batch's start to the last one's end, or to ``done_wall_s`` when
+    later (stage 3 still working on the windows); CPU time likewise, or ``cpu_s`` (the whole
+    worker's, measured by the caller over the same input)."""
     log = []
     seen = 0
     for b in counters.get("batch_log") or ():
@@ -143,8 +182,11 @@ def worker_metrics(
     wall = cpu = None
     nodes = gpus = 0
     if log:
-        wall = max(b[1] for b in log) - min(b[0] for b in log)
-        cpu = log[-1][3] - log[0][2]
+        end = max(b[1] for b in log)
+        if done_wall_s is not None:
+            end = max(end, done_wall_s)
+        wall = end - min(b[0] for b in log)
+        cpu = log[-1][3] - log[0][2] if cpu_s is None else cpu_s
         nodes, gpus = int(sum(b[4] for b in log)), int(sum(b[5] for b in log))
     return {
         "node_records": nodes,

@@ -24,7 +24,7 @@ from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import STREAM_TOPICS, PublishStats, publish_to_kafka
 from peerwatch.schemas.codec import AvroCodec, decode_any
 from peerwatch.settings import KafkaSettings
-from peerwatch.streams.tools.bench import ProcSnapshot, read_proc
+from peerwatch.streams.tools.bench import ProcSnapshot, read_proc_tree
 from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import RECOMMENDATIONS, SAMPLES, catalogue
 
@@ -243,8 +243,9 @@ class WorkerProcess:
         return data
 
     def proc_snapshot(self) -> ProcSnapshot:
-        """CPU seconds and peak RSS of the running worker from /proc. Raises OSError if gone."""
-        return read_proc(self.pid)
+        """CPU seconds and peak RSS of the running worker and its hot process, from /proc.
+        Raises OSError if gone."""
+        return read_proc_tree(self.pid)
 
     def kill(self) -> None:
         """SIGKILL the worker's whole process group (no clean shutdown, no final commit)."""
@@ -474,6 +475,10 @@ class WorkerRun:
     #: topic (wall ms), and how many got none.
     hard_latency_ms: list[float] = field(default_factory=list)
     hard_missing: int = 0
+    #: The burst: CPU seconds of the worker's processes from its start to stage 3's last
+    #: window batch, and that batch's wall time (None if it never took one).
+    burst_cpu_s: float | None = None
+    burst_done_wall_s: float | None = None
 
 
 def archive_raw(records: Sequence[Raw], root: Path, topic_prefix: str) -> int:
@@ -633,12 +638,17 @@ def run_worker_over(
         if state[0] < first_samples:
             raise TimeoutError(f"worker did not start:\n{worker.log_tail()}")
         log(f"worker ready; publishing {total - first_samples} node records ...")
+        cpu_before = worker.proc_snapshot().cpu_s
         since = time.time()
         produce_raw(kafka, rest)
         burst = total - paced_samples
+        # Done when the hot stage took every sample and stage 3 every window (their counts
+        # settled): the rate is the whole worker's, not only its hot stage's.
         state = wait_stable(poll, lambda s: s[0] >= burst, timeout_s, settle_s=3.0)
         if state[0] < burst:
             raise TimeoutError(f"worker took {state[0]} of {burst}:\n{worker.log_tail()}")
+        burst_cpu_s = worker.proc_snapshot().cpu_s - cpu_before
+        burst_done = worker.counters().get("last_window_batch_wall_s")
         paced_latency: list[float] = []
         hard: tuple[list[float], int] = ([], 0)
         if paced:
@@ -653,7 +663,7 @@ def run_worker_over(
         snapshot = worker.proc_snapshot()
         return WorkerRun(
             worker.counters(), snapshot, since, prefix, total, paced_latency, paced_samples,
-            hard[0], hard[1],
+            hard[0], hard[1], burst_cpu_s, burst_done,
         )  # fmt: skip
 
 
@@ -685,8 +695,9 @@ def run_stream_bench(
     )
     # Rates over the burst only (the paced phase is idle most of the time).
     worker = worker_metrics(
-        run.counters, run.timed_since_wall_s, run.node_records - run.paced_records
-    )
+        run.counters, run.timed_since_wall_s, run.node_records - run.paced_records,
+        done_wall_s=run.burst_done_wall_s, cpu_s=run.burst_cpu_s,
+    )  # fmt: skip
     every = list(run.counters.get("finding_latency_ms") or [])
     worker["finding_latency_ms"] = latency_summary(every[: len(every) - len(run.paced_latency_ms)])
     prefix = run.topic_prefix
@@ -750,7 +761,12 @@ def run_stream_bench(
             "gpus_tracked": rss_nodes * gpus_per_node,
             "node_records": big_run.node_records,
             "peak_rss_bytes": big_run.proc.peak_rss_bytes,
-            "worker": worker_metrics(big_run.counters, big_run.timed_since_wall_s),
+            "worker": worker_metrics(
+                big_run.counters,
+                big_run.timed_since_wall_s,
+                done_wall_s=big_run.burst_done_wall_s,
+                cpu_s=big_run.burst_cpu_s,
+            ),
         }
     report["verdicts"] = verdicts(report)
     return report

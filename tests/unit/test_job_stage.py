@@ -14,6 +14,7 @@ from peerwatch.streams.core.job_stage import (
     PendingEntry,
     Released,
     batch_of_message,
+    batches_of_message,
     route_finding,
 )
 from peerwatch.streams.core.windows import JobWindowBatch
@@ -70,6 +71,38 @@ def test_heartbeats_of_another_channel_release_nothing() -> None:
     assert starts(stage.heartbeat(1, 9 * WINDOW_MS, channel=1)) == []
     assert stage.heartbeat(0, WINDOW_MS, channel=3).releases == []  # source 1 not heard on 3
     assert starts(stage.heartbeat(1, WINDOW_MS, channel=3)) == [0]
+
+
+def test_heartbeats_of_several_sources_at_once_release_what_one_after_another_would() -> None:
+    one_by_one, at_once = releaser(), releaser()
+    for stage in (one_by_one, at_once):
+        for k in range(3):  # b misses windows 1 and 2: they wait for its source's watermark
+            stage.add(batch(k, "a", [0, 1]), src=0)
+        stage.add(batch(0, "b", [0, 1]), src=1)
+    got = starts(one_by_one.heartbeat(0, 3 * WINDOW_MS))
+    got += starts(one_by_one.heartbeat(1, 2 * WINDOW_MS))
+    assert got == [0, 1]
+    assert starts(at_once.heartbeats({0: 3 * WINDOW_MS, 1: 2 * WINDOW_MS})) == got
+    assert at_once.watermarks == one_by_one.watermarks
+
+
+def test_a_message_of_several_sources_gives_one_batch_per_source() -> None:
+    a, b = batch(2, "a", [0, 1]), batch(2, "b", [0])
+    msg = {"kind": "windows", "job_id": "7", "window_start_ms": 2 * WINDOW_MS,
+           "window_end_ms": 3 * WINDOW_MS, "parts": {"0": a.windows, "1": b.windows}}  # fmt: skip
+    assert batches_of_message(msg) == [(a, 0), (b, 1)]
+    single = message(2, "a", [0, 1], 0)
+    assert batches_of_message(single) == [batch_of_message(single)] == [(a, 0)]
+
+
+@pytest.mark.parametrize(
+    "parts", [{}, [], None, {"x": []}, {"0": None}, {"0": 5}],
+)  # fmt: skip
+def test_a_message_with_broken_parts_is_refused(parts: Any) -> None:
+    msg = {"kind": "windows", "job_id": "7", "window_start_ms": 0, "window_end_ms": WINDOW_MS,
+           "parts": parts}  # fmt: skip
+    with pytest.raises((KeyError, ValueError, TypeError)):
+        batches_of_message(msg)
 
 
 def test_a_lagging_source_holds_the_job_back() -> None:

@@ -56,6 +56,10 @@ def jobs_handler() -> tuple[JobsHandler, dict[bytes, Any], dict[bytes, Any]]:
         b"null",
         b"[" * 100_000,  # json.loads recursed into RecursionError, which stopped the agent
         b'{"kind": "watermark", "src": 0, "closed_until_ms": 1e999}',  # int(inf): OverflowError
+        b'{"kind": "watermark", "marks": [1, 2]}',
+        b'{"kind": "watermark", "marks": {"x": 5000}}',
+        b'{"kind": "watermark", "marks": {"0": null}}',
+        b'{"kind": "watermark", "marks": {"0": 1e999}}',
         b"\xff\xfe",
         b"",
     ],
@@ -64,6 +68,47 @@ def test_a_hostile_window_batch_is_refused_with_a_record_error(value: bytes) -> 
     handler, _, pending = jobs_handler()
     with pytest.raises(RECORD_ERRORS):
         handler.handle("b", 0, b"7", value)
+    assert pending == {}
+
+
+def test_one_heartbeat_of_several_sources_releases_their_pending_windows() -> None:
+    import json
+
+    from windowgen import window
+
+    handler, _, pending = jobs_handler()
+    wms = handler.stage3.stage.settings.window_ms
+    for src, node in ((0, "a"), (1, "b")):
+        msg = {"kind": "windows", "src": src, "job_id": "7", "window_start_ms": 0,
+               "window_end_ms": wms, "windows": [{**window("7", 0, 0), "node": node}]}  # fmt: skip
+        assert handler.handle("b", 2, b"7", json.dumps(msg).encode()) == []
+    assert len(pending) == 2  # both sources' batches wait for a heartbeat
+    beat = json.dumps({"kind": "watermark", "marks": {"0": wms, "1": wms}}).encode()
+    out = handler.handle("b", 2, b"~watermark", beat)
+    assert sorted(o.topic for o in out) == ["windows", "windows"]
+    assert pending == {}
+
+
+def test_a_batch_of_several_sources_is_one_pending_entry_and_survives_a_restart() -> None:
+    import json
+
+    from windowgen import window
+
+    handler, job_table, pending = jobs_handler()
+    wms = handler.stage3.stage.settings.window_ms
+    parts = {str(src): [{**window("7", 0, 0), "node": node}] for src, node in ((0, "a"), (1, "b"))}
+    msg = {"kind": "windows", "job_id": "7", "window_start_ms": 0, "window_end_ms": wms,
+           "parts": parts, "closed_wall_ms": 1.0}  # fmt: skip
+    assert handler.handle("b", 2, b"7", json.dumps(msg).encode()) == []
+    assert len(pending) == 1  # one entry holds both sources
+    # A restarted worker: the same tables, a fresh releaser; both sources' windows pending.
+    again, _, _ = jobs_handler()
+    again.job_table, again.pending_table = job_table, pending
+    again.restore("7")
+    assert sorted(again.stage3.stage.pending["7"][0]) == [("a", 0), ("b", 0)]
+    beat = json.dumps({"kind": "watermark", "marks": {"0": wms, "1": wms}}).encode()
+    out = again.handle("b", 2, b"~watermark", beat)
+    assert sorted(o.topic for o in out) == ["windows", "windows"]
     assert pending == {}
 
 
