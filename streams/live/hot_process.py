@@ -102,8 +102,12 @@ class HotProcess:
                     continue
             self._proc.join(5.0)
             if not self._stopping.is_set():
-                log.critical("hot stage process %d ended (exit status %s); stopping the worker",
-                             self._proc.pid, self._proc.exitcode)  # fmt: skip
+                # Status 0: stopped by a signal of its own (often the same SIGTERM that is
+                # stopping this worker); anything else: it failed.
+                code = self._proc.exitcode
+                log.log(logging.WARNING if code == 0 else logging.CRITICAL,
+                        "hot stage process %d ended (exit status %s); stopping the worker",
+                        self._proc.pid, code)  # fmt: skip
                 os.kill(os.getpid(), signal.SIGTERM)
             return
 
