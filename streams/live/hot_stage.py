@@ -184,10 +184,9 @@ class HotStage:
         self.parts: dict[int, _Partition] = {}
         #: Samples partition -> its new closed-until (ms), sent after the batch (_process).
         self._marks: dict[int, int] = {}
-        #: (job, window start, end) -> samples partition -> the windows it closed in this
-        #: batch (one message per job and window, sent after the batch), and when they closed.
-        self._out: dict[tuple[str, int, int], dict[str, list[Any]]] = {}
-        self._out_wall_ms = 0.0
+        #: (job, window start, end) -> (samples partition -> the windows it closed in this
+        #: batch, wall ms when the last of them closed it): one message each, after the batch.
+        self._out: dict[tuple[str, int, int], tuple[dict[str, list[Any]], float]] = {}
         self.job_events_seen = self.job_events_bad = 0
         self.last_prune_ms = -(1 << 62)
         self._stop = threading.Event()
@@ -423,10 +422,10 @@ class HotStage:
         """Send what the batch closed: one message per job and window (every partition's
         windows of it), then one heartbeat per stage-3 partition for every source that closed
         windows, after their window batches (same producer, same partition: in order)."""
-        for (job_id, start, end), parts in self._out.items():
+        for (job_id, start, end), (parts, closed_wall_ms) in self._out.items():
             value = {
                 "kind": "windows", "job_id": job_id, "window_start_ms": start,
-                "window_end_ms": end, "parts": parts, "closed_wall_ms": self._out_wall_ms,
+                "window_end_ms": end, "parts": parts, "closed_wall_ms": closed_wall_ms,
             }  # fmt: skip
             self._send(self.topics.batches, job_id.encode(), json.dumps(value).encode())
         self._out.clear()
@@ -481,9 +480,10 @@ class HotStage:
                 self.counters.fleet_findings += 1
                 self._publish_finding(f)
         for b in closed:  # sent after the whole batch, one message per job and window
-            out = self._out.setdefault((b.job_id, b.window_start_ms, b.window_end_ms), {})
-            out[str(p)] = b.windows
-            self._out_wall_ms = closed_wall_ms
+            key = (b.job_id, b.window_start_ms, b.window_end_ms)
+            parts = self._out[key][0] if key in self._out else {}
+            parts[str(p)] = b.windows
+            self._out[key] = (parts, closed_wall_ms)
         if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
             part.progress.closed(agg.closed_until_ms)
             part.dirty = True
