@@ -711,3 +711,35 @@ class StragglerFinding(TypedDict):
     #: Event time at which the detector had its evidence (the sample's time for a hard rule), ms
     #: (UTC); null from older writers.
     detected_ms: int | None
+
+
+class WindowBatchPart(TypedDict):
+    #: The samples partition whose aggregator closed these windows.
+    source: int
+
+    #: GpuWindow records, each Avro single-object encoded (score, gated and step_ms null: stage 3
+    #: sets them).
+    windows: list[bytes]
+
+
+class WindowBatch(TypedDict):
+    """Internal, stage 2 -> stage 3 (topic <app id>-window-batches): one job's GpuWindows of one
+    event-time window, as one hot batch of the stream worker closed them, grouped by the samples
+    partition (source) that aggregated them. Key: job_id.
+    """
+
+    #: Slurm job id (an idle pseudo-job for unallocated GPUs).
+    job_id: str
+
+    #: Window start (inclusive), ms (UTC).
+    window_start_ms: int
+
+    #: Window end (exclusive), ms (UTC).
+    window_end_ms: int
+
+    #: Wall-clock time at which the last of these sources closed the window, ms since the epoch
+    #: (finding latency).
+    closed_wall_ms: float | None
+
+    #: One entry per source, in source order.
+    parts: list[WindowBatchPart]

@@ -561,6 +561,15 @@ def kafka_corpus() -> dict[str, list[tuple[bytes | None, bytes]]]:
     corpus["window-batches"] = [
         (p.key, p.value) for p in producer.sent if p.topic == "b" and p.value
     ]
+    from peerwatch.streams.live.window_batches import WindowBatchCodec, is_window_batch
+
+    batches = WindowBatchCodec()
+    corpus["window-batches-json"] = []  # as older workers sent them
+    for key, value in corpus["window-batches"]:
+        if is_window_batch(value):
+            message, _ = batches.decode_batch(value)
+            message["parts"] = {str(src): ws for src, ws in message["parts"].items()}
+            corpus["window-batches-json"].append((key, json.dumps(message).encode()))
     _KAFKA_CORPUS.update(corpus)
     return corpus
 
@@ -596,7 +605,7 @@ def _messages(rng: Random, kinds: list[tuple[str, str]], n: int) -> list[tuple[F
         key, value = rng.choice(corpus[kind])
         hkey, key_ok = _hostile_key(rng, key)
         hvalue, value_ok = _hostile_value(
-            rng, value, kind not in ("window-batches", "node-findings")
+            rng, value, kind not in ("window-batches-json", "node-findings")
         )
         msg = FakeMessage(topic, rng.randrange(2), 1000 + i, hkey, hvalue, _hostile_headers(rng))
         out.append((msg, key_ok and value_ok))
@@ -659,7 +668,7 @@ def _kafka_jobs(rng: Random, tmp: Path) -> None:
     from peerwatch.streams.core.allocation import AllocationTable
     from peerwatch.streams.core.job_stage import JobReleaser
     from peerwatch.streams.live.counters import StreamCounters
-    from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler, pending_message
+    from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler
 
     settings = Settings()
     meta = AllocationTable(3600_000)
@@ -669,7 +678,7 @@ def _kafka_jobs(rng: Random, tmp: Path) -> None:
                           pending, job_events_topic="je", step_times_topic="st",
                           retention_ms=3600_000, counters=StreamCounters())  # fmt: skip
     kinds = [("JobEvent", "je"), ("StepTime", "st"), ("window-batches", "b"),
-             ("window-batches", "b"), ("window-batches", "b")]  # fmt: skip
+             ("window-batches", "b"), ("window-batches", "b"), ("window-batches-json", "b")]  # fmt: skip
     corpus = kafka_corpus()
     msgs = [
         (FakeMessage("je", 0, i, k, v), True) for i, (k, v) in enumerate(corpus["JobEvent"][:6])
@@ -690,7 +699,7 @@ def _kafka_jobs(rng: Random, tmp: Path) -> None:
     for entry in pending.values():  # the pending table's raw serializer: bytes that read back
         if not isinstance(entry, bytes):
             raise Failure(f"pending entry of type {type(entry).__name__}, not bytes")
-        pending_message(entry)
+        handler.read_pending(entry)
 
 
 def _kafka_policy(rng: Random, tmp: Path) -> None:

@@ -29,6 +29,7 @@ from peerwatch.streams.core.job_stage import (
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import PolicyStage
 from peerwatch.streams.core.policy_state import NodePolicyState
+from peerwatch.streams.live.window_batches import GpuIdent, WindowBatchCodec, is_window_batch
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,10 @@ class JobsHandler:
         self._pending_scan_s = 0.0  # monotonic s of the next walk of the pending table
         #: (job, window start) -> wall ms when the last samples partition closed it (latency).
         self.closed_wall: dict[tuple[str, int], float] = {}
+        self.batch_codec = WindowBatchCodec()
+        #: (job, window start) -> GPU -> the head of its pending window's GpuWindow message
+        #: (:mod:`~peerwatch.streams.live.window_batches`): only the tail is encoded again.
+        self.heads: dict[tuple[str, int], dict[GpuIdent, bytes]] = {}
 
     def restore(self, job_id: str) -> None:
         """First sight of the job in this process: recover its state from the tables."""
@@ -162,17 +167,49 @@ class JobsHandler:
         for ev in saved.get("events") or []:
             self.job_meta.apply_event(ev)
         pending = []
+        heads = []
         for key, b in list(self.pending_table.items()):
             if not b or PendingEntry.from_key(key.decode()).job_id != job_id:
                 continue
             try:
-                pending.append(pending_message(b))
-            except (ValueError, TypeError) as exc:  # a damaged entry: dropped, the rest kept
+                message, message_heads = self.read_pending(b)
+            except (CodecError, ValueError, TypeError) as exc:  # damaged: dropped, rest kept
                 self.counters.pending_damaged += 1
                 log.warning("stage 3: pending entry %r of job %s dropped: %s", key, job_id, exc)
                 self.pending_table.pop(key, None)
+                continue
+            pending.append(message)
+            heads.append((message, message_heads))
         for entry in self.stage3.restore(job_id, saved, pending):
             self.pending_table.pop(entry.key.encode(), None)
+        for message, message_heads in heads:
+            start = int(message["window_start_ms"])
+            if (job_id, start) in self.stage3.sources:  # still pending (not a stale entry)
+                self._keep_heads(job_id, start, message_heads, list(message_heads))
+
+    def read_pending(self, entry: Any) -> tuple[dict[str, Any], dict[int, list[Any]]]:
+        """A pending-table entry as its batch message (with ``channel``) and the heads of its
+        windows; entries of JSON messages (older workers) have no heads. Raises CodecError,
+        ValueError or TypeError for a damaged entry."""
+        if isinstance(entry, bytes | bytearray):
+            head, sep, body = bytes(entry).partition(b"\n")
+            if sep and head.isdigit() and len(head) <= 9 and is_window_batch(body):
+                message, heads = self.batch_codec.decode_batch(body)
+                return {**message, "channel": int(head)}, heads
+        return pending_message(entry), {}
+
+    def _keep_heads(
+        self, job_id: str, start: int, heads: dict[int, list[Any]], sources: list[int]
+    ) -> None:
+        """Keep the heads of the windows of ``sources`` (as :meth:`JobStage.add` keeps their
+        windows: a GPU's later window replaces an earlier one)."""
+        slot = self.heads.setdefault((job_id, start), {})
+        for src in sources:
+            for gpu, head in heads.get(src, ()):
+                if head is None:
+                    slot.pop(gpu, None)
+                else:
+                    slot[gpu] = head
 
     def handle(self, topic: str, partition: int, key: Any, value: Any) -> list[Output]:
         """Handle one message; returns the records to send. Raises one of :data:`RECORD_ERRORS`
@@ -192,7 +229,11 @@ class JobsHandler:
             saved["events"] = [*(saved.get("events") or []), job][-8:]
             self.job_table[key] = saved
             return []
-        b = json_object(value)
+        heads: dict[int, list[Any]] = {}
+        if isinstance(value, bytes | bytearray) and is_window_batch(value):
+            b, heads = self.batch_codec.decode_batch(bytes(value))
+        else:
+            b = json_object(value)  # a heartbeat, or a window batch of an older worker
         if b.get("kind") == "watermark":
             # Jobs with windows pending from before a restart (or a rebalance) and no batch
             # since: the table is walked every few seconds, not at every heartbeat (there are
@@ -207,9 +248,12 @@ class JobsHandler:
                 if low_ms is not None:
                     self.job_meta.prune(low_ms)
                     self.stage3.prune(low_ms, self.retention_ms)
+                for gone in [k for k in self.heads if k not in self.stage3.sources]:
+                    del self.heads[gone]
             return self.outputs(self.stage3.heartbeats(watermarks(b), channel=partition))
         parts = batches_of_message(b)
-        bytes(value).decode()  # JSON in UTF-16 or -32 parses, but is not kept (ValueError)
+        if not heads:
+            bytes(value).decode()  # JSON in UTF-16 or -32 parses, but is not kept (ValueError)
         wall = b.get("closed_wall_ms")
         wall_ms = None if wall is None else float(wall)
         job_id, start = parts[0][0].job_id, parts[0][0].window_start_ms
@@ -218,6 +262,11 @@ class JobsHandler:
         held = [src for batch, src in parts if self.stage3.add(batch, src, channel=partition)]
         if not held:
             return []  # a window already released (re-sent after a hot-stage restart)
+        if not heads and (job_id, start) in self.heads:  # JSON windows replace heads kept
+            heads = {src: [((str(w["node"]), int(w["gpu_index"])), None) for w in batch.windows]
+                     for batch, src in parts}  # fmt: skip
+        if heads:
+            self._keep_heads(job_id, start, heads, held)
         if wall_ms is not None:
             before = self.closed_wall.get((job_id, start), 0.0)
             self.closed_wall[(job_id, start)] = max(before, wall_ms)
@@ -238,9 +287,12 @@ class JobsHandler:
         for r in released.releases:
             key = r.context.job_id.encode()
             closed_ms = self.closed_wall.pop((r.context.job_id, r.window_start_ms), None)
+            heads = self.heads.pop((r.context.job_id, r.window_start_ms), {})
+            scored = self.batch_codec.scored
             for w in r.result.windows:
                 self.counters.windows += 1
-                out.append(Output("windows", key, self.codecs["GpuWindow"].encode(w)))
+                head = heads.get((w["node"], w["gpu_index"]))
+                out.append(Output("windows", key, scored(head, w)))
             for f, copies in zip(r.result.findings, r.to_nodes, strict=True):
                 self.counters.findings += 1
                 value = self.codecs["StragglerFinding"].encode(f)

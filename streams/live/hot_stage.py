@@ -66,6 +66,7 @@ from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.silence import SilenceWatch
 from peerwatch.streams.core.windows import SAMPLE_SPEC, VALUE_LIMIT, WindowAggregator
 from peerwatch.streams.live.hot_progress import PartitionProgress
+from peerwatch.streams.live.window_batches import WindowBatchCodec
 
 log = logging.getLogger(__name__)
 #: Clock offsets: a batch's newest sample time may run ahead of the wall time since the last
@@ -186,7 +187,8 @@ class HotStage:
         self._marks: dict[int, int] = {}
         #: (job, window start, end) -> (samples partition -> the windows it closed in this
         #: batch, wall ms when the last of them closed it): one message each, after the batch.
-        self._out: dict[tuple[str, int, int], tuple[dict[str, list[Any]], float]] = {}
+        self._out: dict[tuple[str, int, int], tuple[dict[int, list[Any]], float]] = {}
+        self.batch_codec = WindowBatchCodec()
         self.job_events_seen = self.job_events_bad = 0
         self.last_prune_ms = -(1 << 62)
         self._stop = threading.Event()
@@ -423,11 +425,12 @@ class HotStage:
         windows of it), then one heartbeat per stage-3 partition for every source that closed
         windows, after their window batches (same producer, same partition: in order)."""
         for (job_id, start, end), (parts, closed_wall_ms) in self._out.items():
-            value = {
-                "kind": "windows", "job_id": job_id, "window_start_ms": start,
-                "window_end_ms": end, "parts": parts, "closed_wall_ms": closed_wall_ms,
-            }  # fmt: skip
-            self._send(self.topics.batches, job_id.encode(), json.dumps(value).encode())
+            try:
+                value = self.batch_codec.encode_batch(job_id, start, end, parts, closed_wall_ms)
+            except CodecError as exc:  # a value the aggregator should never make: seen, skipped
+                self._unencodable(job_id, start, exc)
+                continue
+            self._send(self.topics.batches, job_id.encode(), value)
         self._out.clear()
         if self._marks:
             marks = {str(p): until for p, until in sorted(self._marks.items())}
@@ -435,6 +438,17 @@ class HotStage:
             self._marks.clear()
             for q in range(self.topics.job_partitions):
                 self._send(self.topics.batches, b"~watermark", mark, partition=q)
+
+    def _unencodable(self, job_id: str, start: int, exc: Exception) -> None:
+        """A window batch that does not fit its schema: counted as refused, logged and
+        dead-lettered with the reason (its windows are lost; the job's others are not)."""
+        self.counters.outputs_refused += 1
+        self.counters.count_deadletter()
+        log.error("hot stage: window batch of job %s at %d not encodable: %s", job_id, start, exc)
+        dead = [("peerwatch.reason", b"unencodable"), ("peerwatch.error", str(exc).encode()[:1000]),
+                ("peerwatch.topic", self.topics.batches.encode())]  # fmt: skip
+        self._send(self.topics.deadletter, job_id.encode()[:DEADLETTER_KEY_MAX_BYTES], b"",
+                   headers=dead)  # fmt: skip
 
     def _aggregate(self, p: int, part: _Partition, batch: list[Any]) -> tuple[int, int]:
         """Decode one partition's messages into columns and aggregate them; returns (samples,
@@ -482,7 +496,7 @@ class HotStage:
         for b in closed:  # sent after the whole batch, one message per job and window
             key = (b.job_id, b.window_start_ms, b.window_end_ms)
             parts = self._out[key][0] if key in self._out else {}
-            parts[str(p)] = b.windows
+            parts[p] = b.windows
             self._out[key] = (parts, closed_wall_ms)
         if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
             part.progress.closed(agg.closed_until_ms)

@@ -26,7 +26,14 @@ REALISTIC_JSON = AVRO_DATA.parents[1] / "records" / "realistic_records.json"
 def realistic() -> dict[str, dict[str, Any]]:
     """A fresh copy of the realistic records, by schema name."""
     loaded: dict[str, dict[str, Any]] = json.loads(REALISTIC_JSON.read_text(encoding="utf-8"))
-    return loaded
+    return with_bytes(loaded)
+
+
+def with_bytes(records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``records`` with the WindowBatch's windows (hex in the JSON file) as bytes."""
+    for part in records["WindowBatch"]["parts"]:
+        part["windows"] = [bytes.fromhex(w) for w in part["windows"]]
+    return records
 
 
 REALISTIC = realistic()

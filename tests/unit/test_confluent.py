@@ -17,6 +17,8 @@ from peerwatch.schemas.confluent import ConfluentCodec
 
 REALISTIC_JSON = pathlib.Path(__file__).parents[1] / "data" / "records" / "realistic_records.json"
 REALISTIC: dict[str, dict[str, Any]] = json.loads(REALISTIC_JSON.read_text(encoding="utf-8"))
+for _part in REALISTIC["WindowBatch"]["parts"]:  # the windows are hex in the JSON file
+    _part["windows"] = [bytes.fromhex(w) for w in _part["windows"]]
 
 
 @pytest.fixture

@@ -18,7 +18,9 @@ from peerwatch.producers.health.run import HealthDeps, HealthSettings, run_healt
 from peerwatch.producers.sim import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas import records, registry, typegen
+from peerwatch.schemas.codec import AvroCodec
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, WINDOW, run_records
+from peerwatch.streams.live.window_batches import WindowBatchCodec
 
 
 def test_records_module_matches_the_schemas() -> None:
@@ -167,6 +169,11 @@ def built() -> dict[str, list[dict[str, Any]]]:
         if o.kind in OUTPUT_RECORD:
             out[OUTPUT_RECORD[o.kind]].append(o.value)
     out["HealthCheckResult"].append(_health_result())
+    window = out["GpuWindow"][0]
+    batch = WindowBatchCodec().encode_batch(
+        window["job_id"], window["window_start_ms"], window["window_end_ms"], {0: [window]}, 1.5
+    )
+    out["WindowBatch"].append(AvroCodec("WindowBatch").decode(batch))
     decision = Decision(Outcome.REFUSED, "gpu-a01", 1, False, "x", "rec-1", Refusal.BREAKER_OPEN)
     out["DrainAction"] += [action_record(decision), resume_record("gpu-a01", 2, "operator")]
     return out
