@@ -15,7 +15,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("kafka", help="run a local single-node Kafka (KRaft) on 127.0.0.1")
     p.add_argument("action", choices=["start", "stop", "status", "fetch"])
     p.add_argument("--port", type=int, default=9092, help="broker port (default 9092)")
-    p.add_argument("--controller-port", type=int, default=9093, help="KRaft controller port")
+    p.add_argument("--controller-port", type=int, default=None,
+                   help="KRaft controller port (default: the broker port + 100, 9192)")  # fmt: skip
     p.add_argument(
         "--timeout",
         type=float,

@@ -55,20 +55,33 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
+#: The controller's default port is the broker's + this: 9192 beside 9092, clear of 9093, which
+#: is Alertmanager's (``peerwatch alertmanager start``), and of a second broker's ports.
+CONTROLLER_PORT_OFFSET = 100
+
+
 @dataclass(frozen=True)
 class LocalKafka:
-    """A broker on ``127.0.0.1:port`` with its controller on ``controller_port``."""
+    """A broker on ``127.0.0.1:port`` with its KRaft controller on ``controller_port`` (default:
+    the broker's port + :data:`CONTROLLER_PORT_OFFSET`)."""
 
     cache_dir: Path
     state_dir: Path
     port: int = 9092
-    controller_port: int = 9093
+    controller_port: int | None = None
     version: str = KAFKA_VERSION
     heap: str = "-Xms512m -Xmx1g"
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def controller(self) -> int:
+        """The KRaft controller's port."""
+        if self.controller_port is not None:
+            return self.controller_port
+        return self.port + CONTROLLER_PORT_OFFSET
 
     @property
     def libs_dir(self) -> Path:
@@ -125,8 +138,8 @@ class LocalKafka:
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -177,6 +190,9 @@ class LocalKafka:
             return "running"
         if port_in_use(self.port):
             raise ServiceError(f"127.0.0.1:{self.port} is in use by another process; use --port")
+        if port_in_use(self.controller):
+            raise ServiceError(f"127.0.0.1:{self.controller} (the KRaft controller) is in use by "
+                               "another process; use --controller-port")  # fmt: skip
         self.fetch()
         config = self._write_config()
         self._format(config)

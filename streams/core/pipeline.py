@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -89,12 +89,12 @@ class PipelineSettings:
     max_batch: int = 1024
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(NamedTuple):
     """One output record. ``kind``: window, finding, recommendation, late_sample, invalid.
 
     ``stream_ms`` is the highest sample time the pipeline had seen when it produced the record:
-    the event-time moment a live deployment would have published it (used for latencies).
+    the event-time moment a live deployment would have published it (used for latencies). A
+    named tuple: one is made per GPU window, at half the cost of a frozen dataclass.
     """
 
     kind: str

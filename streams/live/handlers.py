@@ -14,8 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from peerwatch.errors import CodecError
 from peerwatch.schemas.codec import AvroCodec
@@ -109,11 +108,11 @@ def pending_message(entry: Any) -> dict[str, Any]:
     return {**message, "channel": entry.get("channel")}
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(NamedTuple):
     """One record to send: ``topic`` is ``windows``, ``stragglers`` (Avro bytes) or ``findings``
     (the JSON-serialised dict for the internal topic keyed by node); ``closed_wall_ms``: when the
-    window closed in the hot stage (finding latency), else None."""
+    window closed in the hot stage (finding latency), else None. A named tuple: one is made per
+    GPU window."""
 
     topic: str
     key: bytes

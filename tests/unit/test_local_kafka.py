@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import uuid
+from typing import Any
 
 import pytest
 
+from peerwatch.errors import ServiceError
 from peerwatch.local import kafka
 
 
@@ -23,3 +25,20 @@ def test_cluster_ids_are_22_url_safe_characters_never_starting_with_a_dash(
         cid = kafka._cluster_id()
         assert len(cid) == 22 and not cid.startswith("-")
         assert set(cid) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def test_the_controller_listens_beside_the_broker_clear_of_alertmanager(tmp_path: Any) -> None:
+    broker = kafka.LocalKafka(cache_dir=tmp_path, state_dir=tmp_path)
+    assert broker.controller == 9192 != 9093  # 9093: `peerwatch alertmanager start`
+    assert kafka.LocalKafka(cache_dir=tmp_path, state_dir=tmp_path, port=19092).controller == 19192
+    explicit = kafka.LocalKafka(cache_dir=tmp_path, state_dir=tmp_path, controller_port=29093)
+    assert explicit.controller == 29093
+
+
+def test_start_names_a_controller_port_in_use(tmp_path: Any, monkeypatch: Any) -> None:
+    broker = kafka.LocalKafka(cache_dir=tmp_path, state_dir=tmp_path)
+    monkeypatch.setattr(kafka, "port_in_use", lambda port, host="127.0.0.1": port == 9192)
+    with pytest.raises(
+        ServiceError, match=r"127.0.0.1:9192 \(the KRaft controller\).*--controller-port"
+    ):
+        broker.start(timeout_s=1.0)
