@@ -7,8 +7,9 @@ through stage 3's handler (plain dicts for the faust tables), twice per round:
 - ``json``: the same batches in the JSON form older workers sent (decoded by ``json``, each
   scored window encoded whole), which is what stage 3 did before the WindowBatch message.
 
-Both must write the same bytes (checked). Faust's own costs (consumer, changelog produce) are not
-in these figures; ``peerwatch bench stream`` measures the whole worker.
+Both must write the same bytes (checked). The job table serialises each value to JSON when it is
+set, as faust's table does for its changelog; faust's other costs (consumer, changelog produce)
+are not in these figures: ``peerwatch bench stream`` measures the whole worker.
 
 .venv/bin/python scripts/bench_stage3.py [--nodes 256] [--seconds 300] [--rounds 3] [--json]
 """
@@ -68,6 +69,14 @@ class RecordingProducer:
 
     def flush(self, timeout: float = 0) -> int:
         return 0
+
+
+class JsonTable(dict):  # type: ignore[type-arg]
+    """A dict that serialises each value set, as faust's changelog-backed table (JSON schema)."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        json.dumps(value)
+        super().__setitem__(key, value)
 
 
 class NoCommits:
@@ -143,7 +152,7 @@ def handle_all(events: list[tuple[bytes, bytes]], batches: list[tuple[bytes, byt
     meta = AllocationTable(3_600_000)
     handler = JobsHandler(
         JobReleaser(settings.detector, meta, grace_ms=int(settings.stream.job_grace_s * 1000)), meta,
-        {}, {}, job_events_topic="je", step_times_topic="st", retention_ms=3_600_000,
+        JsonTable(), {}, job_events_topic="je", step_times_topic="st", retention_ms=3_600_000,
         counters=StreamCounters(),
     )  # fmt: skip
     for key, value in events:

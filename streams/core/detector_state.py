@@ -3,6 +3,11 @@
 The live stream keeps ``JobDetectorState.to_dict()`` in a changelog-backed table keyed by job and
 rebuilds it with ``from_dict`` after a restart; replay and evaluation hold the objects directly.
 Everything is plain JSON types (str keys, ints, floats, lists, None).
+
+The live worker saves a job's state after each of its windows, so the form is compact: what
+every GPU has (its key, when it was last seen, its history codes as one string) in three
+parallel lists, and a dict only for the GPUs that remember more (an episode, a baseline, a hard
+rule). The per-GPU dict form of earlier versions is still read.
 """
 
 from __future__ import annotations
@@ -43,6 +48,25 @@ class GpuDetectorState:
         self.cusum = 0.0
         self.clean_streak = 0
         self.since_emit = 0
+
+    def extra(self) -> dict[str, Any] | None:
+        """The fields besides ``last_seen_ms`` and ``history`` that differ from a fresh state
+        (None: none does), as :meth:`to_dict` gives them."""
+        if (
+            self.status is None
+            and self.episode_start_ms is None
+            and not self.cusum
+            and not self.clean_streak
+            and not self.since_emit
+            and not self.baseline_clk
+            and not self.hard_last_ms
+            and self.cause is None
+        ):
+            return None
+        out = self.to_dict()
+        del out["last_seen_ms"]
+        out.pop("history", None)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that differ from a fresh state (:meth:`from_dict` fills in the rest): the
@@ -115,6 +139,13 @@ class JobDetectorState:
         return state
 
     def to_dict(self) -> dict[str, Any]:
+        """The job's state (see the module docstring): ``gpu_keys`` sorted, ``gpu_seen_ms`` and
+        ``gpu_history`` (codes as digits) in the same order, ``gpus`` the rest of the GPUs that
+        have any."""
+        gpus = self.gpus
+        keys = sorted(gpus)
+        states = [gpus[k] for k in keys]
+        extras = {k: e for k, g in zip(keys, states, strict=True) if (e := g.extra()) is not None}
         return {
             "job_id": self.job_id,
             "windows_seen": self.windows_seen,
@@ -125,7 +156,10 @@ class JobDetectorState:
             "job_wide_clean": self.job_wide_clean,
             "last_job_sm": self.last_job_sm,
             "last_job_thr": self.last_job_thr,
-            "gpus": {k: self.gpus[k].to_dict() for k in sorted(self.gpus)},
+            "gpu_keys": keys,
+            "gpu_seen_ms": [g.last_seen_ms for g in states],
+            "gpu_history": ["".join(map(str, g.history)) for g in states],
+            "gpus": extras,
         }
 
     @classmethod
@@ -140,7 +174,32 @@ class JobDetectorState:
             job_wide_clean=int(data.get("job_wide_clean") or 0),
             last_job_sm=data.get("last_job_sm"),
             last_job_thr=data.get("last_job_thr"),
-            gpus={
-                str(k): GpuDetectorState.from_dict(v) for k, v in (data.get("gpus") or {}).items()
-            },
+            gpus=_gpus_of(data),
         )
+
+
+_HISTORY_CODES = frozenset("012")
+
+
+def _gpus_of(data: Mapping[str, Any]) -> dict[str, GpuDetectorState]:
+    """The GPU states of a saved job state, compact or of the per-GPU dict form. Raises
+    ValueError or TypeError for a damaged one."""
+    extras = data.get("gpus") or {}
+    if not isinstance(extras, Mapping):
+        raise TypeError(f"saved GPU states of type {type(extras).__name__}")
+    if "gpu_keys" not in data:  # the per-GPU dict form of earlier versions
+        return {str(k): GpuDetectorState.from_dict(v) for k, v in extras.items()}
+    keys, seen, history = data["gpu_keys"], data["gpu_seen_ms"], data["gpu_history"]
+    if not (isinstance(keys, list) and isinstance(seen, list) and isinstance(history, list)):
+        raise TypeError("saved GPU states: gpu_keys, gpu_seen_ms and gpu_history must be lists")
+    if not len(keys) == len(seen) == len(history):
+        raise ValueError("saved GPU states: gpu_keys, gpu_seen_ms and gpu_history differ in length")
+    out: dict[str, GpuDetectorState] = {}
+    for key, seen_ms, codes in zip(keys, seen, history, strict=True):
+        if not isinstance(codes, str) or not set(codes) <= _HISTORY_CODES:
+            raise ValueError(f"saved GPU state {key!r}: history {codes!r} is not codes 0-2")
+        state = GpuDetectorState.from_dict(
+            {**(extras.get(key) or {}), "last_seen_ms": seen_ms, "history": list(codes)}
+        )
+        out[str(key)] = state
+    return out
