@@ -426,11 +426,13 @@ class HotStage:
         windows, after their window batches (same producer, same partition: in order)."""
         for (job_id, start, end), (parts, closed_wall_ms) in self._out.items():
             try:
-                value = self.batch_codec.encode_batch(job_id, start, end, parts, closed_wall_ms)
+                values = self.batch_codec.encode_batches(job_id, start, end, parts,
+                                                         closed_wall_ms)  # fmt: skip
             except CodecError as exc:  # a value the aggregator should never make: seen, skipped
                 self._unencodable(job_id, start, exc)
                 continue
-            self._send(self.topics.batches, job_id.encode(), value)
+            for value in values:  # a big job's window: several messages, whole sources each
+                self._send(self.topics.batches, job_id.encode(), value)
         self._out.clear()
         if self._marks:
             marks = {str(p): until for p, until in sorted(self._marks.items())}

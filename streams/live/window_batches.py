@@ -32,6 +32,11 @@ STAGE3_FIELDS = ("step_ms", "score", "gated")
 #: (node, GPU index): a window's GPU inside one job and window.
 GpuIdent = tuple[str, int]
 
+#: A job's window goes to stage 3 in messages of at most about this size, whole samples
+#: partitions (sources) each: well under Kafka's default 1 MB record limit. A GpuWindow is about
+#: 190 bytes, so one message holds some 2,700 GPUs; a 16,000-GPU job's window is a few messages.
+MAX_BATCH_BYTES = 512 * 1024
+
 
 def is_window_batch(value: bytes | bytearray) -> bool:
     """Whether a stage 2 -> 3 message is Avro (a WindowBatch); older workers sent JSON."""
@@ -63,21 +68,49 @@ class WindowBatchCodec:
         parts: Mapping[int, Sequence[Mapping[str, Any]]],
         closed_wall_ms: float | None,
     ) -> bytes:
-        """One WindowBatch: ``parts`` is source -> its GpuWindow dicts. Raises EncodeError
-        (naming the field) for a window that does not fit the schema."""
-        encode = self.windows.encode
-        return self.batches.encode(
-            {
-                "job_id": job_id,
-                "window_start_ms": window_start_ms,
-                "window_end_ms": window_end_ms,
-                "closed_wall_ms": closed_wall_ms,
-                "parts": [
-                    {"source": src, "windows": [encode(w) for w in windows]}
-                    for src, windows in sorted(parts.items())
-                ],
-            }
+        """One WindowBatch, whatever its size: ``parts`` is source -> its GpuWindow dicts.
+        Raises EncodeError (naming the field) for a window that does not fit the schema."""
+        [value] = self.encode_batches(
+            job_id, window_start_ms, window_end_ms, parts, closed_wall_ms, max_bytes=1 << 62
         )
+        return value
+
+    def encode_batches(
+        self,
+        job_id: str,
+        window_start_ms: int,
+        window_end_ms: int,
+        parts: Mapping[int, Sequence[Mapping[str, Any]]],
+        closed_wall_ms: float | None,
+        max_bytes: int = MAX_BATCH_BYTES,
+    ) -> list[bytes]:
+        """:meth:`encode_batch` in as few messages as keep each under ``max_bytes``, whole
+        sources each, in source order (stage 3 keeps one pending entry per message under its
+        first source, so a source never spans two). A source larger than ``max_bytes`` goes
+        alone. Raises EncodeError as :meth:`encode_batch`."""
+        encode = self.windows.encode
+        encoded = [(src, [encode(w) for w in parts[src]]) for src in sorted(parts)]
+        chunks: list[list[tuple[int, list[bytes]]]] = [[]]
+        size = 0
+        for src, windows in encoded:
+            src_bytes = sum(len(w) + 3 for w in windows) + 8  # length prefixes, block counts
+            if chunks[-1] and size + src_bytes > max_bytes:
+                chunks.append([])
+                size = 0
+            chunks[-1].append((src, windows))
+            size += src_bytes
+        return [
+            self.batches.encode(
+                {
+                    "job_id": job_id,
+                    "window_start_ms": window_start_ms,
+                    "window_end_ms": window_end_ms,
+                    "closed_wall_ms": closed_wall_ms,
+                    "parts": [{"source": src, "windows": ws} for src, ws in chunk],
+                }
+            )
+            for chunk in chunks
+        ]
 
     # -- stage 3 --------------------------------------------------------------------------------
     def decode_batch(

@@ -20,6 +20,7 @@ from peerwatch.schemas.codec import AvroCodec
 from peerwatch.streams.core.pipeline import WINDOW, run_records
 from peerwatch.streams.live.handlers import RECORD_ERRORS
 from peerwatch.streams.live.window_batches import (
+    MAX_BATCH_BYTES,
     STAGE3_FIELDS,
     WindowBatchCodec,
     is_window_batch,
@@ -214,3 +215,47 @@ def test_a_damaged_binary_pending_entry_is_dropped_and_counted() -> None:
 def test_decode_refuses_a_batch_that_is_not_one() -> None:
     with pytest.raises(CodecError):
         CODEC.decode_batch(GPU_WINDOW.encode(window("7", 0, 0)))
+
+
+def _big_job(sources: int, gpus_per_source: int, wms: int) -> dict[int, list[dict[str, Any]]]:
+    return {
+        src: [window("big", src * gpus_per_source + i, 0, window_end_ms=wms)
+              for i in range(gpus_per_source)]
+        for src in range(sources)
+    }  # fmt: skip
+
+
+def test_a_big_jobs_window_goes_in_messages_of_whole_sources_under_the_limit() -> None:
+    parts = _big_job(12, 1366, 5_000)  # a 16,392-GPU job over 12 samples partitions
+    values = CODEC.encode_batches("big", 0, 5_000, parts, 7.0)
+    assert len(values) > 1 and all(len(v) <= MAX_BATCH_BYTES + 64 for v in values)
+    seen: list[int] = []
+    for value in values:
+        message, _ = CODEC.decode_batch(value)
+        seen += list(message["parts"])
+        for src, got in message["parts"].items():
+            assert [(w["node"], w["gpu_index"]) for w in got] == [
+                (w["node"], w["gpu_index"]) for w in parts[src]
+            ]
+    assert seen == list(range(12))  # every source once, in order, never split
+    [whole] = CODEC.encode_batches("big", 0, 5_000, parts, 7.0, max_bytes=1 << 40)
+    assert whole == CODEC.encode_batch("big", 0, 5_000, parts, 7.0)
+
+
+def test_stage_3_takes_a_window_in_several_messages_and_restores_them_all() -> None:
+    first, job_table, pending = jobs_handler()
+    wms = first.stage3.stage.settings.window_ms
+    parts = _big_job(3, 4, wms)
+    values = CODEC.encode_batches("big", 0, wms, parts, None, max_bytes=600)
+    assert len(values) == 3
+    for value in values:
+        assert first.handle("b", 2, b"big", value) == []
+    assert len(pending) == 3  # one entry per message, under its source
+    again, _, _ = jobs_handler()
+    again.job_table, again.pending_table = job_table, dict(pending)
+    again.restore("big")
+    assert len(again.stage3.stage.pending["big"][0]) == 12
+    beat = json.dumps({"kind": "watermark", "marks": {str(s): wms for s in range(3)}}).encode()
+    outs = [h.handle("b", 2, b"~watermark", beat) for h in (first, again)]
+    assert [o.value for o in outs[0]] == [o.value for o in outs[1]]
+    assert len(_check_whole([o.value for o in outs[0]])) == 12
