@@ -94,8 +94,10 @@ def time_range(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from peerwatch import gc_tuning
     from peerwatch.streams.offline.replay import output_lines
 
+    gc_tuning.tune()
     result, span, extra = replay_from_args(args)
     if args.findings:
         with open(args.findings, "w") as fh:

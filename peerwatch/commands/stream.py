@@ -48,11 +48,13 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import faust
 
+    from peerwatch import gc_tuning
     from peerwatch.streams.live.app import build_app, internal_topics
     from peerwatch.streams.live.published_settings import publish_settings
     from peerwatch.topic_admin import ensure_topics
     from peerwatch.topics import catalogue
 
+    gc_tuning.tune()
     settings = settings_of(args, overrides(args))
     ensure_topics(settings.kafka, [*catalogue(settings.topic_prefix), *internal_topics(settings)])
     # What this worker runs with, for replays of its time (peerwatch replay --settings-from live).

@@ -30,6 +30,7 @@ import sys
 import threading
 from typing import Any
 
+from peerwatch import gc_tuning
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.hot_stage import HotSpec
 
@@ -114,6 +115,7 @@ class HotProcess:
 
 def child_main(spec: HotSpec, conn: Any, parent_pid: int, loglevel: int) -> None:
     """The hot process: run the hot stage until asked to stop, reporting its counters."""
+    gc_tuning.tune()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
         level=loglevel, stream=sys.stderr,

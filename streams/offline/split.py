@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from peerwatch import gc_tuning
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
 from peerwatch.streams.offline.replay import Progress, Record, ReplayResult, collect, replay
@@ -177,6 +178,7 @@ def _stages_main(
 ) -> None:
     """The second process: every message through a BackPipeline, the kept outputs sent back
     at the end."""
+    gc_tuning.tune()
     back = BackPipeline(settings, emit_windows=keep_windows)
     result = ReplayResult()
     try:
