@@ -1,9 +1,13 @@
-"""Unit tests start no process and open no network connection: enforce it."""
+"""Unit tests start no process and open no network connection: enforce it. A test that runs a
+CLI command in-process leaves the collector's thresholds as it found them (the stream and replay
+commands tune them, peerwatch/gc_tuning.py)."""
 
 from __future__ import annotations
 
+import gc
 import socket
 import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,3 +29,10 @@ def _no_processes_or_network(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(socket.socket, "connect", guarded_connect)
     monkeypatch.setattr(socket.socket, "connect_ex", lambda *a, **k: _refuse())
+
+
+@pytest.fixture(autouse=True)
+def _gc_thresholds_restored() -> Iterator[None]:
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
