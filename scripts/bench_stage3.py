@@ -18,57 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import statistics
+import sys
 import time
 from typing import Any
 
-
-class Message:
-    """The part of ``confluent_kafka.Message`` the hot stage reads."""
-
-    def __init__(self, topic: str, offset: int, key: bytes, value: bytes, ts_ms: int) -> None:
-        self._topic, self._offset, self._key, self._value = topic, offset, key, value
-        self._ts_ms = ts_ms
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes:
-        return self._key
-
-    def value(self) -> bytes:
-        return self._value
-
-    def headers(self) -> None:
-        return None
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, self._ts_ms)
-
-    def error(self) -> None:
-        return None
-
-
-class RecordingProducer:
-    """What the hot stage produces, kept in order."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, bytes]] = []
-
-    def produce(self, topic: str, value: Any = None, key: Any = None, **_: Any) -> None:
-        self.sent.append((topic, key, value))
-
-    def poll(self, timeout: float = 0) -> int:
-        return 0
-
-    def flush(self, timeout: float = 0) -> int:
-        return 0
+# The input fuzzer's Kafka fakes (a message, a recording producer) and its hot stage of one
+# worker with samples partition 0 assigned: the same set-up, not a copy of it.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from fuzz_inputs import FakeMessage, _hot_stage
 
 
 class JsonTable(dict):  # type: ignore[type-arg]
@@ -79,22 +38,10 @@ class JsonTable(dict):  # type: ignore[type-arg]
         super().__setitem__(key, value)
 
 
-class NoCommits:
-    def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
-        from confluent_kafka import TopicPartition
-
-        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in partitions]
-
-
 def window_batches(nodes: int, seconds: int) -> tuple[list[tuple[bytes, bytes]], list[Any], int]:
     """(job events, window-batch messages, node records) of the bench fleet through the hot
     stage, in batches of 2,000 samples."""
-    from confluent_kafka import TopicPartition
-
     from peerwatch.schemas.codec import AvroCodec
-    from peerwatch.settings import Settings
-    from peerwatch.streams.live.counters import StreamCounters
-    from peerwatch.streams.live.hot_stage import HotStage, HotTopics
     from peerwatch.streams.tools.bench_run import bench_fleet
 
     codecs = {"samples": AvroCodec("NodeGpuSample"), "job-events": AvroCodec("JobEvent")}
@@ -106,20 +53,15 @@ def window_batches(nodes: int, seconds: int) -> tuple[list[tuple[bytes, bytes]],
                 value = codecs[r.stream].encode(r.value)
                 out = events if r.stream == "job-events" else samples
                 out.append((r.key.encode(), value, int(r.value["ts_ms"])))  # type: ignore[arg-type]
-    hot = HotStage(Settings(), "bench", HotTopics("s", "je", "b", "dead", 1, "f", "nf"),
-                   StreamCounters(), window_s=5, lateness_s=5, batch_max=2000,
-                   batch_within_s=0.1, allocation_retention_s=3600)  # fmt: skip
-    producer = RecordingProducer()
-    hot._producer = producer
-    hot._on_assign(NoCommits(), [TopicPartition("s", 0)])
+    hot, producer = _hot_stage(lateness_s=5, job_partitions=1, batch_max=2000)
     for i, (key, value, ts) in enumerate(events):
-        hot._apply_job_event(Message("je", i, key, value, ts))
+        hot._apply_job_event(FakeMessage("je", 0, i, key, value, None, ts))
     for start in range(0, len(samples), 2000):
-        batch = [Message("s", start + i, k, v, ts)
+        batch = [FakeMessage("s", 0, start + i, k, v, None, ts)
                  for i, (k, v, ts) in enumerate(samples[start : start + 2000])]  # fmt: skip
         hot._aggregate(0, hot.parts[0], batch)
         hot._send_closed()
-    batches = [(key, value) for topic, key, value in producer.sent if topic == "b"]
+    batches = [(p.key, p.value) for p in producer.sent if p.topic == "b"]
     return [(k, v) for k, v, _ in events], batches, len(samples)
 
 

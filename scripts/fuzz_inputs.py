@@ -574,8 +574,11 @@ def kafka_corpus() -> dict[str, list[tuple[bytes | None, bytes]]]:
     return corpus
 
 
-def _hot_stage() -> tuple[Any, FakeProducer]:
-    """The live hot stage of one worker, samples partition 0 assigned (nothing committed)."""
+def _hot_stage(
+    lateness_s: float = 2, job_partitions: int = 2, batch_max: int = 500
+) -> tuple[Any, FakeProducer]:
+    """The live hot stage of one worker, samples partition 0 assigned (nothing committed).
+    scripts/bench_stage3.py runs it with the worker's lateness and batch size."""
     from confluent_kafka import TopicPartition
 
     from peerwatch.settings import Settings
@@ -586,8 +589,8 @@ def _hot_stage() -> tuple[Any, FakeProducer]:
         def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
             return [TopicPartition(tp.topic, tp.partition, -1001) for tp in partitions]
 
-    hot = HotStage(Settings(), "fz", HotTopics("s", "je", "b", "dead", 2, "f", "nf"),
-                   StreamCounters(), window_s=5, lateness_s=2, batch_max=500,
+    hot = HotStage(Settings(), "fz", HotTopics("s", "je", "b", "dead", job_partitions, "f", "nf"),
+                   StreamCounters(), window_s=5, lateness_s=lateness_s, batch_max=batch_max,
                    batch_within_s=0.1, allocation_retention_s=3600)  # fmt: skip
     producer = FakeProducer()
     hot._producer = producer
