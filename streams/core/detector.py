@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Literal, cast
 
 from peerwatch.schemas.records import FindingCause, FindingStatus, GpuWindow, StragglerFinding
@@ -64,6 +65,7 @@ _CLEAN, _CONFIRMING, _FLAGGED = 0, 1, 2
 _JobWideGroup = tuple[str, list[GpuWindow], list[GpuVerdict]]
 #: The fields every GpuWindow given to the detector must hold.
 _KEY_FIELDS = ("job_id", "node", "gpu_index", "window_start_ms", "window_end_ms")
+_KEY_COLUMNS = itemgetter(*_KEY_FIELDS)
 
 
 @dataclass
@@ -90,10 +92,13 @@ def detect_job_window(
     windows: Sequence[GpuWindow],
     state: JobDetectorState,
     settings: DetectorSettings = DEFAULT_SETTINGS,
+    scored_windows: bool = True,
 ) -> DetectionResult:
     """Run the detector on one window of one job; ``state`` is updated in place.
 
     ``windows``: the job's GpuWindow dicts for one window (any order; at most one per GPU).
+    ``scored_windows``: False leaves ``result.windows`` empty (a caller that publishes no scored
+    window saves a copy of each); findings and state are the same either way.
     Windows must arrive in increasing ``window_start_ms``; an older or repeated window is
     skipped (``result.skipped``), so redelivery after a restart emits nothing twice.
     Raises InvalidRecordError when a window lacks a key field, belongs to another job, mixes
@@ -103,7 +108,7 @@ def detect_job_window(
         raise InvalidRecordError(f"state of job {state.job_id!r} given for job {job.job_id!r}")
     if not windows:
         return DetectionResult(skipped="empty")
-    ordered = _validated(job, windows)
+    ordered, keys = _validated(job, windows)
     start_ms = int(ordered[0]["window_start_ms"])
     end_ms = int(ordered[0]["window_end_ms"])
     if state.last_window_start_ms is not None and start_ms <= state.last_window_start_ms:
@@ -115,10 +120,9 @@ def detect_job_window(
     state.max_gpus_seen = max(state.max_gpus_seen, len(ordered))
 
     result = DetectionResult()
-    keys = [gpu_key(w["node"], w["gpu_index"]) for w in ordered]
-    reports = [_reports(w) for w in ordered]
+    reports = _reporting(ordered)
     groups = _groups(job, [(k, w) for k, w, r in zip(keys, ordered, reports, strict=True) if r])
-    group_size = {k: len(g) for g in groups.values() for k, _ in g}
+    group_size: dict[str, int] | None = None  # made when a hard rule may fire (rare)
     gpus = state.gpus
     for key, window in zip(keys, ordered, strict=True):
         gpu_state = gpus.get(key) or state.gpu(key)
@@ -126,6 +130,8 @@ def detect_job_window(
         if window.get("xids"):
             result.recorded_xids.extend(recorded_xids(window, settings))
         if may_fire(window):
+            if group_size is None:
+                group_size = {k: len(g) for g in groups.values() for k, _ in g}
             finding = _hard_finding(job, window, gpu_state, group_size.get(key, 0), settings)
             if finding is not None:
                 result.findings.append(finding)
@@ -139,6 +145,8 @@ def detect_job_window(
         result.findings.extend(_job_wide(job, start_ms, end_ms, job_wide_groups, state, settings))
         result.job_wide = bool(job_wide_groups)
 
+    if not scored_windows:
+        return result
     for key, window, reporting in zip(keys, ordered, reports, strict=True):
         out = window.copy()
         out["score"] = scores.get(key) if gate is None else None
@@ -193,8 +201,9 @@ def _evaluate(
             continue
         per_node = Counter(w["node"] for (_, w), f in zip(members, flagged, strict=True) if f)
         node_wide = {n for n, count in per_node.items() if count >= settings.node_wide_min_gpus}
+        gpus = state.gpus
         for i, (key, window) in enumerate(members):
-            gpu_state = state.gpu(key)
+            gpu_state = gpus.get(key) or state.gpu(key)
             if cmp is not None:
                 scores[key] = cmp.score[i]
                 if not evaluated[i]:
@@ -218,7 +227,34 @@ def _evaluate(
     return job_wide_groups
 
 
-def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> list[GpuWindow]:
+def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> tuple[list[GpuWindow], list[str]]:
+    """``windows`` sorted by (node, GPU index), and their GPU keys. Raises InvalidRecordError
+    (see :func:`detect_job_window`).
+
+    The checks run on the key columns at once; windows that fail any of them go through
+    :func:`_validated_each`, which names the first fault."""
+    try:
+        jobs, nodes, indexes, starts, ends = zip(*map(_KEY_COLUMNS, windows), strict=True)
+        idents = list(zip(map(str, nodes), map(int, indexes), strict=True))
+    except (KeyError, TypeError, ValueError):
+        return _validated_each(job, windows)
+    n = len(windows)
+    if (
+        jobs.count(job.job_id) != n
+        or starts[0] is None
+        or starts.count(starts[0]) != n
+        or None in nodes
+        or None in ends
+    ):
+        return _validated_each(job, windows)
+    order = _ordered(job, idents)
+    return [windows[i] for i in order], [gpu_key(nodes[i], indexes[i]) for i in order]
+
+
+def _validated_each(
+    job: JobContext, windows: Sequence[GpuWindow]
+) -> tuple[list[GpuWindow], list[str]]:
+    """:func:`_validated` window by window: raises for the first fault found."""
     first_start = windows[0].get("window_start_ms")
     idents: list[tuple[str, int]] = []
     for w in windows:
@@ -236,18 +272,25 @@ def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> list[GpuWindow]
             raise InvalidRecordError(
                 f"job {job.job_id!r}: bad gpu_index {w['gpu_index']!r}"
             ) from exc
+    order = _ordered(job, idents)
+    ordered = [windows[i] for i in order]
+    return ordered, [gpu_key(w["node"], w["gpu_index"]) for w in ordered]
+
+
+def _ordered(job: JobContext, idents: list[tuple[str, int]]) -> list[int]:
+    """The positions of ``idents`` in sorted order; raises when a GPU is there twice."""
     if len(set(idents)) < len(idents):
         seen: set[tuple[str, int]] = set()
         for ident in idents:
             if ident in seen:
                 raise InvalidRecordError(f"job {job.job_id!r}: GPU {ident} twice in one window")
             seen.add(ident)
-    order = sorted(range(len(idents)), key=idents.__getitem__)
-    return [windows[i] for i in order]
+    return sorted(range(len(idents)), key=idents.__getitem__)
 
 
-def _reports(window: GpuWindow) -> bool:
-    return not window.get("lost") and int(window.get("samples") or 0) > 0
+def _reporting(windows: list[GpuWindow]) -> list[bool]:
+    """Whether each window holds readings of a GPU that is not lost."""
+    return [not w.get("lost") and int(w.get("samples") or 0) > 0 for w in windows]
 
 
 def _follow_requeue(job: JobContext, state: JobDetectorState) -> None:

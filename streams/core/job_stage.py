@@ -43,12 +43,16 @@ class JobStage:
 
     A window is released when every expected GPU reported, or when ``watermark >= end +
     grace``; a complete window still waits for older incomplete ones of the same job, because
-    the detector needs increasing window starts.
+    the detector needs increasing window starts. ``scored_windows``: False when no scored
+    window is published (results then hold findings only; see :func:`detect_job_window`).
     """
 
-    def __init__(self, settings: DetectorSettings, grace_ms: int = 0) -> None:
+    def __init__(
+        self, settings: DetectorSettings, grace_ms: int = 0, scored_windows: bool = True
+    ) -> None:
         self.settings = settings
         self.grace_ms = grace_ms
+        self.scored_windows = scored_windows
         self.pending: dict[str, dict[int, dict[tuple[str, int], dict[str, Any]]]] = {}
         self.states: dict[str, JobDetectorState] = {}
         #: job -> start of the newest window released (older batches are dropped).
@@ -139,7 +143,9 @@ class JobStage:
             self._with_steps(job_id, start, windows)
             # the aggregator's dicts are GpuWindow records (typed at the detector's door)
             typed = cast(list[GpuWindow], windows)
-            out.append((start, detect_job_window(ctx, typed, state, self.settings)))
+            out.append(
+                (start, detect_job_window(ctx, typed, state, self.settings, self.scored_windows))
+            )
         if not starts:
             del self.pending[job_id]
         return out
@@ -305,7 +311,8 @@ class JobReleaser:
 
     ``jobs``: job contexts and nodes (the allocation table). ``partition_of``: node -> the source
     holding it; None when every node is in one source (offline). ``fan_out_job_wide``: route a
-    JOB_WIDE finding to every node of its job. Raises InvalidRecordError from the detector.
+    JOB_WIDE finding to every node of its job. ``scored_windows``: as :class:`JobStage`'s.
+    Raises InvalidRecordError from the detector.
 
     Restart: a job's state and pending batches come back with :meth:`restore`; the watermarks
     do not (every source sends its next heartbeat soon), so a window may be released a
@@ -320,8 +327,9 @@ class JobReleaser:
         grace_ms: int = 0,
         fan_out_job_wide: bool = False,
         partition_of: Callable[[str], int] | None = None,
+        scored_windows: bool = True,
     ) -> None:
-        self.stage = JobStage(settings, grace_ms)
+        self.stage = JobStage(settings, grace_ms, scored_windows)
         self.jobs = jobs
         self.fan_out_job_wide = fan_out_job_wide
         self.partition_of = partition_of

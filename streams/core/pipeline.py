@@ -135,6 +135,7 @@ class Pipeline:
             self.allocations,
             grace_ms=int(settings.job_grace_s * 1000),
             fan_out_job_wide=settings.fan_out_job_wide,
+            scored_windows=emit_windows,
         )
         self.policy = PolicyStage(settings.policy)
         # Beside stage 2, on the same samples: hard rules on arrival and the silence watch.

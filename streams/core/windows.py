@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -110,6 +110,91 @@ class BatchResult:
 
     late: np.ndarray
     invalid: np.ndarray
+
+
+class ClosedWindows(NamedTuple):
+    """The slots of one closed window start, all jobs, as columns (:meth:`windows` makes the
+    GpuWindow dicts). Numpy arrays and small tables: a split replay's reading process sends
+    these (:meth:`portable`) and its other process makes the dicts."""
+
+    start_ms: int
+    end_ms: int
+    #: the bucket's accumulators, one row per slot (see ``_Bucket``)
+    accs: Mapping[str, np.ndarray]
+    node: np.ndarray  # node code of each slot
+    gpu_index: np.ndarray  # GPU index of each slot
+    #: the string of a node or UUID code: the aggregator's list, or the codes used (portable)
+    names: Sequence[str] | Mapping[int, str]
+    #: job code -> (job id, user, partition, account)
+    jobs: Mapping[int, tuple[str, str | None, str | None, str | None]]
+    xids: Mapping[int, list[int]]  # slot -> XIDs seen in it
+
+    def portable(self) -> ClosedWindows:
+        """The same windows holding only the strings they use (not the aggregator's list of
+        every node and UUID seen)."""
+        uuids = self.accs["uuid"]
+        used = np.unique(np.concatenate([self.node, uuids[uuids >= 0]])).tolist()
+        names = self.names
+        return self._replace(names={c: names[c] for c in used})
+
+    def windows(self) -> list[tuple[str, dict[str, Any]]]:
+        """``(job id, GpuWindow dict)`` of every slot (fields the hot path cannot know: null).
+
+        Every derived value is computed per column (the same float operations, in the same
+        order, as one window at a time would do); only building the dicts is per window."""
+        a = self.accs
+        n = len(a["gid"])
+        names = self.names
+        job_codes = a["job"].tolist()
+        metas = self.jobs
+        jobs = [metas[c][0] for c in job_codes]
+        uuids = a["uuid"].tolist()
+        temp, wmin, wmax = a["temp"], a["wmin"], a["wmax"]
+        columns: dict[str, Any] = {  # a list per window, or one value for all
+            "job_id": jobs,
+            "node": [names[c] for c in self.node.tolist()],
+            "gpu_index": self.gpu_index.tolist(),
+            "gpu_uuid": [names[u] if u >= 0 else None for u in uuids],
+            "window_start_ms": self.start_ms,
+            "window_end_ms": self.end_ms,
+            "samples": a["n"].tolist(),
+            "user": [metas[c][1] for c in job_codes],
+            "partition": [metas[c][2] for c in job_codes],
+            "account": [metas[c][3] for c in job_codes],
+            "clk_ratio": _ratio(a["clk_s"], a["clk_n"]),
+            "throttle_frac": _shares(a, "thr"),
+            "power_cap_frac": _shares(a, "cap"),
+            "sm_frac": _ratio(a["sm_s"], a["sm_n"], 100.0),
+            "power_ratio": _ratio(a["pr_s"], a["pr_n"]),
+            "power_w": _ratio(a["pw_s"], a["pw_n"], 1000.0),
+            "temperature_c_max": _present(temp, temp != _NONE_MAX),
+            "energy_j": _present(a["energy"] / 1000.0, a["energy_n"] != 0),
+            "ecc_uncorrected_delta": a["ecc"].tolist(),
+            "nvlink_errors_delta": a["nvl"].tolist(),
+            "pcie_replay_delta": a["pcie"].tolist(),
+            "pcie_link_width_min": _present(wmin, wmin != _NONE_MIN),
+            "pcie_link_width_max": _present(wmax, wmax != _NONE_MAX),
+            "remap_pending": (a["remap_p"] > 0).tolist(),
+            "remap_failed": (a["remap_f"] > 0).tolist(),
+            "lost": (a["lost"] > 0).tolist(),
+            "xids": [sorted(set(self.xids[i])) if i in self.xids else [] for i in range(n)],
+            "step_ms": None,
+            "score": None,
+            "gated": None,
+            "thermal_frac": _shares(a, "thm"),
+            "power_brake_frac": _shares(a, "brk"),
+            "fleet_clk_ratio": None,
+        }
+        # a copy of one dict holding every field in order (the same values where every window
+        # has the same), then the other fields column by column: half the cost of a dict made
+        # of each window's row
+        template = {k: None if isinstance(v, list) else v for k, v in columns.items()}
+        windows = [template.copy() for _ in range(n)]
+        for name, values in columns.items():
+            if isinstance(values, list):
+                for w, v in zip(windows, values, strict=True):
+                    w[name] = v
+        return list(zip(jobs, windows, strict=True))
 
 
 class _Grow:
@@ -656,9 +741,10 @@ class WindowAggregator:
                 return []
         return self.group(self.pop_ready(watermark_ms))
 
-    def pop_ready(self, watermark_ms: int) -> list[tuple[int, str, dict[str, Any]]]:
-        """:meth:`close_ready` without grouping: ``(window start, job id, GpuWindow dict)`` of
-        every closed window, for :meth:`group` (here or in another process)."""
+    def pop_ready(self, watermark_ms: int) -> list[ClosedWindows]:
+        """:meth:`close_ready` without making the GpuWindow dicts: every closed window start as
+        columns, for :meth:`group` (here, or in another process after
+        :meth:`ClosedWindows.portable`)."""
         boundary = watermark_ms - watermark_ms % self.window_ms
         if self.closed_until_ms is None or boundary > self.closed_until_ms:
             self.closed_until_ms = boundary
@@ -668,83 +754,45 @@ class WindowAggregator:
         """Emit every open window (end of input); later samples of those windows are late."""
         return self.group(self.pop_all())
 
-    def pop_all(self) -> list[tuple[int, str, dict[str, Any]]]:
-        """:meth:`flush` without grouping (see :meth:`pop_ready`)."""
+    def pop_all(self) -> list[ClosedWindows]:
+        """:meth:`flush` without making the dicts (see :meth:`pop_ready`)."""
         if self.max_ts_ms is not None:
             end = self.max_ts_ms - self.max_ts_ms % self.window_ms + self.window_ms
             self.closed_until_ms = max(self.closed_until_ms or end, end)
         return self._pop(None)
 
-    def _pop(self, watermark_ms: int | None) -> list[tuple[int, str, dict[str, Any]]]:
-        out: list[tuple[int, str, dict[str, Any]]] = []
+    def _pop(self, watermark_ms: int | None) -> list[ClosedWindows]:
+        out: list[ClosedWindows] = []
         for start in sorted(self._buckets):
             if watermark_ms is None or start + self.window_ms <= watermark_ms:
-                out += self._windows(start, self._buckets.pop(start))
+                out.append(self._closed(start, self._buckets.pop(start)))
         return out
 
-    def _windows(self, start: int, bucket: _Bucket) -> list[tuple[int, str, dict[str, Any]]]:
-        """The GpuWindow dicts of one closed bucket (fields the hot path cannot know: null).
-
-        Every derived value is computed per column (the same float operations, in the same
-        order, as one window at a time would do); only building the dicts is per window."""
+    def _closed(self, start: int, bucket: _Bucket) -> ClosedWindows:
+        """One closed bucket as columns: its accumulators, each slot's node and GPU index, and
+        the job of each job code (with the metadata a GpuWindow carries)."""
+        self._sync_names()
         n = bucket.accs.size
-        a = {k: arr[:n] for k, arr in bucket.accs.arrays.items()}
+        accs = {k: arr[:n] for k, arr in bucket.accs.arrays.items()}
+        gids = accs["gid"]
         g = self._gpu.arrays
-        gids = a["gid"]
-        names = self._names
-        job_codes = a["job"].tolist()
-        metas = {c: self.allocations.job(self._job_names[c]) for c in set(job_codes)}
-        jobs = [self._job_names[c] for c in job_codes]
-        uuids = a["uuid"].tolist()
-        temp, wmin, wmax = a["temp"], a["wmin"], a["wmax"]
-        end = start + self.window_ms
-        columns: dict[str, list[Any]] = {
-            "job_id": jobs,
-            "node": [names[c] for c in g["node"][gids].tolist()],
-            "gpu_index": g["index"][gids].tolist(),
-            "gpu_uuid": [names[u] if u >= 0 else None for u in uuids],
-            "window_start_ms": [start] * n,
-            "window_end_ms": [end] * n,
-            "samples": a["n"].tolist(),
-            "user": [m.user if (m := metas[c]) else None for c in job_codes],
-            "partition": [m.partition if (m := metas[c]) else None for c in job_codes],
-            "account": [m.account if (m := metas[c]) else None for c in job_codes],
-            "clk_ratio": _ratio(a["clk_s"], a["clk_n"]),
-            "throttle_frac": _shares(a, "thr"),
-            "power_cap_frac": _shares(a, "cap"),
-            "sm_frac": _ratio(a["sm_s"], a["sm_n"], 100.0),
-            "power_ratio": _ratio(a["pr_s"], a["pr_n"]),
-            "power_w": _ratio(a["pw_s"], a["pw_n"], 1000.0),
-            "temperature_c_max": _present(temp, temp != _NONE_MAX),
-            "energy_j": _present(a["energy"] / 1000.0, a["energy_n"] != 0),
-            "ecc_uncorrected_delta": a["ecc"].tolist(),
-            "nvlink_errors_delta": a["nvl"].tolist(),
-            "pcie_replay_delta": a["pcie"].tolist(),
-            "pcie_link_width_min": _present(wmin, wmin != _NONE_MIN),
-            "pcie_link_width_max": _present(wmax, wmax != _NONE_MAX),
-            "remap_pending": (a["remap_p"] > 0).tolist(),
-            "remap_failed": (a["remap_f"] > 0).tolist(),
-            "lost": (a["lost"] > 0).tolist(),
-            "xids": [sorted(set(bucket.xids[i])) if i in bucket.xids else [] for i in range(n)],
-            "step_ms": [None] * n,
-            "score": [None] * n,
-            "gated": [None] * n,
-            "thermal_frac": _shares(a, "thm"),
-            "power_brake_frac": _shares(a, "brk"),
-            "fleet_clk_ratio": [None] * n,
-        }
-        fields = tuple(columns)
-        return [
-            (start, job, dict(zip(fields, row, strict=True)))
-            for job, row in zip(jobs, zip(*columns.values(), strict=True), strict=True)
-        ]
+        jobs: dict[int, tuple[str, str | None, str | None, str | None]] = {}
+        for code in np.unique(accs["job"]).tolist():
+            job_id = self._job_names[code]
+            meta = self.allocations.job(job_id)
+            jobs[code] = (job_id, *((meta.user, meta.partition, meta.account) if meta else
+                                    (None, None, None)))  # fmt: skip
+        return ClosedWindows(start, start + self.window_ms, accs, g["node"][gids],
+                             g["index"][gids], self._names, jobs, bucket.xids)  # fmt: skip
 
-    def group(self, closed: Iterable[tuple[int, str, dict[str, Any]]]) -> list[JobWindowBatch]:
-        """Closed ``(window start, job, GpuWindow)`` triples grouped per (job, window), sorted by
-        (window start, job id), each group by (node, GPU)."""
+    def group(self, closed: Iterable[ClosedWindows]) -> list[JobWindowBatch]:
+        """Closed windows as GpuWindow dicts grouped per (job, window), sorted by (window start,
+        job id), each group by (node, GPU)."""
         grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
-        for start, job, window in closed:
-            grouped.setdefault((start, job), []).append(window)
+        for part in closed:
+            start = part.start_ms
+            for job, window in part.windows():
+                grouped.setdefault((start, job), []).append(window)
         wms = self.window_ms
         return [
             JobWindowBatch(

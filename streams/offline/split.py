@@ -3,15 +3,16 @@
 :class:`~peerwatch.streams.core.pipeline.Pipeline` (tested equal).
 
 :class:`FrontPipeline` reads and aggregates the samples and, wherever the one-process pipeline
-would close windows, sends the closed GpuWindow dicts instead of running the detector.
+would close windows, sends the closed windows as columns instead of running the detector.
 :class:`BackPipeline` receives them with every other record, in order, and runs stage 3 (the
 detector) and stage 4 (the policy) exactly where the one-process pipeline runs them. Messages
 (tuples, the first item names them):
 
 * ``("feed", stream, key, value)``: a record of another stream than the samples;
 * ``("drain", refused, max_ts_ms, watermark_ms, closed)``: a batch ended: the outputs of its
-  late and invalid samples, the highest sample time aggregated, the watermark and the closed
-  ``(window start, job id, GpuWindow)`` triples (None: no watermark yet);
+  late and invalid samples, the highest sample time aggregated, the watermark (None: none
+  yet) and the closed windows as columns (:class:`~peerwatch.streams.core.windows.ClosedWindows`,
+  portable): this process makes their GpuWindow dicts, the reading process does not;
 * ``("hot", findings)``: findings made beside stage 2 (hard rules on arrival, silence), with
   the event time of each, for the policy;
 * ``("finish", closed, counters)``: end of input, every open window.
@@ -72,14 +73,15 @@ class FrontPipeline(Pipeline):
         watermark = agg.watermark_ms
         closed: list[Any] = []
         if watermark is not None:
-            closed = agg.pop_ready(watermark)
+            closed = [c.portable() for c in agg.pop_ready(watermark)]
             self._closed_to(watermark)
         self.send(("drain", out, agg.max_ts_ms, watermark, closed))
         return []
 
     def finish(self) -> list[Output]:
         self._drain()
-        self.send(("finish", self.aggregator.pop_all(), self.counters()))
+        closed = [c.portable() for c in self.aggregator.pop_all()]
+        self.send(("finish", closed, self.counters()))
         return []
 
 
