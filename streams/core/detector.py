@@ -63,6 +63,8 @@ GATE_PHASE_CHANGE = "phase_change"
 _CLEAN, _CONFIRMING, _FLAGGED = 0, 1, 2
 
 _JobWideGroup = tuple[str, list[GpuWindow], list[GpuVerdict]]
+#: What :func:`detect_job_window` returns as scored windows.
+ScoredWindows = Literal["copies", "in_place", "none"]
 #: The fields every GpuWindow given to the detector must hold.
 _KEY_FIELDS = ("job_id", "node", "gpu_index", "window_start_ms", "window_end_ms")
 _KEY_COLUMNS = itemgetter(*_KEY_FIELDS)
@@ -72,8 +74,8 @@ _KEY_COLUMNS = itemgetter(*_KEY_FIELDS)
 class DetectionResult:
     """What one call produced.
 
-    ``windows``: the input GpuWindow dicts (copies) with ``score`` and ``gated`` set, sorted by
-    (node, gpu_index). ``findings``: StragglerFinding dicts in a deterministic order.
+    ``windows``: the input GpuWindow dicts (copies, unless asked otherwise) with ``score`` and
+    ``gated`` set, sorted by (node, gpu_index). ``findings``: StragglerFinding dicts in a deterministic order.
     ``gated``: the job-level gate of this window or None. ``recorded_xids``: every XID seen
     (category hard/app/other), for counting. ``skipped``: set (e.g. ``"already_processed"``)
     when the window was not processed at all; then ``windows`` and ``findings`` are empty.
@@ -92,13 +94,15 @@ def detect_job_window(
     windows: Sequence[GpuWindow],
     state: JobDetectorState,
     settings: DetectorSettings = DEFAULT_SETTINGS,
-    scored_windows: bool = True,
+    scored_windows: ScoredWindows = "copies",
 ) -> DetectionResult:
     """Run the detector on one window of one job; ``state`` is updated in place.
 
     ``windows``: the job's GpuWindow dicts for one window (any order; at most one per GPU).
-    ``scored_windows``: False leaves ``result.windows`` empty (a caller that publishes no scored
-    window saves a copy of each); findings and state are the same either way.
+    ``scored_windows``: ``"copies"`` (result.windows are copies), ``"in_place"`` (the input
+    dicts themselves get ``score`` and ``gated``: a caller that owns them saves a copy of each)
+    or ``"none"`` (``result.windows`` stays empty: nothing to publish). Findings and state are
+    the same either way.
     Windows must arrive in increasing ``window_start_ms``; an older or repeated window is
     skipped (``result.skipped``), so redelivery after a restart emits nothing twice.
     Raises InvalidRecordError when a window lacks a key field, belongs to another job, mixes
@@ -145,10 +149,11 @@ def detect_job_window(
         result.findings.extend(_job_wide(job, start_ms, end_ms, job_wide_groups, state, settings))
         result.job_wide = bool(job_wide_groups)
 
-    if not scored_windows:
+    if scored_windows == "none":
         return result
+    copies = scored_windows != "in_place"
     for key, window, reporting in zip(keys, ordered, reports, strict=True):
-        out = window.copy()
+        out = window.copy() if copies else window
         out["score"] = scores.get(key) if gate is None else None
         out["gated"] = gate or gpu_gate.get(key) or (None if reporting else GATE_NO_DATA)
         result.windows.append(out)

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Protocol, cast
 
 from peerwatch.schemas.records import GpuWindow
 from peerwatch.streams.core.allocation import JobMeta
-from peerwatch.streams.core.detector import DetectionResult, detect_job_window
+from peerwatch.streams.core.detector import DetectionResult, ScoredWindows, detect_job_window
 from peerwatch.streams.core.detector_state import JobDetectorState
 from peerwatch.streams.core.model import JOB_WIDE, JobContext
 from peerwatch.streams.core.settings import DetectorSettings
@@ -43,8 +43,9 @@ class JobStage:
 
     A window is released when every expected GPU reported, or when ``watermark >= end +
     grace``; a complete window still waits for older incomplete ones of the same job, because
-    the detector needs increasing window starts. ``scored_windows``: False when no scored
-    window is published (results then hold findings only; see :func:`detect_job_window`).
+    the detector needs increasing window starts. Released windows are scored in place (their
+    dicts are this stage's, from :meth:`add`); ``scored_windows``: False when no scored window
+    is published (results then hold findings only; see :func:`detect_job_window`).
     """
 
     def __init__(
@@ -143,9 +144,9 @@ class JobStage:
             self._with_steps(job_id, start, windows)
             # the aggregator's dicts are GpuWindow records (typed at the detector's door)
             typed = cast(list[GpuWindow], windows)
-            out.append(
-                (start, detect_job_window(ctx, typed, state, self.settings, self.scored_windows))
-            )
+            # the held windows are this stage's own: scored in place, or not at all
+            scored: ScoredWindows = "in_place" if self.scored_windows else "none"
+            out.append((start, detect_job_window(ctx, typed, state, self.settings, scored)))
         if not starts:
             del self.pending[job_id]
         return out

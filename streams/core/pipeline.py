@@ -362,7 +362,7 @@ class Pipeline:
             return [self._invalid("job-windows", "", {}, exc), *fleet]
         for r in released.releases:
             job_id = r.context.job_id
-            if self.emit_windows:  # the detector's own copies: no other reference to them
+            if self.emit_windows:  # scored in place: the aggregator made them for this use only
                 out += [
                     Output(WINDOW, job_id, cast(dict[str, Any], w), self._stream_ms)
                     for w in r.result.windows
