@@ -4,9 +4,11 @@ and check what exists against the catalogue: partitions (refused when they diffe
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -33,6 +35,18 @@ class TopicChange:
     mismatches: tuple[str, ...] = ()
 
 
+def _result(future: Any, timeout_s: float, what: str) -> Any:
+    """The result of an admin request's future; ServiceError when Kafka gave no answer in
+    ``timeout_s`` (no broker at the bootstrap address, or one that is not up yet)."""
+    try:
+        return future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError as exc:
+        raise ServiceError(
+            f"Kafka gave no answer in {timeout_s:g} s ({what}): is a broker running at the "
+            "bootstrap address? (`peerwatch kafka start` starts a local one)"
+        ) from exc
+
+
 def describe_partitions(admin: AdminClient, names: list[str], timeout_s: float) -> dict[str, int]:
     """Partition counts of the named topics that exist, asked of the broker topic by topic
     (DescribeTopics: not a metadata listing a busy broker may not have caught up on). Raises
@@ -46,7 +60,7 @@ def describe_partitions(admin: AdminClient, names: list[str], timeout_s: float) 
     found: dict[str, int] = {}
     for name, future in futures.items():
         try:
-            found[name] = len(future.result(timeout=timeout_s).partitions)
+            found[name] = len(_result(future, timeout_s, f"describe {name}").partitions)
         except KafkaException as exc:
             if _error_name(exc) == "UNKNOWN_TOPIC_OR_PART":
                 continue
@@ -68,7 +82,7 @@ def describe_configs(admin: AdminClient, specs: list[TopicSpec], timeout_s: floa
     out: dict[str, tuple[str, ...]] = {}
     for spec in specs:
         try:
-            held = by_name[spec.name].result(timeout=timeout_s)
+            held = _result(by_name[spec.name], timeout_s, f"describe {spec.name}'s configs")
         except KafkaException as exc:
             raise ServiceError(f"cannot describe {spec.name}'s configs: {exc}") from exc
         out[spec.name] = tuple(
@@ -138,7 +152,7 @@ def ensure_topics(
         )
         for spec in missing:
             try:
-                futures[spec.name].result(timeout=timeout_s)
+                _result(futures[spec.name], timeout_s, f"create {spec.name}")
                 outcome[spec.name] = "created"
             except KafkaException as exc:
                 if _error_name(exc) == "TOPIC_ALREADY_EXISTS":
@@ -168,7 +182,7 @@ def _already_existing(admin: AdminClient, specs: list[TopicSpec], replication_fa
     out = []
     for spec in specs:
         try:
-            futures[spec.name].result(timeout=timeout_s)
+            _result(futures[spec.name], timeout_s, f"check {spec.name}")
         except KafkaException as exc:
             if _error_name(exc) == "TOPIC_ALREADY_EXISTS":
                 out.append(spec)
