@@ -270,10 +270,14 @@ class JobsHandler:
             before = self.closed_wall.get((job_id, start), 0.0)
             self.closed_wall[(job_id, start)] = max(before, wall_ms)
         # The message as it came (no second encoding of every window; see restore), once,
-        # under its first source: the window's sources are retired together.
+        # under its first source: the window's sources are retired together. A batch that
+        # completes its window is released here and now: keeping it would only send it to the
+        # changelog and a tombstone after it (most batches of a worker that keeps up).
         entry = PendingEntry(job_id, start, min(held))
-        self.pending_table[entry.key.encode()] = pending_entry(partition, bytes(value))
-        return self.outputs(self.stage3.release(job_id))
+        released = self.stage3.release(job_id)
+        if entry not in released.retired:
+            self.pending_table[entry.key.encode()] = pending_entry(partition, bytes(value))
+        return self.outputs(released)
 
     def outputs(self, released: Released) -> list[Output]:
         """Keep what ``released`` changed in the tables; its windows and findings, encoded."""

@@ -263,3 +263,42 @@ def test_hot_stage_dead_letter_with_a_huge_key_is_sent_without_it() -> None:
     [(key, value, headers)] = q.queued
     assert (key, value, headers["peerwatch.reason"]) == (None, b"", b"undecodable")
     assert headers["peerwatch.value.size"] == b"4" and counters.deadletter == 1
+
+
+class RecordingTable(dict):  # type: ignore[type-arg]
+    """A table that remembers every key set (each would be a changelog record)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sets: list[bytes] = []
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        self.sets.append(key)
+        super().__setitem__(key, value)
+
+
+def test_a_batch_that_completes_its_window_is_released_without_a_pending_entry() -> None:
+    import json
+
+    from windowgen import window
+
+    handler, _, _ = jobs_handler()
+    handler.pending_table = pending = RecordingTable()
+    handler.handle("je", 0, b"7", AvroCodec("JobEvent").encode(JOB))  # 2 GPUs expected
+    wms = handler.stage3.stage.settings.window_ms
+    start = T0 - T0 % wms + wms
+    half = {"0": [window("7", 0, start, node="gpu00001", window_end_ms=start + wms)]}
+    msg = {"kind": "windows", "job_id": "7", "window_start_ms": start,
+           "window_end_ms": start + wms, "parts": half}  # fmt: skip
+    assert handler.handle("b", 2, b"7", json.dumps(msg).encode()) == []
+    assert len(pending.sets) == 1 and len(pending) == 1  # half the job: it waits, kept
+    rest = {"1": [window("7", 1, start, node="gpu00001", window_end_ms=start + wms)]}
+    out = handler.handle("b", 2, b"7", json.dumps({**msg, "parts": rest}).encode())
+    assert sorted(o.topic for o in out) == ["windows", "windows"]  # the window is complete
+    assert len(pending.sets) == 1 and pending == {}  # the second batch was never kept
+    nxt = {"0": [window("7", i, start + wms, node="gpu00001", window_end_ms=start + 2 * wms)
+                 for i in (0, 1)]}  # fmt: skip
+    msg2 = {**msg, "window_start_ms": start + wms, "window_end_ms": start + 2 * wms, "parts": nxt}
+    out = handler.handle("b", 2, b"7", json.dumps(msg2).encode())
+    assert sorted(o.topic for o in out) == ["windows", "windows"]
+    assert len(pending.sets) == 1 and pending == {}  # complete at once: nothing kept
