@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Literal, cast
 
 from peerwatch.schemas.records import FindingCause, FindingStatus, GpuWindow, StragglerFinding
@@ -67,7 +66,6 @@ _JobWideGroup = tuple[str, list[GpuWindow], list[GpuVerdict]]
 ScoredWindows = Literal["copies", "in_place", "none"]
 #: The fields every GpuWindow given to the detector must hold.
 _KEY_FIELDS = ("job_id", "node", "gpu_index", "window_start_ms", "window_end_ms")
-_KEY_COLUMNS = itemgetter(*_KEY_FIELDS)
 
 
 @dataclass
@@ -234,32 +232,7 @@ def _evaluate(
 
 def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> tuple[list[GpuWindow], list[str]]:
     """``windows`` sorted by (node, GPU index), and their GPU keys. Raises InvalidRecordError
-    (see :func:`detect_job_window`).
-
-    The checks run on the key columns at once; windows that fail any of them go through
-    :func:`_validated_each`, which names the first fault."""
-    try:
-        jobs, nodes, indexes, starts, ends = zip(*map(_KEY_COLUMNS, windows), strict=True)
-        idents = list(zip(map(str, nodes), map(int, indexes), strict=True))
-    except (KeyError, TypeError, ValueError):
-        return _validated_each(job, windows)
-    n = len(windows)
-    if (
-        jobs.count(job.job_id) != n
-        or starts[0] is None
-        or starts.count(starts[0]) != n
-        or None in nodes
-        or None in ends
-    ):
-        return _validated_each(job, windows)
-    order = _ordered(job, idents)
-    return [windows[i] for i in order], [gpu_key(nodes[i], indexes[i]) for i in order]
-
-
-def _validated_each(
-    job: JobContext, windows: Sequence[GpuWindow]
-) -> tuple[list[GpuWindow], list[str]]:
-    """:func:`_validated` window by window: raises for the first fault found."""
+    for the first fault found (see :func:`detect_job_window`)."""
     first_start = windows[0].get("window_start_ms")
     idents: list[tuple[str, int]] = []
     for w in windows:
@@ -277,20 +250,15 @@ def _validated_each(
             raise InvalidRecordError(
                 f"job {job.job_id!r}: bad gpu_index {w['gpu_index']!r}"
             ) from exc
-    order = _ordered(job, idents)
-    ordered = [windows[i] for i in order]
-    return ordered, [gpu_key(w["node"], w["gpu_index"]) for w in ordered]
-
-
-def _ordered(job: JobContext, idents: list[tuple[str, int]]) -> list[int]:
-    """The positions of ``idents`` in sorted order; raises when a GPU is there twice."""
     if len(set(idents)) < len(idents):
         seen: set[tuple[str, int]] = set()
         for ident in idents:
             if ident in seen:
                 raise InvalidRecordError(f"job {job.job_id!r}: GPU {ident} twice in one window")
             seen.add(ident)
-    return sorted(range(len(idents)), key=idents.__getitem__)
+    order = sorted(range(len(idents)), key=idents.__getitem__)
+    ordered = [windows[i] for i in order]
+    return ordered, [gpu_key(w["node"], w["gpu_index"]) for w in ordered]
 
 
 def _reporting(windows: list[GpuWindow]) -> list[bool]:
