@@ -268,20 +268,74 @@ typedef struct {
 } Tab;
 
 /* Recently coded short strings (node names, UUIDs recur in every batch): bytes -> code without
-   building a str and asking the dict. Valid for one call (codes only grow within it). */
-#define CACHE_SLOTS 4096
+   building a str and asking the dict. A cache belongs to one ``strings`` dict (it holds a
+   reference) and lives across calls (a capsule from ``string_cache``), or one call only. Its
+   entries stay true because ``strings`` only grows: a code is the string's insertion position,
+   never changed (the contract of peerwatch.schemas.columns); a dict found smaller than at the
+   end of the last call empties the cache. Input bytes only ever hit an entry of the very same
+   bytes (compared whole); a collision is a miss, answered by the dict. */
+#define CACHE_SLOTS_ONE_CALL 4096
 #define CACHE_BYTES 56
+#define CACHE_CAPSULE "peerwatch.string_cache"
 typedef struct {
     int64_t code;
-    Py_ssize_t len; /* -1: empty */
+    Py_ssize_t len1; /* the string's length + 1; 0: empty slot */
     unsigned char bytes[CACHE_BYTES];
 } CacheEntry;
+
+typedef struct {
+    PyObject *strings; /* strong reference */
+    Py_ssize_t seen;   /* the dict's size at the end of the last call */
+    size_t mask;       /* slots - 1 (a power of two) */
+    CacheEntry *slots; /* zeroed: pages a cache never touches cost nothing */
+} StringCache;
+
+static StringCache *cache_new(PyObject *strings, size_t slots) {
+    StringCache *c = PyMem_Calloc(1, sizeof(StringCache));
+    if (c == NULL) return (StringCache *)PyErr_NoMemory();
+    c->slots = PyMem_Calloc(slots, sizeof(CacheEntry));
+    if (c->slots == NULL) {
+        PyMem_Free(c);
+        return (StringCache *)PyErr_NoMemory();
+    }
+    Py_INCREF(strings);
+    c->strings = strings;
+    c->mask = slots - 1;
+    return c;
+}
+
+static void cache_free(StringCache *c) {
+    if (c == NULL) return;
+    Py_XDECREF(c->strings);
+    PyMem_Free(c->slots);
+    PyMem_Free(c);
+}
+
+static void cache_capsule_free(PyObject *capsule) {
+    cache_free(PyCapsule_GetPointer(capsule, CACHE_CAPSULE));
+}
+
+/* A hash of a short byte string, eight bytes a step (an index into the cache, nothing more). */
+static inline uint64_t bytes_hash(const unsigned char *p, Py_ssize_t len) {
+    uint64_t h = (uint64_t)len * 0x9E3779B97F4A7C15ull, w;
+    for (; len >= 8; p += 8, len -= 8) {
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+        h ^= h >> 32;
+    }
+    if (len > 0) {
+        w = 0;
+        memcpy(&w, p, (size_t)len);
+        h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
+    }
+    return h ^ (h >> 29);
+}
 
 typedef struct {
     Tab *tabs;
     Py_ssize_t ntabs;
     PyObject *strings;
-    CacheEntry *cache;
+    StringCache *cache;
 } Cols;
 
 static int grow_to(Buf *b, Py_ssize_t bytes) {
@@ -309,10 +363,8 @@ static int string_code(Cols *cols, Reader *r, Py_ssize_t len, int64_t *code) {
     r->pos += len;
     CacheEntry *slot = NULL;
     if (len <= CACHE_BYTES) {
-        uint32_t h = 2166136261u;
-        for (Py_ssize_t i = 0; i < len; i++) h = (h ^ p[i]) * 16777619u;
-        slot = &cols->cache[h & (CACHE_SLOTS - 1)];
-        if (slot->len == len && memcmp(slot->bytes, p, (size_t)len) == 0) {
+        slot = &cols->cache->slots[bytes_hash(p, len) & cols->cache->mask];
+        if (slot->len1 == len + 1 && memcmp(slot->bytes, p, (size_t)len) == 0) {
             *code = slot->code;
             return 0;
         }
@@ -338,7 +390,7 @@ static int string_code(Cols *cols, Reader *r, Py_ssize_t len, int64_t *code) {
     if (*code == -1 && PyErr_Occurred()) return -1;
     if (slot != NULL) {
         memcpy(slot->bytes, p, (size_t)len);
-        slot->len = len;
+        slot->len1 = len + 1;
         slot->code = *code;
     }
     return 0;
@@ -634,9 +686,9 @@ static void cols_free(Cols *cols) {
 
 static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
+    if (nargs != 6 && nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "decode_columns(program, ncols, source, offset, count, strings)");
+                        "decode_columns(program, ncols, source, offset, count, strings[, cache])");
         return NULL;
     }
     PyObject *program = args[0], *ncols = args[1], *source = args[2], *strings = args[5];
@@ -652,12 +704,21 @@ static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssi
     PyObject *result = NULL, *bad_list = NULL, *tables = NULL;
     Py_ssize_t *saved = NULL, end = offset;
     cols.tabs = PyMem_Calloc((size_t)cols.ntabs, sizeof(Tab));
-    cols.cache = PyMem_Malloc(CACHE_SLOTS * sizeof(CacheEntry));
-    if (cols.cache == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    StringCache *own_cache = NULL;
+    if (nargs == 7 && args[6] != Py_None) {
+        cols.cache = PyCapsule_GetPointer(args[6], CACHE_CAPSULE);
+        if (cols.cache == NULL) goto done;
+        if (cols.cache->strings != strings) {
+            cols.cache = NULL;
+            PyErr_SetString(PyExc_TypeError, "decode_columns: a cache of another strings dict");
+            goto done;
+        }
+        if (PyDict_GET_SIZE(strings) < cols.cache->seen) /* not grown only: start again */
+            memset(cols.cache->slots, 0, (cols.cache->mask + 1) * sizeof(CacheEntry));
+    } else {
+        cols.cache = own_cache = cache_new(strings, CACHE_SLOTS_ONE_CALL);
+        if (cols.cache == NULL) goto done;
     }
-    for (Py_ssize_t k = 0; k < CACHE_SLOTS; k++) cols.cache[k].len = -1;
     saved = PyMem_Calloc((size_t)cols.ntabs, sizeof(Py_ssize_t));
     if (cols.tabs == NULL || saved == NULL) {
         PyErr_NoMemory();
@@ -731,21 +792,45 @@ static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssi
     tables = tables_out(&cols);
     if (tables != NULL) result = Py_BuildValue("(NOn)", tables, bad_list, end);
 done:
+    if (cols.cache != NULL) cols.cache->seen = PyDict_GET_SIZE(strings);
     Py_XDECREF(bad_list);
     prog_free(prog);
-    PyMem_Free(cols.cache);
+    cache_free(own_cache);
     cols_free(&cols);
     PyMem_Free(saved);
     return result;
 }
 
+static PyObject *py_string_cache(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    Py_ssize_t slots = nargs == 2 ? PyLong_AsSsize_t(args[1]) : -1;
+    if (nargs != 2 || !PyDict_Check(args[0]) || slots < 1 || slots > (1 << 24)
+        || (slots & (slots - 1)) != 0) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError,
+                            "string_cache(strings, slots): a dict and a power of two <= 2**24");
+        }
+        return NULL;
+    }
+    StringCache *c = cache_new(args[0], (size_t)slots);
+    if (c == NULL) return NULL;
+    PyObject *capsule = PyCapsule_New(c, CACHE_CAPSULE, cache_capsule_free);
+    if (capsule == NULL) cache_free(c);
+    return capsule;
+}
+
 static PyMethodDef methods[] = {
+    {"string_cache", (PyCFunction)(void (*)(void))py_string_cache, METH_FASTCALL,
+     "string_cache(strings, slots) -> a cache of string codes for decode_columns, bound to the "
+     "dict ``strings`` (which must only grow)."},
     {"decode", (PyCFunction)(void (*)(void))py_decode, METH_FASTCALL,
      "decode(plan, buffer, offset) -> (value, end offset); ValueError on malformed bytes."},
     {"skip", (PyCFunction)(void (*)(void))py_skip, METH_FASTCALL,
      "skip(plan, buffer, offset) -> end offset of the value there, built nothing."},
     {"decode_columns", (PyCFunction)(void (*)(void))py_decode_columns, METH_FASTCALL,
-     "decode_columns(program, ncols, source, offset, count, strings) -> (tables, bad, end)."},
+     "decode_columns(program, ncols, source, offset, count, strings[, cache]) -> (tables, bad, "
+     "end)."},
     {NULL, NULL, 0, NULL},
 };
 

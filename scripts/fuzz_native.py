@@ -148,9 +148,11 @@ def _columns_native(mod: Any, wire: Any) -> Fn:
 
     spec = table_spec(wire, column_selection(wire))
     decoder = ColumnDecoder(spec, wire, module=mod)
+    # one dict for every call, as the hot stage and replay keep theirs: the C string cache
+    # then lives across calls, and every code it gives must still be the dict's
+    strings: dict[str, int] = {}
 
     def run(buf: Any, offset: int) -> Any:
-        strings: dict[str, int] = {}
         tables, bad = decoder.messages([buf], offset, strings)
         if bad:
             raise ValueError(bad[0][1])

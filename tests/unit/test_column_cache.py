@@ -1,0 +1,107 @@
+"""The C column decoder's string cache (``string_cache`` in ``_avro_native.c``): codes it gives
+across calls are the ones the dict gives, and a misused cache is refused or starts again."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from peerwatch.producers.sim.fleet import Fleet
+from peerwatch.producers.sim.scenario import default_scenario
+from peerwatch.schemas import native, registry
+from peerwatch.schemas.codec import HEADER_LEN, AvroCodec
+from peerwatch.schemas.columns import STR, ColumnDecoder, Table, tables_from_records
+from peerwatch.streams.core.windows import SAMPLE_SPEC
+
+if os.environ.get("PEERWATCH_REQUIRE_NATIVE") == "1":
+    assert native.available(), "the C decoder was not built (pip install -e . needs gcc)"
+pytestmark = pytest.mark.skipif(not native.available(), reason="C decoder not built")
+
+
+@pytest.fixture(scope="module")
+def messages() -> tuple[list[dict[str, object]], list[bytes]]:
+    codec = AvroCodec("NodeGpuSample")
+    fleet = Fleet(default_scenario(nodes=6, duration_s=4))
+    bodies = [codec.encode(r.value) for t in fleet.ticks() for r in t if r.stream == "samples"]
+    return [codec.decode(b) for b in bodies], bodies  # float fields as the wire holds them
+
+
+def decoder() -> ColumnDecoder:
+    wire = registry.strip_logical_types(registry.raw_schema("NodeGpuSample"))
+    return ColumnDecoder(SAMPLE_SPEC, wire)
+
+
+def same(a: dict[str, Table], a_strings: dict[str, int], b: dict[str, Table],
+         b_strings: dict[str, int]) -> None:  # fmt: skip
+    """The same tables, string columns compared as the strings their codes name (the C decoder
+    codes strings record by record, the Python back end column by column)."""
+    names_a, names_b = list(a_strings), list(b_strings)
+    assert a.keys() == b.keys()
+    for spec in SAMPLE_SPEC.tables():
+        t, u = a[spec.path], b[spec.path]
+        assert t.n == u.n, spec.path
+        for col in spec.columns:
+            x, y = t.values[col.name].tolist(), u.values[col.name].tolist()
+            if col.kind == STR:
+                x, y = [names_a[i] for i in x], [names_b[i] for i in y]
+            assert x == y, (spec.path, col.name)
+
+
+def test_codes_across_calls_are_the_dicts(messages: tuple[list, list]) -> None:
+    records, bodies = messages
+    c, strings = decoder(), {"some string already there": 0}
+    expect: dict[str, int] = dict(strings)
+    for lo in range(0, len(bodies), 5):  # many calls, one dict: the cache lives across them
+        tables, bad = c.messages(bodies[lo : lo + 5], HEADER_LEN, strings)
+        assert bad == []
+        same(tables, strings, tables_from_records(SAMPLE_SPEC, records[lo : lo + 5], expect),
+             expect)  # fmt: skip
+        assert set(strings) == set(expect)
+        assert sorted(strings.values()) == list(range(len(strings)))  # insertion positions
+    assert len(strings) > 6 * 8  # node names and UUIDs were coded
+
+
+def test_a_dict_that_shrank_empties_the_cache(messages: tuple[list, list]) -> None:
+    records, bodies = messages
+    c, strings = decoder(), {}
+    c.messages(bodies, HEADER_LEN, strings)
+    strings.clear()  # against the contract (dicts only grow): codes must still be the dict's
+    strings["first"] = 0
+    tables, _ = c.messages(bodies[:3], HEADER_LEN, strings)
+    expect = {"first": 0}
+    same(tables, strings, tables_from_records(SAMPLE_SPEC, records[:3], expect), expect)
+    assert set(strings) == set(expect) and strings["first"] == 0
+    assert sorted(strings.values()) == list(range(len(strings)))
+
+
+def test_a_new_dict_gets_a_new_cache(messages: tuple[list, list]) -> None:
+    records, bodies = messages
+    c = decoder()
+    for _ in range(2):
+        strings: dict[str, int] = {}
+        tables, _ = c.messages(bodies[:4], HEADER_LEN, strings)
+        expect: dict[str, int] = {}
+        same(tables, strings, tables_from_records(SAMPLE_SPEC, records[:4], expect), expect)
+        assert sorted(strings.values()) == list(range(len(strings)))
+
+
+def test_a_cache_of_another_dict_and_bad_arguments_are_refused(messages: tuple[list, list]) -> None:
+    _, bodies = messages
+    c = decoder()
+    mine: dict[str, int] = {}
+    other = native.native.string_cache({}, 16)
+    program, ncols = c._program, c._ncols
+    with pytest.raises(TypeError, match="another strings dict"):
+        native.native.decode_columns(program, ncols, bodies[:1], HEADER_LEN, 0, mine, other)
+    assert mine == {}
+    with pytest.raises(ValueError):
+        native.native.decode_columns(program, ncols, bodies[:1], HEADER_LEN, 0, mine, "x")
+    for args in (({}, 3), ({}, 0), ([], 16), ({}, 1 << 30), ({},)):
+        with pytest.raises(TypeError, match="string_cache"):
+            native.native.string_cache(*args)
+    cache = native.native.string_cache(mine, 4)
+    out, bad, _ = native.native.decode_columns(
+        program, ncols, bodies[:2], HEADER_LEN, 0, mine, cache
+    )
+    assert bad == [] and out[0][0] == 2
