@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
+from operator import eq
 from typing import Literal, cast
 
 from peerwatch.schemas.records import FindingCause, FindingStatus, GpuWindow, StragglerFinding
@@ -233,32 +235,49 @@ def _evaluate(
 def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> tuple[list[GpuWindow], list[str]]:
     """``windows`` sorted by (node, GPU index), and their GPU keys. Raises InvalidRecordError
     for the first fault found (see :func:`detect_job_window`)."""
+    job_id = job.job_id
     first_start = windows[0].get("window_start_ms")
     idents: list[tuple[str, int]] = []
     for w in windows:
-        if None in (w.get("node"), w.get("gpu_index"), w.get("window_end_ms")) or (
-            w.get("job_id") != job.job_id or w.get("window_start_ms") is None
+        node, index = w.get("node"), w.get("gpu_index")
+        if (
+            node is None
+            or index is None
+            or first_start is None
+            or w.get("window_start_ms") != first_start
+            or w.get("job_id") != job_id
+            or w.get("window_end_ms") is None
         ):
-            require(w, *_KEY_FIELDS, what="GpuWindow")
-        if w["job_id"] != job.job_id:
-            raise InvalidRecordError(f"GpuWindow of job {w['job_id']!r} in job {job.job_id!r}")
-        if w["window_start_ms"] != first_start:
-            raise InvalidRecordError(f"job {job.job_id!r}: windows of different starts mixed")
+            _refuse(job, w, first_start)
         try:
-            idents.append((str(w["node"]), int(w["gpu_index"])))
+            idents.append((node if type(node) is str else str(node),
+                           index if type(index) is int else int(index)))  # fmt: skip
         except (TypeError, ValueError) as exc:
-            raise InvalidRecordError(
-                f"job {job.job_id!r}: bad gpu_index {w['gpu_index']!r}"
-            ) from exc
-    if len(set(idents)) < len(idents):
+            raise InvalidRecordError(f"job {job_id!r}: bad gpu_index {index!r}") from exc
+    in_order = sorted(idents)
+    if any(map(eq, in_order, islice(in_order, 1, None))):  # a GPU twice: name the first one
         seen: set[tuple[str, int]] = set()
         for ident in idents:
             if ident in seen:
-                raise InvalidRecordError(f"job {job.job_id!r}: GPU {ident} twice in one window")
+                raise InvalidRecordError(f"job {job_id!r}: GPU {ident} twice in one window")
             seen.add(ident)
-    order = sorted(range(len(idents)), key=idents.__getitem__)
-    ordered = [windows[i] for i in order]
+    if in_order == idents:  # the usual case: given in order
+        ordered = list(windows)
+    else:
+        order = sorted(range(len(idents)), key=idents.__getitem__)
+        ordered = [windows[i] for i in order]
     return ordered, [gpu_key(w["node"], w["gpu_index"]) for w in ordered]
+
+
+def _refuse(job: JobContext, w: GpuWindow, first_start: object) -> None:
+    """Raise InvalidRecordError for what is wrong with ``w``: a key field missing, another job,
+    another window start (checked in that order)."""
+    require(w, *_KEY_FIELDS, what="GpuWindow")
+    if w["job_id"] != job.job_id:
+        raise InvalidRecordError(f"GpuWindow of job {w['job_id']!r} in job {job.job_id!r}")
+    if w["window_start_ms"] != first_start:
+        raise InvalidRecordError(f"job {job.job_id!r}: windows of different starts mixed")
+    raise AssertionError("_refuse called for a valid window")
 
 
 def _reporting(windows: list[GpuWindow]) -> list[bool]:
@@ -454,7 +473,7 @@ def _remember(
     step = min(confirm_score, settings.cusum_z_cap) if confirm_score is not None else 0.0
     gpu_state.cusum = max(0.0, gpu_state.cusum + step - settings.cusum_k)
     recent = history[-settings.suspect_n :]
-    if gpu_state.status is None and not any(recent):
+    if gpu_state.episode_start_ms is not None and gpu_state.status is None and not any(recent):
         gpu_state.episode_start_ms = None  # an earlier lone candidate window aged out
     return recent
 

@@ -42,6 +42,7 @@ from peerwatch.schemas.records import (
     StragglerFinding,
 )
 from peerwatch.streams.core.model import CLEARED, FLEET_WIDE, is_idle_job, stable_id
+from peerwatch.streams.core.robust import array_median
 from peerwatch.streams.core.settings import DetectorSettings
 
 #: The job id of a fleet-level finding (it spans every job of the partition).
@@ -76,44 +77,38 @@ def census(windows: Iterable[GpuWindow], cap_frac: float) -> dict[str, WindowCen
     """Per Slurm partition (``""`` when unknown): reporting GPUs of jobs, capped ones, hot ones
     (thermal slowdown) and the median clock ratio. Windows of idle GPUs, lost GPUs and GPUs
     without samples do not count. (Thousands of windows per call, live and in replay: one pass
-    per field, the arithmetic in numpy.)"""
-    windows = windows if isinstance(windows, list) else list(windows)
+    over the windows, the arithmetic in numpy.)"""
     idle: dict[object, bool] = {}
+    # partition -> (power cap shares, thermal shares, clock ratios: NaN where none)
+    seen: dict[str, tuple[list[float], list[float], list[float]]] = {}
+    nan = float("nan")
     for w in windows:
         job = w.get("job_id")
-        if job not in idle:
-            idle[job] = is_idle_job(str(job))
-    ws = [
-        w
-        for w in windows
-        if not idle[w.get("job_id")]
-        and not w.get("lost")
-        and w.get("samples")
-        and w.get("power_cap_frac") is not None
-    ]
-    if not ws:
-        return {}
-    cap = np.array([w["power_cap_frac"] for w in ws], np.float64)
-    thermal = np.array([w.get("thermal_frac") or 0.0 for w in ws], np.float64)
-    clk = np.array([_number(w.get("clk_ratio")) for w in ws], np.float64)
-    parts = [str(w.get("partition") or "") for w in ws]
-    names = sorted(set(parts))
+        is_idle = idle.get(job)
+        if is_idle is None:
+            is_idle = idle[job] = is_idle_job(str(job))
+        cap = w.get("power_cap_frac")
+        if is_idle or cap is None or w.get("lost") or not w.get("samples"):
+            continue
+        name = str(w.get("partition") or "")
+        lists = seen.get(name)
+        if lists is None:
+            lists = seen[name] = ([], [], [])
+        lists[0].append(cap)
+        lists[1].append(w.get("thermal_frac") or 0.0)
+        clk = w.get("clk_ratio")
+        lists[2].append(nan if clk is None else float(clk))
     out: dict[str, WindowCensus] = {}
-    for name in names:
-        mask = np.fromiter((p == name for p in parts), np.bool_, len(parts))
-        clks = clk[mask]
-        clks = clks[~np.isnan(clks)]
+    for name in sorted(seen):
+        caps, thermal, clk = (np.array(x, np.float64) for x in seen[name])
+        clks = clk[~np.isnan(clk)]
         out[name] = WindowCensus(
-            int(mask.sum()),
-            int((cap[mask] >= cap_frac).sum()),
-            float(np.median(clks)) if len(clks) else None,
-            int((thermal[mask] >= cap_frac).sum()),
+            len(caps),
+            int((caps >= cap_frac).sum()),
+            array_median(clks) if len(clks) else None,
+            int((thermal >= cap_frac).sum()),
         )
     return out
-
-
-def _number(value: object) -> float:
-    return float("nan") if value is None else float(value)  # type: ignore[arg-type]
 
 
 def shift_cause(c: WindowCensus | None, settings: DetectorSettings) -> FindingCause | None:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from operator import itemgetter
+from typing import Any, Literal
 
 import numpy as np
 
@@ -125,6 +126,15 @@ def _running_max(best: np.ndarray, values: np.ndarray) -> np.ndarray:
     return out
 
 
+def _field(group: Sequence[GpuWindow], name: str) -> list[Any]:
+    """``w.get(name)`` of every window (the lookups in C where every window has the field, as
+    the GpuWindow dicts the aggregator and the decoder make do)."""
+    try:
+        return list(map(itemgetter(name), group))
+    except KeyError:
+        return [w.get(name) for w in group]
+
+
 class PeerComparison:
     """Every GPU of one peer group compared at once (numpy, one vector operation per feature).
 
@@ -147,7 +157,7 @@ class PeerComparison:
         #: (feature, median, mad, z_scale, confirming, values with NaN where absent, z)
         self.active: list[tuple[_Feature, float, float, float, bool, np.ndarray, np.ndarray]] = []
         for feat in FEATURES:
-            raw = [w.get(feat.field) for w in group]
+            raw = _field(group, feat.field)
             x = np.array(raw, dtype=np.float64)
             absent = np.isnan(x)
             if absent.any() and any(v is not None and v != v for v in raw):

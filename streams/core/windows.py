@@ -30,8 +30,11 @@ order), so a window is the same to the last bit whether its readings came in one
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import setitem
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -191,9 +194,8 @@ class ClosedWindows(NamedTuple):
         template = {k: None if isinstance(v, list) else v for k, v in columns.items()}
         windows = [template.copy() for _ in range(n)]
         for name, values in columns.items():
-            if isinstance(values, list):
-                for w, v in zip(windows, values, strict=True):
-                    w[name] = v
+            if isinstance(values, list):  # w[name] = v for each window, the loop in C
+                deque(map(setitem, windows, repeat(name, n), values), 0)
         return list(zip(jobs, windows, strict=True))
 
 

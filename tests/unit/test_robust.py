@@ -6,11 +6,12 @@ import math
 import random
 import statistics
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from peerwatch.streams.core.robust import mad, median, robust_stats, robust_z
+from peerwatch.streams.core.robust import array_median, mad, median, robust_stats, robust_z
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
 
@@ -81,3 +82,21 @@ def test_z_sign_follows_the_side_of_the_median(values: list[float], x: float) ->
     z = stats.z(x)
     assert math.isfinite(z)
     assert (z > 0) == (x > stats.median) and (z < 0) == (x < stats.median)
+
+
+def _same_float(a: float, b: float) -> bool:
+    return (a == b and math.copysign(1, a) == math.copysign(1, b)) or (a != a and b != b)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf - inf, overflow: as np.median
+def test_array_median_is_np_median_bit_for_bit() -> None:
+    """Signed zeros, infinities and overflow included: the detector's z-scores and findings
+    must not move by a bit against np.median."""
+    rng = np.random.default_rng(3)
+    pool = [-0.0, 0.0, 1.0, 0.5, -2.0, math.inf, -math.inf, 1e-300, 3.3, 1e308]
+    cases = [np.array(c) for c in ([-0.0], [-0.0, -0.0], [-0.0, 0.0], [0.0, -0.0],
+                                   [-0.0] * 3, [math.inf, -math.inf], [1e308, 1e308])]  # fmt: skip
+    for n in range(1, 200):
+        cases += [rng.choice(pool, n), rng.random(n) - 0.5]
+    for x in cases:
+        assert _same_float(array_median(x.copy()), float(np.median(x))), x.tolist()
