@@ -100,8 +100,8 @@ def census(windows: Iterable[GpuWindow], cap_frac: float) -> dict[str, WindowCen
         lists[2].append(nan if clk is None else float(clk))
     out: dict[str, WindowCensus] = {}
     for name in sorted(seen):
-        caps, thermal, clk = (np.array(x, np.float64) for x in seen[name])
-        clks = clk[~np.isnan(clk)]
+        caps, thermal, clk_ratios = (np.array(x, np.float64) for x in seen[name])
+        clks = clk_ratios[~np.isnan(clk_ratios)]
         out[name] = WindowCensus(
             len(caps),
             int((caps >= cap_frac).sum()),
