@@ -82,8 +82,10 @@ _ZERO, _TWO = b"\x00", b"\x02"  # union branch 0 and 1 as zig-zag varints
 _PACK_F, _PACK_D = struct.Struct("<f").pack, struct.Struct("<d").pack
 _UNPACK_F, _UNPACK_D = struct.Struct("<f").unpack_from, struct.Struct("<d").unpack_from
 _RUNTIME = {
-    "vint": _vint, "rlong": _rlong, "bad": _bad,
+    "vint": _vint, "small": _SMALL, "rlong": _rlong, "bad": _bad,
     "pack_f": _PACK_F, "pack_d": _PACK_D, "unpack_f": _UNPACK_F, "unpack_d": _UNPACK_D,
+    # a union branch byte and a float/double
+    "pack_bf": struct.Struct("<Bf").pack, "pack_bd": struct.Struct("<Bd").pack,
 }  # fmt: skip
 
 
@@ -147,6 +149,9 @@ def compile_encoder(schema: dict[str, Any]) -> EncodeBody:
             g.emit(ind, f"{v} = {expr}")
             g.emit(ind, f"if {v} is None: o += {null_b!r}")
             g.emit(ind, "else:")
+            if inner in ("float", "double"):  # the branch and the value in one pack
+                g.emit(ind + 1, f"o += pack_b{inner[0]}({val_b[0]}, {v})")
+                return
             g.emit(ind + 1, f"o += {val_b!r}")
             enc(inner, v, ind + 1, ns)
             return
@@ -175,7 +180,8 @@ def compile_encoder(schema: dict[str, Any]) -> EncodeBody:
                 v, item = g.var(), g.var()
                 g.emit(ind, f"{v} = {expr}")
                 g.emit(ind, f"if {v}:")
-                g.emit(ind + 1, f"o += vint(len({v}))")
+                n = g.var()
+                g.emit(ind + 1, f"{n} = len({v}); o += small[{n}] if {n} < 4096 else vint({n})")
                 if kind == "array":
                     g.emit(ind + 1, f"for {item} in {v}:")
                     enc(t["items"], item, ind + 2, ns)
@@ -192,12 +198,15 @@ def compile_encoder(schema: dict[str, Any]) -> EncodeBody:
         if t == "null":
             g.emit(ind, f"if {expr} is not None: bad('expected null')")
         elif t in ("int", "long"):
-            g.emit(ind, f"o += vint({expr})")
-        elif t in ("string", "bytes"):
+            # the usual small value straight from the table, anything else checked by vint
             v = g.var()
+            g.emit(ind, f"{v} = {expr}")
+            g.emit(ind, f"o += small[{v}] if type({v}) is int and -64 <= {v} < 4096 else vint({v})")
+        elif t in ("string", "bytes"):
+            v, n = g.var(), g.var()
             conv = ".encode()" if t == "string" else ""
-            g.emit(ind, f"{v} = {expr}{conv}")
-            g.emit(ind, f"o += vint(len({v})); o += {v}")
+            g.emit(ind, f"{v} = {expr}{conv}; {n} = len({v})")
+            g.emit(ind, f"o += small[{n}] if {n} < 4096 else vint({n}); o += {v}")
         elif t == "boolean":
             g.emit(ind, f"o += b'\\x01' if {expr} else b'\\x00'")
         elif t == "float":

@@ -66,6 +66,9 @@ def test_maps_reversed_unions_named_references_and_defaults() -> None:
     [
         ({"b": {}, "c": "Z", "d": "X", "e": b"", "f": True}, KeyError),
         ({"a": 1.5, "b": {}, "c": "X", "d": "X", "e": b"", "f": True}, TypeError),
+        # equal to a small int, but not an int: refused, not written from the varint table
+        ({"a": 3.0, "b": {}, "c": "X", "d": "X", "e": b"", "f": True}, TypeError),
+        ({"a": True, "b": {}, "c": "X", "d": "X", "e": b"", "f": True}, TypeError),
         ({"a": 1 << 70, "b": {}, "c": "X", "d": "X", "e": b"", "f": True}, OverflowError),
     ],
 )
