@@ -470,17 +470,23 @@ def test_score_and_gate_annotation() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "message"),
     [
-        lambda ws: [*ws, dict(ws[0])],  # a GPU twice
-        lambda ws: [ws[0], dict(ws[1], window_start_ms=999)],  # mixed windows
-        lambda ws: [dict(ws[0], job_id="other")],  # another job
-        lambda ws: [{k: v for k, v in ws[0].items() if k != "node"}],  # missing key field
+        (lambda ws: [*ws, dict(ws[0])], "GPU .* twice in one window"),
+        (lambda ws: [ws[2], ws[1], dict(ws[1])], "GPU .* twice in one window"),  # out of order
+        (lambda ws: [ws[0], dict(ws[1], window_start_ms=999)], "different starts mixed"),
+        (lambda ws: [dict(ws[0], job_id="other")], "GpuWindow of job 'other' in job 'job1'"),
+        (lambda ws: [{k: v for k, v in ws[0].items() if k != "node"}], "lacks 'node'"),
+        (lambda ws: [ws[0], dict(ws[1], window_end_ms=None)], "lacks 'window_end_ms'"),
+        (lambda ws: [dict(ws[0], window_start_ms=None), ws[1]], "lacks 'window_start_ms'"),
+        # the first fault in checking order: a missing field before another job
+        (lambda ws: [dict(ws[0], job_id="other", gpu_index=None)], "lacks 'gpu_index'"),
+        (lambda ws: [ws[0], dict(ws[1], gpu_index="x")], "bad gpu_index 'x'"),
     ],
 )
-def test_invalid_input_raises(bad: Any) -> None:
+def test_invalid_input_raises_naming_the_fault(bad: Any, message: str) -> None:
     windows = [window("job1", i, 3) for i in range(4)]
-    with pytest.raises(InvalidRecordError):
+    with pytest.raises(InvalidRecordError, match=message):
         detect_job_window(job(4), bad(windows), JobDetectorState("job1"))
 
 
