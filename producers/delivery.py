@@ -461,13 +461,16 @@ class Delivery:
         if self._inflight or time.monotonic() < self._next_attempt:
             return
         self._settle()
+        # librdkafka reports "all brokers down" once per outage: spooling ends only once the
+        # broker answers, even with nothing waiting, or later records would sit in librdkafka's
+        # memory queue for the rest of the outage.
+        if not self._broker_answers():
+            self._next_attempt = time.monotonic() + self._settings.retry_interval_s
+            return
         if not len(self._spool):
             if not self._held:
                 log.info("delivery: spool drained; back to direct delivery")
                 self._spooling = False
-            return
-        if not self._broker_answers():
-            self._next_attempt = time.monotonic() + self._settings.retry_interval_s
             return
         while len(self._spool) and not self._stopping.is_set():
             chunk = self._spool.peek(self._settings.replay_chunk_records)

@@ -79,18 +79,21 @@ def test_outage_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
         for _ in range(50):
             tick()
         assert kafka.stop() in ("stopped", "killed")
-        # At least 8 s of outage; longer (up to 30 s) until librdkafka has reported every broker
-        # down and records went to the spool (slow on a loaded machine): the spool must really
-        # be exercised.
+        # At least 8 s of outage; longer (up to 120 s: a bound, not a budget) until librdkafka
+        # has reported every broker down and records went to the spool (slow on a loaded
+        # machine): the spool must really be exercised.
         outage_start = time.monotonic()
         while True:
             tick()
             elapsed = time.monotonic() - outage_start
-            if elapsed >= 30 or (
+            if elapsed >= 120 or (
                 elapsed >= 8 and delivery.spooling and delivery.spooled_records > 0
             ):
                 break
-        assert delivery.spooling, "the outage must have switched delivery to the spool"
+        assert delivery.spooling, (
+            f"the outage must have switched delivery to the spool: {delivery.stats}, "
+            f"last error {delivery.last_error}"
+        )
         assert delivery.spooled_records > 0
         kafka.start()
         for _ in range(100):

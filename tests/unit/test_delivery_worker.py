@@ -59,3 +59,19 @@ def test_a_spool_that_cannot_open_is_retried_and_counted(
         stats = delivery.close(1.0)
     # No broker: what the worker held went to the spool at close; only the counted drops lost.
     assert stats.dropped == 4 and delivery.spooled_records == 6
+
+
+def test_spooling_lasts_as_long_as_the_outage(tmp_path: Path) -> None:
+    # librdkafka reports "all brokers down" once per outage. Delivery must not go back to
+    # librdkafka's memory queue while the broker still does not answer, even when nothing was
+    # waiting at the retry: a record sent minutes into the outage is as durable as the first.
+    delivery = Delivery(KAFKA, DeliverySettings(tmp_path / "spool", retry_interval_s=0.05)).start()
+    try:
+        wait_for(lambda: delivery.spooling)  # reported before anything was sent
+        time.sleep(0.5)  # several retries with an empty spool: the broker still does not answer
+        assert delivery.spooling
+        delivery.send("t", b"k", b"late")
+        wait_for(lambda: delivery.spooled_records == 1)
+    finally:
+        stats = delivery.close(1.0)
+    assert stats.dropped == 0 and delivery.spooled_records == 1
