@@ -50,6 +50,7 @@ from peerwatch.exporters.archive_files import (
     hour_start_ms,
     parse_file_name,
 )
+from peerwatch.files import fsync_dir, remove_stale_tmp, write_atomic
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 
 log = logging.getLogger(__name__)
@@ -87,25 +88,6 @@ class ArchiveSettings:
         if self.flush_records < 1:
             raise ConfigError("archive.flush_records", "must be >= 1")
         return self
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content, whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 @dataclass
@@ -202,7 +184,7 @@ class ArchiveWriter:
         lengths: dict[str, int] = {}
         if self.state_path.exists():
             offsets, lengths = decode_state(self.state_path.read_bytes())
-        self.state_path.with_name(STATE_FILE + ".tmp").unlink(missing_ok=True)
+        remove_stale_tmp(self.state_path)
         kept: dict[str, int] = {}
         for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
             for path in sorted(folder.iterdir()):
@@ -297,7 +279,7 @@ class ArchiveWriter:
             os.fsync(entry.fh.fileno())
             self._lengths[self._rel(entry.path)] = os.fstat(entry.fh.fileno()).st_size
         for folder in sorted(self._dirty_dirs):
-            _fsync_dir(folder)
+            fsync_dir(folder)
         self._dirty_dirs.clear()
         self._write_state()
         self._rotate()
@@ -320,7 +302,7 @@ class ArchiveWriter:
             target = closed_name(entry.path.parent, entry.hour)
             os.replace(entry.path, target)
             self._lengths.pop(self._rel(entry.path), None)
-            _fsync_dir(entry.path.parent)
+            fsync_dir(entry.path.parent)
             log.info("archive: closed %s", self._rel(target))
         self._write_state()
 

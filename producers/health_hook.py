@@ -20,7 +20,6 @@ Choices (documented for operators):
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from peerwatch.files import write_atomic
 from peerwatch.producers.delivery import Delivery, DeliveryStats
 from peerwatch.producers.health.outcome import EXIT_CODES, WARNING
 from peerwatch.producers.health.run import read_xid_events
@@ -95,10 +95,8 @@ def save_cursor(state: Path, phase: str, ts_ms: int) -> None:
     """Advance ``phase``'s cursor (atomically). Failures are logged: the next run then sees the
     same events again, which errs on the side of reporting."""
     path = cursor_path(state, phase)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(f"{ts_ms}\n")
-        os.replace(tmp, path)
+        write_atomic(path, f"{ts_ms}\n".encode(), durable=False)
     except OSError as exc:
         log.warning("cannot save XID cursor %s: %s", path, exc)
 

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from peerwatch.files import write_atomic
+
 log = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("<II")
@@ -225,13 +227,7 @@ class Spool:
         log.error("spool: %s: %d corrupt region(s) of %d bytes skipped; %d records kept",
                   path.name, regions, lost_bytes, len(frames))  # fmt: skip
         blob = b"".join(data[f0:f1] for f0, f1 in frames)
-        tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("wb") as fh:
-            fh.write(blob)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(self.directory)
+        write_atomic(path, blob)
         return len(blob), len(frames), True
 
     # -- writing --------------------------------------------------------------------------------
@@ -420,34 +416,18 @@ class Spool:
         new file: then the head is overwritten in place (it fits in the block it has; spaces pad
         out a longer old text)."""
         text = f"{self._head_segment} {self._head_offset}\n"
-        tmp = self.directory / "head.tmp"
+        head = self.directory / "head"
         try:
-            with tmp.open("w") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
+            write_atomic(head, text.encode())
         except OSError as exc:
             if exc.errno not in _DISK_FULL:
                 raise
-            tmp.unlink(missing_ok=True)
-            head = self.directory / "head"
             with head.open("r+" if head.exists() else "w") as fh:
                 old = fh.read()
                 fh.seek(0)
                 fh.write(text.rstrip("\n").ljust(len(old) - 1) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
-            return
-        os.replace(tmp, self.directory / "head")
-        _fsync_dir(self.directory)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _frames(data: bytes, start: int) -> tuple[list[tuple[int, int]], int | None, int]:

@@ -12,13 +12,13 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from peerwatch.errors import ConfigError
+from peerwatch.files import write_atomic
 
 STATE_VERSION = 1
 
@@ -177,17 +177,7 @@ class StateStore:
     def save(self, state: ControllerState) -> None:
         """Write ``state`` atomically: a crash leaves either the old or the new file."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(state.to_json(), fh, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_atomic(self.path, json.dumps(state.to_json(), sort_keys=True).encode(), mode=0o600)
         dir_fd = os.open(self.path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from peerwatch.files import write_atomic
+
 __all__ = ["Outbox", "OutboxItem"]
 
 _SUFFIX = ".json"
@@ -55,14 +57,7 @@ class Outbox:
             separators=(",", ":"),
         ).encode()
         final = self.directory / name
-        tmp = self.directory / f".{name}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
+        write_atomic(final, body, mode=0o600)
         return final
 
     def pending(self, limit: int = 1000) -> list[OutboxItem]:

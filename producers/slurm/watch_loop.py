@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from peerwatch.errors import CodecError, PeerwatchError
+from peerwatch.files import write_atomic
 from peerwatch.producers.slurm.client import SlurmClient
 from peerwatch.producers.slurm.parse import (
     Skipped,
@@ -93,12 +94,7 @@ class StateFile:
     def save(self, state: WatchState) -> None:
         """Replace the file atomically. Raises OSError."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(state.to_json(), f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(state.to_json(), separators=(",", ":")).encode())
 
 
 @dataclass

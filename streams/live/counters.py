@@ -15,7 +15,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
+
+from peerwatch.files import write_atomic
 
 _COUNT_LOCK = threading.Lock()
 
@@ -158,7 +161,5 @@ class StreamCounters:
 
     def write(self, path: str) -> None:
         """Replace ``path`` with the counters as JSON (atomically: readers never see half)."""
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(json.dumps({**self.snapshot(), "pid": os.getpid()}))
-        os.replace(tmp, path)
+        body = json.dumps({**self.snapshot(), "pid": os.getpid()}).encode()
+        write_atomic(Path(path), body, durable=False)

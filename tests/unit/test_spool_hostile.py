@@ -108,19 +108,14 @@ def test_torn_tail_is_cut_and_counted(tmp_path: Path) -> None:
     assert reopened.torn_tails == 1 and reopened.corrupt_regions == 0
 
 
-def test_head_is_replaced_with_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_head_is_replaced_with_fsync(tmp_path: Path, fsynced: list[str]) -> None:
     spool = Spool(tmp_path)
     spool.append([rec(i) for i in range(3)])
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    fsynced.clear()
     spool.pop(1)
-    assert synced == [str(tmp_path / "head.tmp"), str(tmp_path)]
+    [tmp_file, folder] = fsynced  # the new head's data, then the rename
+    assert Path(tmp_file).parent == tmp_path and Path(tmp_file).name.startswith(".head.")
+    assert folder == str(tmp_path)
     assert (tmp_path / "head").read_text().split()[1] != "0"
 
 
