@@ -39,6 +39,7 @@ import numpy as np
 from peerwatch.schemas.columns import Table
 from peerwatch.schemas.records import StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.gpu_runs import GrowingRows, counter_delta, gpu_runs
 from peerwatch.streams.core.model import HARD_ERROR, IDLE_JOB_PREFIX, stable_id
 from peerwatch.streams.core.settings import DetectorSettings
 from peerwatch.streams.core.windows import NVLINK_FIELDS, SAMPLE_SPEC, VALUE_LIMIT
@@ -56,38 +57,6 @@ _LOST_BIT, _REMAP_P_BIT, _REMAP_F_BIT, _PCIE_BIT, _ECC_BIT, _NVL_BIT = (1 << i f
 _LEVEL_BITS = _LOST_BIT | _REMAP_P_BIT | _REMAP_F_BIT | _PCIE_BIT
 _LOST = SAMPLE_SPEC.children[0][1].columns[2].symbols.index("LOST")  # type: ignore[union-attr]
 _FAR_PAST = -(1 << 62)
-
-
-def _delta(new: np.ndarray, old: np.ndarray) -> np.ndarray:
-    """Counter increase; a counter that went down was reset and restarts at zero."""
-    out: np.ndarray = np.where(new >= old, new - old, new)
-    return out
-
-
-class _Rows:
-    """Named int64 arrays, one row per GPU, that grow together."""
-
-    def __init__(self, fill: Mapping[str, int]) -> None:
-        self.fill = dict(fill)
-        self.size = 0
-        self.arrays = {k: np.empty(0, np.int64) for k in fill}
-
-    def add(self, count: int) -> int:
-        first, need = self.size, self.size + count
-        if need > len(next(iter(self.arrays.values()))):
-            cap = max(need, 2 * need, 64)
-            for k, a in self.arrays.items():
-                grown = np.full(cap, self.fill[k], np.int64)
-                grown[:first] = a[:first]
-                self.arrays[k] = grown
-        self.size = need
-        return first
-
-    def keep(self, rows: np.ndarray) -> None:
-        """Only ``rows`` stay (in that order)."""
-        for k, a in self.arrays.items():
-            self.arrays[k] = a[rows].copy()
-        self.size = len(rows)
 
 
 class HardWatch:
@@ -113,7 +82,7 @@ class HardWatch:
         self._rows_of_key = np.empty(0, np.int64)  # ... and their rows
         fill = {"key": 0, "ts": -1, "ecc": 0, "ecc_ok": 0, "nvl": 0, "nvl_ok": 0, "flags": 0}
         fill.update({f"fired_{r}": _FAR_PAST for r in RULES})
-        self._gpu = _Rows(fill)
+        self._gpu = GrowingRows(fill)
         self._xid_fired: dict[tuple[int, int], int] = {}  # (row, xid) -> ms it last fired
         self.readings = 0
         self.invalid_samples = 0
@@ -227,36 +196,12 @@ class HardWatch:
         flags |= np.where(w_ok & wmax_ok & (w < wmax), _PCIE_BIT, 0)
         flags = np.where(lost, _LOST_BIT, flags)
 
-        # Each GPU's readings in arrival order behind one element holding its memory.
         g = self._gpu.arrays
-        order = np.argsort(gid, kind="stable")
-        sg = gid[order]
-        heads = np.flatnonzero(np.r_[True, sg[1:] != sg[:-1]])
-        groups = sg[heads]
-        size = m + len(heads)
-        pos = np.arange(m) + np.searchsorted(heads, np.arange(m), side="right")
-        head_pos = heads + np.arange(len(heads))
+        runs = gpu_runs(gid, t, g["ts"])
+        groups, size, spread = runs.groups, runs.size, runs.spread
         is_head = np.zeros(size, np.bool_)
-        is_head[head_pos] = True
-
-        def spread(x: np.ndarray, memory: np.ndarray) -> np.ndarray:
-            out = np.empty(size, np.int64)
-            out[pos] = x[order]
-            out[head_pos] = memory
-            return out
-
-        ts_a = spread(t, g["ts"][groups])
-        # a reading moves its GPU's clock on when it is later than every earlier one
-        if bool(np.all(ts_a[pos] > ts_a[pos - 1])):
-            adv = np.ones(size, np.bool_)  # the usual case: each one later than the one before
-        else:
-            grp = np.repeat(np.arange(len(heads)), np.diff(np.r_[head_pos, size]))
-            uniq, rank = np.unique(ts_a, return_inverse=True)
-            span = size + 1
-            run = uniq[np.maximum.accumulate(grp * span + rank) - grp * span]
-            before = np.r_[np.int64(_FAR_PAST), run[:-1]]
-            adv = is_head | (ts_a > before)
-        keep = np.flatnonzero(adv)
+        is_head[runs.head_pos] = True
+        keep = np.flatnonzero(runs.moves)
         head_k = is_head[keep]
         lost_k = spread(lost.astype(np.int64), np.zeros(len(groups), np.int64))[keep] > 0
         flags_k = spread(flags, g["flags"][groups])[keep]
@@ -274,14 +219,14 @@ class HardWatch:
         prev_flags = np.r_[0, flags_k[:-1]]
         new_bits = np.where(head_k, 0, flags_k & ~prev_flags & _LEVEL_BITS)
         ecc_rise = (~head_k & ~lost_k & ecc_ok_k & ecc_ok_k[prev_c]
-                    & (_delta(ecc_k, ecc_k[prev_c]) > 0))  # fmt: skip
+                    & (counter_delta(ecc_k, ecc_k[prev_c]) > 0))  # fmt: skip
         nvl_rise = (~head_k & ~lost_k & nvl_ok_k & nvl_ok_k[prev_c]
-                    & (_delta(nvl_k, nvl_k[prev_c]) > 0))  # fmt: skip
+                    & (counter_delta(nvl_k, nvl_k[prev_c]) > 0))  # fmt: skip
         bits = new_bits | np.where(ecc_rise, _ECC_BIT, 0) | np.where(nvl_rise, _NVL_BIT, 0)
 
         # memory: each group's last element, and its last carrier for the counters
         ends = np.r_[np.flatnonzero(head_k)[1:], n_k] - 1
-        g["ts"][groups] = ts_a[keep][ends]
+        g["ts"][groups] = runs.ts[keep][ends]
         g["flags"][groups] = flags_k[ends]
         lc = last[ends]
         g["ecc"][groups], g["ecc_ok"][groups] = ecc_k[lc], ecc_ok_k[lc]
@@ -292,7 +237,7 @@ class HardWatch:
             return
         # back to reading numbers: element position -> reading (in arrival order)
         reading_of = np.full(size, -1, np.int64)
-        reading_of[pos] = order
+        reading_of[runs.pos] = runs.order
         for k in fired.tolist():
             r = int(reading_of[keep[k]])
             s, idx = int(parent[r]), int(index[r])

@@ -42,6 +42,7 @@ import numpy as np
 from peerwatch.schemas.columns import Table, table_spec, tables_from_records
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.gpu_runs import GrowingRows, counter_delta, gpu_runs
 from peerwatch.streams.core.model import IDLE_JOB_PREFIX
 from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
 
@@ -199,32 +200,6 @@ class ClosedWindows(NamedTuple):
         return list(zip(jobs, windows, strict=True))
 
 
-class _Grow:
-    """Named int64/float64 arrays that grow together (amortised doubling)."""
-
-    def __init__(self, ints: Mapping[str, int], floats: Sequence[str] = ()) -> None:
-        self.size = 0
-        self.cap = 0
-        self.fill: dict[str, Any] = {**ints, **dict.fromkeys(floats, 0.0)}
-        self.arrays: dict[str, np.ndarray] = {
-            k: np.empty(0, np.float64 if k in floats else np.int64) for k in self.fill
-        }
-
-    def add(self, count: int) -> int:
-        """Append ``count`` rows at their fill values; returns the first new row."""
-        first = self.size
-        need = first + count
-        if need > self.cap:
-            cap = max(need, 2 * self.cap, 64)
-            for k, a in self.arrays.items():
-                grown = np.full(cap, self.fill[k], a.dtype)
-                grown[:first] = a[:first]
-                self.arrays[k] = grown
-            self.cap = cap
-        self.size = need
-        return first
-
-
 class _Bucket:
     """The accumulators of one window start, all nodes: one slot per (GPU, job)."""
 
@@ -233,7 +208,7 @@ class _Bucket:
         acc_fill.update(dict.fromkeys(_MAX_ACCS, _NONE_MAX))
         acc_fill.update(dict.fromkeys(_MIN_ACCS, _NONE_MIN))
         acc_fill.update(gid=-1, job=-1, uuid=-1, seq=0)
-        self.accs = _Grow(acc_fill, _FLOAT_ACCS)
+        self.accs = GrowingRows(acc_fill, _FLOAT_ACCS)
         self.slot_of_gid = np.full(0, -1, np.int64)  # the GPU's first (usual) slot
         self.extra: dict[tuple[int, int], int] = {}  # (gid, job) -> slot of another job
         self.xids: dict[int, list[int]] = {}
@@ -313,12 +288,6 @@ def _shares(a: Mapping[str, np.ndarray], name: str) -> list[Any]:
     return _present(np.where(timed, by_time, by_bits), timed | sampled)
 
 
-def _delta(new: np.ndarray, old: np.ndarray) -> np.ndarray:
-    """Counter increase; a counter that went down was reset and restarts at zero."""
-    out: np.ndarray = np.where(new >= old, new - old, new)
-    return out
-
-
 class WindowAggregator:
     """Event-time window aggregation for the nodes of one partition (or, offline, all nodes).
 
@@ -350,7 +319,7 @@ class WindowAggregator:
         self._jobs: dict[str, int] = {}
         self._job_names: list[str] = []
         # per node code: cached owner segment (allocation version, [lo, hi)) and owners
-        self._node = _Grow({"version": -1, "lo": 0, "hi": -1, "idle": -1})
+        self._node = GrowingRows({"version": -1, "lo": 0, "hi": -1, "idle": -1})
         self._node_owners: dict[int, dict[int, str]] = {}
         self._node_gids: dict[int, list[int]] = {}
         self._generation = -1
@@ -360,7 +329,7 @@ class WindowAggregator:
         prev_fill = {"node": 0, "index": 0, "owner": -1, "ts": -1}
         prev_fill.update({f"p_{k}": 0 for k in _PREV})
         prev_fill.update({f"v_{k}": 0 for k in _PREV})
-        self._gpu = _Grow(prev_fill)
+        self._gpu = GrowingRows(prev_fill)
         self._buckets: dict[int, _Bucket] = {}
         self._seq = 0  # samples seen, for the arrival order of XIDs against readings
         self.readings = 0
@@ -577,40 +546,19 @@ class WindowAggregator:
                   "thm_ns", "thm_dt", "brk_ns", "brk_dt")}  # fmt: skip
         if m == 0:
             return empty
-        # Each GPU's readings in arrival order, behind one element holding its memory.
-        order = np.argsort(gid, kind="stable")
-        sg = gid[order]
-        heads = np.flatnonzero(np.r_[True, sg[1:] != sg[:-1]])
-        groups = sg[heads]
-        size = m + len(heads)
-        pos = np.arange(m) + np.searchsorted(heads, np.arange(m), side="right")  # after its head
-        head_pos = heads + np.arange(len(heads))
-        ts_a = np.empty(size, np.int64)
-        ts_a[pos] = t[order]
-        ts_a[head_pos] = g["ts"][groups]
-        if bool(np.all(ts_a[pos] > ts_a[pos - 1])):
-            # The usual case: every reading moves its GPU's clock on; each one's previous is the
-            # element before it.
-            moves = np.ones(size, np.bool_)
-            last = np.arange(size)
-        else:
-            grp = np.repeat(np.arange(len(heads)), np.diff(np.r_[head_pos, size]))
-            # running maximum of the clock within each group (ranks keep the keys small)
-            uniq, rank = np.unique(ts_a, return_inverse=True)
-            key = grp * (size + 1) + rank
-            run = uniq[np.maximum.accumulate(key) - grp * (size + 1)]
-            before = np.empty(size, np.int64)
-            before[1:] = run[:-1]
-            moves = np.zeros(size, np.bool_)
-            moves[pos] = ts_a[pos] > before[pos]
-            moves[head_pos] = True  # the memory itself
-            last = np.maximum.accumulate(np.where(moves, np.arange(size), 0))
+        runs = gpu_runs(gid, t, g["ts"])
+        groups, head_pos, size, ts_a = runs.groups, runs.head_pos, runs.size, runs.ts
+        # each element's latest element that moved the clock (itself, when it did)
+        elements = np.arange(size)
+        last = (
+            elements if runs.in_order else np.maximum.accumulate(np.where(runs.moves, elements, 0))
+        )
         prev = np.empty(size, np.int64)
         prev[1:] = last[:-1]
 
         out = dict(empty)
-        p = pos[np.argsort(order)]  # element of each reading, in reading order
-        adv = moves[p]
+        p = runs.pos[np.argsort(runs.order)]  # element of each reading, in reading order
+        adv = runs.moves[p]
         pp = prev[p]
         p_ts = ts_a[pp]
         counted = adv & (p_ts >= 0)
@@ -626,13 +574,13 @@ class WindowAggregator:
             both = counted & good & ga[pp]
             old = xa[pp]
             if k == "energy":
-                out["energy"] = (_delta(x, old), both)
+                out["energy"] = (counter_delta(x, old), both)
                 out["energy_n"] = (np.ones(m, np.int64), both)
             elif k in _TIMED:
                 out[f"{k}_ns"] = (np.clip(x - old, 0, dt_ns), both)
                 out[f"{k}_dt"] = (dt_ns, both)
             else:
-                out[k] = (_delta(x, old), both & (x != old))
+                out[k] = (counter_delta(x, old), both & (x != old))
         # memory: each group's last element that moved the clock
         ends = np.r_[head_pos[1:], size] - 1
         final = last[ends]
