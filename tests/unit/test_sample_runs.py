@@ -1,0 +1,142 @@
+"""Replay's streaming read of archive samples (``column_archive_records``, ``SampleRuns``): how
+far the samples of an archive may be out of order, and what happens beyond that."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from peerwatch.producers.sim.fleet import Fleet
+from peerwatch.producers.sim.publish import write_archive
+from peerwatch.producers.sim.scenario import parse_scenario
+from peerwatch.streams.core.pipeline import Pipeline
+from peerwatch.streams.offline.replay import (
+    ReplayResult,
+    TimeRange,
+    column_archive_records,
+    live_equivalent_settings,
+    replay,
+)
+from peerwatch.streams.offline.sample_runs import SAMPLE_RUN, ArchiveUnordered
+from tests.unit.test_archive_hostile import write_samples
+
+T0 = 1_767_225_600_000  # 2026-01-01T00: the archive is one hour file per stream
+HOUR = 3_600_000
+SPAN = TimeRange(T0, T0 + HOUR)
+SCENARIO = {
+    "fleet": {"nodes": 10, "gpus_per_node": 8, "interval_s": 2.0, "duration_s": 300, "seed": 5},
+    "jobs": [{"job_id": "77", "gpus": 64, "first_node": 0, "duration_s": 7200, "warmup_s": 0}],
+    "faults": [{"name": "sm_clock_drop", "node": "gpu00005", "gpu_index": 3, "start_s": 40,
+                "end_s": 300, "params": {"pct": 8}}],
+}  # fmt: skip
+SAMPLES_FILE = Path("peerwatch.gpu.samples") / "2026-01-01T00.avro"
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("archive")
+    write_archive(Fleet(parse_scenario(SCENARIO)), root)
+    assert (root / SAMPLES_FILE).is_file()
+    return root
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[dict[str, Any]]:
+    """The archive's samples in the order it wrote them (time, then node)."""
+    fleet = Fleet(parse_scenario(SCENARIO))
+    return [r.value for _, recs in fleet.timed_ticks() for r in recs if r.stream == "samples"]
+
+
+@pytest.fixture(scope="module")
+def in_order(archive: Path) -> ReplayResult:
+    return replayed(archive, None)
+
+
+def replayed(root: Path, reorder_ms: int | None) -> ReplayResult:
+    settings = live_equivalent_settings()
+    pipeline = Pipeline(settings)
+    strings = pipeline.aggregator.strings
+    records = column_archive_records(root, SPAN, strings, reorder_ms=reorder_ms)
+    return replay(records, settings, pipeline=pipeline)
+
+
+def rewritten(archive: Path, tmp_path: Path, records: list[dict[str, Any]]) -> Path:
+    """A copy of ``archive`` whose sample file holds ``records`` in that order."""
+    root = tmp_path / "archive"
+    shutil.copytree(archive, root)
+    write_samples(root / SAMPLES_FILE, records, per_block=25)
+    return root
+
+
+def same_outputs(a: ReplayResult, b: ReplayResult) -> bool:
+    return (a.findings, a.recommendations, a.node_records) == (
+        b.findings, b.recommendations, b.node_records,
+    )  # fmt: skip
+
+
+def test_the_archive_holds_the_injected_straggler(in_order: ReplayResult) -> None:
+    confirmed = {(f["node"], f["gpu_index"]) for f in in_order.findings
+                 if f["status"] == "CONFIRMED"}  # fmt: skip
+    assert confirmed == {("gpu00005", 3)} and in_order.node_records == 10 * 150
+
+
+@pytest.mark.parametrize("reorder_ms", [0, 2_000, 30_000])
+def test_an_archive_in_order_replays_the_same_with_any_window(
+    archive: Path, in_order: ReplayResult, reorder_ms: int
+) -> None:
+    assert same_outputs(replayed(archive, reorder_ms), in_order)
+
+
+def test_samples_out_of_order_within_the_window_are_released_in_replay_order(
+    archive: Path, in_order: ReplayResult, samples: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    # Each run of 40 samples (8 s of the fleet) written backwards.
+    shuffled = [r for i in range(0, len(samples), 40) for r in reversed(samples[i : i + 40])]
+    assert shuffled != samples
+    root = rewritten(archive, tmp_path, shuffled)
+    strings: dict[str, int] = {}
+    runs = [v for s, _, v in column_archive_records(root, SPAN, strings, reorder_ms=10_000)
+            if s == SAMPLE_RUN]  # fmt: skip
+    names = list(strings)
+    order = [(int(t), names[n]) for run in runs
+             for t, n in zip(run[""].values["ts_ms"], run[""].values["node"], strict=True)]  # fmt: skip
+    # replay order, each sample once
+    assert order == sorted((int(r["ts_ms"]), str(r["node"])) for r in samples)
+    assert same_outputs(replayed(root, 10_000), in_order)
+
+
+def test_samples_later_than_the_window_raise_archive_unordered(
+    archive: Path, in_order: ReplayResult, samples: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    # The first minute's samples written after everything else (a partition archived late).
+    late = [r for r in samples if r["ts_ms"] < T0 + 60_000]
+    root = rewritten(archive, tmp_path, [r for r in samples if r not in late] + late)
+    strings: dict[str, int] = {}
+    with pytest.raises(ArchiveUnordered, match="were released"):
+        list(column_archive_records(root, SPAN, strings, reorder_ms=30_000))
+    assert same_outputs(replayed(root, None), in_order)  # whole hours sorted: as if in order
+
+
+def test_the_replay_command_replays_an_unordered_archive_by_whole_hours(
+    archive: Path,
+    in_order: ReplayResult,
+    samples: list[dict[str, Any]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from peerwatch.cli import main
+
+    late = [r for r in samples if r["ts_ms"] < T0 + 60_000]
+    root = rewritten(archive, tmp_path, [r for r in samples if r not in late] + late)
+    out = tmp_path / "findings.jsonl"
+    args = ["replay", "--archive", str(root), "--from", str(T0), "--to", str(T0 + HOUR),
+            "--no-progress", "--one-process", "--findings", str(out)]  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        assert main(args) == 0
+    assert "replaying again with whole hours sorted" in caplog.text
+    expected = len(in_order.findings) + len(in_order.recommendations)
+    assert len(out.read_text().splitlines()) == expected > 0
