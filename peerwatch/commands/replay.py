@@ -65,7 +65,8 @@ def register(sub: Any) -> None:
                         "cores: samples and windows in one, detector and policy in the other)")  # fmt: skip
     p.add_argument("--reorder-s", type=float, default=30.0,
                    help="how far samples of an archive may be out of event-time order for it "
-                        "to be read as a stream (default 30; beyond it, whole hours are sorted)")  # fmt: skip
+                        "to be read as a stream, the span of samples held (default 30; an "
+                        "archive out of order by more is read again with a window twice its lag)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -239,12 +240,13 @@ def _column_replay(
     """An archive replay with the samples read as columns by the C decoder, block by block
     (the same outputs as the decoded path, several times faster); None where it cannot run
     (no C module, sample files of another schema version): then the decoded path runs. An
-    archive out of order by more than ``--reorder-s`` is replayed again by whole hours."""
+    archive out of order by more than ``--reorder-s`` is replayed again with a window wide enough
+    (:func:`~peerwatch.streams.offline.sample_runs.wider_window_ms`), at most whole hours."""
     from peerwatch.exporters.archive_files import ReadStats
     from peerwatch.schemas.compiled import Unsupported
     from peerwatch.streams.core.pipeline import Pipeline
     from peerwatch.streams.offline.replay import column_archive_records, replay
-    from peerwatch.streams.offline.sample_runs import ArchiveUnordered
+    from peerwatch.streams.offline.sample_runs import ArchiveUnordered, wider_window_ms
     from peerwatch.streams.offline.split import SplitReplay
 
     prefix = settings_of(args).topic_prefix
@@ -266,10 +268,11 @@ def _column_replay(
         except ArchiveUnordered as exc:
             if reorder is None:
                 raise
-            logging.getLogger(__name__).warning(
-                "replay: %s; replaying again with whole hours sorted", exc
-            )
-            reorder = None
+            # Memory follows the window: widen it as far as this archive needs, not to an hour
+            # at once (an hour of a 100,000-GPU fleet is far more than any machine holds).
+            reorder = wider_window_ms(reorder, exc.needed_ms)
+            held = "whole hours sorted" if reorder is None else f"--reorder-s {reorder / 1000:g}"
+            logging.getLogger(__name__).warning("replay: %s; replaying again with %s", exc, held)
             continue
         except Unsupported as exc:
             logging.getLogger(__name__).warning("replay: columns not used (%s)", exc)
@@ -278,5 +281,6 @@ def _column_replay(
             if split is not None:
                 split.close()
         extra["path"] = "columns" if split is None else "columns, two processes"
+        extra["reorder_s"] = None if reorder is None else reorder / 1000
         extra.update(stats.as_dict())
         return result

@@ -7,8 +7,8 @@ another stream at time T comes before the samples of T. :class:`SampleRuns` hold
 read but not yet released; :meth:`SampleRuns.release` sorts those under a time and hands them
 out as one table set. Reading an archive as a stream, samples are released once they are
 ``reorder_ms`` older than the newest read, so memory holds that span, not the hour; a sample
-older than what was already released raises :class:`ArchiveUnordered` (replay again releasing
-each hour whole).
+older than what was already released raises :class:`ArchiveUnordered`, which says how large a
+window would have held it (replay again with that window).
 """
 
 from __future__ import annotations
@@ -44,8 +44,21 @@ DEFAULT_REORDER_MS = 30_000
 FAR_FUTURE_MS = 1 << 62
 
 
+def wider_window_ms(current_ms: int, needed_ms: int) -> int | None:
+    """The reorder window to read again with after :class:`ArchiveUnordered`: twice what the
+    late sample needed and at least twice ``current_ms`` (so a few tries reach any disorder);
+    None (each hour whole) once that is an hour or more."""
+    wider = max(2 * current_ms, 2 * needed_ms, 1_000)
+    return None if wider >= 3_600_000 else wider
+
+
 class ArchiveUnordered(Exception):
-    """Samples of an archive out of order by more than the streaming read allows."""
+    """Samples of an archive out of order by more than the streaming read allows.
+    ``needed_ms``: the reorder window that would have held the sample that came too late."""
+
+    def __init__(self, message: str, needed_ms: int) -> None:
+        super().__init__(message)
+        self.needed_ms = needed_ms
 
 
 @dataclass
@@ -79,8 +92,10 @@ class SampleRuns:
         ts = tables[""].values["ts_ms"]
         lo, hi = int(ts.min()), int(ts.max())
         if lo < self.released_below:
+            newest = hi if self.newest is None else max(self.newest, hi)
             raise ArchiveUnordered(
-                f"a sample at {lo} ms after samples up to {self.released_below} ms were released"
+                f"a sample at {lo} ms after samples up to {self.released_below} ms were released",
+                needed_ms=newest - lo,
             )
         seq = np.arange(self._seq, self._seq + n, dtype=np.int64)
         self._parts.append(_Part(dict(tables), seq, lo, hi))

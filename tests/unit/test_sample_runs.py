@@ -3,6 +3,7 @@ far the samples of an archive may be out of order, and what happens beyond that.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -21,7 +22,7 @@ from peerwatch.streams.offline.replay import (
     live_equivalent_settings,
     replay,
 )
-from peerwatch.streams.offline.sample_runs import SAMPLE_RUN, ArchiveUnordered
+from peerwatch.streams.offline.sample_runs import SAMPLE_RUN, ArchiveUnordered, wider_window_ms
 from tests.unit.test_archive_hostile import write_samples
 
 T0 = 1_767_225_600_000  # 2026-01-01T00: the archive is one hour file per stream
@@ -116,17 +117,20 @@ def test_samples_later_than_the_window_raise_archive_unordered(
     late = [r for r in samples if r["ts_ms"] < T0 + 60_000]
     root = rewritten(archive, tmp_path, [r for r in samples if r not in late] + late)
     strings: dict[str, int] = {}
-    with pytest.raises(ArchiveUnordered, match="were released"):
+    with pytest.raises(ArchiveUnordered, match="were released") as raised:
         list(column_archive_records(root, SPAN, strings, reorder_ms=30_000))
+    # the lag: the newest sample read (about 300 s in) less the late one (at most 60 s in)
+    assert 240_000 <= raised.value.needed_ms < 300_000
     assert same_outputs(replayed(root, None), in_order)  # whole hours sorted: as if in order
 
 
-def test_the_replay_command_replays_an_unordered_archive_by_whole_hours(
+def test_the_replay_command_widens_its_window_to_what_the_archive_needs(
     archive: Path,
     in_order: ReplayResult,
     samples: list[dict[str, Any]],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from peerwatch.cli import main
 
@@ -137,6 +141,25 @@ def test_the_replay_command_replays_an_unordered_archive_by_whole_hours(
             "--no-progress", "--one-process", "--findings", str(out)]  # fmt: skip
     with caplog.at_level(logging.WARNING):
         assert main(args) == 0
-    assert "replaying again with whole hours sorted" in caplog.text
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # one more read, with twice the lag found: not a whole hour
+    assert caplog.text.count("replaying again with --reorder-s") == 1
+    assert 480 <= summary["reorder_s"] < 600
     expected = len(in_order.findings) + len(in_order.recommendations)
     assert len(out.read_text().splitlines()) == expected > 0
+
+
+@pytest.mark.parametrize(
+    ("current_ms", "needed_ms", "wider_ms"),
+    [
+        (30_000, 45_000, 90_000),  # twice the lag found
+        (30_000, 31_000, 62_000),
+        (30_000, 1_000, 60_000),  # at least twice the window it had
+        (0, 0, 1_000),
+        (1_000_000, 1_700_000, 3_400_000),
+        (1_000_000, 1_800_000, None),  # an hour or more: whole hours
+        (2_000_000, 10, None),
+    ],
+)
+def test_wider_window(current_ms: int, needed_ms: int, wider_ms: int | None) -> None:
+    assert wider_window_ms(current_ms, needed_ms) == wider_ms
