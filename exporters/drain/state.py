@@ -178,11 +178,6 @@ class StateStore:
         """Write ``state`` atomically: a crash leaves either the old or the new file."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, json.dumps(state.to_json(), sort_keys=True).encode(), mode=0o600)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[ControllerState]:

@@ -557,7 +557,8 @@ class WindowAggregator:
         prev[1:] = last[:-1]
 
         out = dict(empty)
-        p = runs.pos[np.argsort(runs.order)]  # element of each reading, in reading order
+        p = np.empty(m, np.int64)  # element of each reading, in reading order
+        p[runs.order] = runs.pos
         adv = runs.moves[p]
         pp = prev[p]
         p_ts = ts_a[pp]
