@@ -235,7 +235,9 @@ static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
  * block). A record that cannot be read leaves no row: in a list it is reported and the next one
  * read; in a block, a record with invalid UTF-8 is dropped and the next read (its bytes were
  * whole), any other fault ends the block there. Returns (tables, bad, end): per table
- * (rows, parent, values, valid) as bytes (int64/float64 per row, one uint8 per row for valid),
+ * (rows, parent, values, valid) as bytes (int64/float64 per row; valid: one uint8 per column
+ * per row, row by row: a row's flags sit together, so a record writes one stream of flags
+ * beside its value columns, not one per column),
  * bad = [(record number, reason)], end = the offset after the last record read (block).
  */
 enum { OP_SKIP = 0, OP_VALUE = 1, OP_TABLE = 2 };
@@ -264,7 +266,7 @@ typedef struct {
     Py_ssize_t ncols;
     Buf parent;
     Buf *values; /* 8 bytes a row */
-    Buf *valid;  /* 1 byte a row */
+    Buf valid;   /* ncols bytes a row, row-major */
 } Tab;
 
 /* Recently coded short strings (node names, UUIDs recur in every batch): bytes -> code without
@@ -283,11 +285,23 @@ typedef struct {
     unsigned char bytes[CACHE_BYTES];
 } CacheEntry;
 
+/* A string by its code: the same entries indexed by code instead of by hash. Codes are
+   insertion positions, so strings first seen together (a node's name and its GPUs' UUIDs) sit
+   together here, and the next string of a column is often the code after the last one, or as
+   far from it as the last step was: guesses read memory next to what was just read, where a
+   hash lookup reads anywhere in a table far larger than the processor's caches. */
+typedef struct {
+    Py_ssize_t len1; /* the string's length + 1; 0: not known */
+    unsigned char bytes[CACHE_BYTES];
+} CodeEntry;
+
 typedef struct {
     PyObject *strings; /* strong reference */
     Py_ssize_t seen;   /* the dict's size at the end of the last call */
     size_t mask;       /* slots - 1 (a power of two) */
     CacheEntry *slots; /* zeroed: pages a cache never touches cost nothing */
+    CodeEntry *by_code; /* by_code[code] for code < n_codes (zeroed when grown) */
+    Py_ssize_t n_codes;
 } StringCache;
 
 static StringCache *cache_new(PyObject *strings, size_t slots) {
@@ -304,9 +318,41 @@ static StringCache *cache_new(PyObject *strings, size_t slots) {
     return c;
 }
 
+/* Forgets every entry (the dict did not only grow). */
+static void cache_clear(StringCache *c) {
+    memset(c->slots, 0, (c->mask + 1) * sizeof(CacheEntry));
+    if (c->n_codes > 0) memset(c->by_code, 0, (size_t)c->n_codes * sizeof(CodeEntry));
+}
+
+/* Notes the bytes of ``code`` (short strings only); a failed growth only loses the note. */
+static void by_code_note(StringCache *c, int64_t code, const unsigned char *p, Py_ssize_t len) {
+    if (code < 0 || len > CACHE_BYTES || code >= ((Py_ssize_t)1 << 40)) return;
+    if (code >= c->n_codes) {
+        Py_ssize_t n = c->n_codes ? c->n_codes : 1024;
+        while (n <= code) n *= 2;
+        CodeEntry *grown = PyMem_Realloc(c->by_code, (size_t)n * sizeof(CodeEntry));
+        if (grown == NULL) return;
+        memset(grown + c->n_codes, 0, (size_t)(n - c->n_codes) * sizeof(CodeEntry));
+        c->by_code = grown;
+        c->n_codes = n;
+    }
+    CodeEntry *e = &c->by_code[code];
+    memcpy(e->bytes, p, (size_t)len);
+    e->len1 = len + 1;
+}
+
+/* Whether ``code`` is known to be exactly these bytes. */
+static inline int by_code_is(const StringCache *c, int64_t code, const unsigned char *p,
+                             Py_ssize_t len) {
+    if (code < 0 || code >= c->n_codes) return 0;
+    const CodeEntry *e = &c->by_code[code];
+    return e->len1 == len + 1 && memcmp(e->bytes, p, (size_t)len) == 0;
+}
+
 static void cache_free(StringCache *c) {
     if (c == NULL) return;
     Py_XDECREF(c->strings);
+    PyMem_Free(c->by_code);
     PyMem_Free(c->slots);
     PyMem_Free(c);
 }
@@ -350,7 +396,8 @@ static int add_row(Tab *t, int64_t parent) {
         Py_ssize_t cap = t->cap ? 2 * t->cap : 64;
         if (grow_to(&t->parent, cap * 8) < 0) return -1;
         for (Py_ssize_t c = 0; c < t->ncols; c++)
-            if (grow_to(&t->values[c], cap * 8) < 0 || grow_to(&t->valid[c], cap) < 0) return -1;
+            if (grow_to(&t->values[c], cap * 8) < 0) return -1;
+        if (grow_to(&t->valid, cap * t->ncols) < 0) return -1;
         t->cap = cap;
     }
     memcpy(t->parent.data + t->rows * 8, &parent, 8);
@@ -358,14 +405,36 @@ static int add_row(Tab *t, int64_t parent) {
     return 0;
 }
 
-static int string_code(Cols *cols, Reader *r, Py_ssize_t len, int64_t *code) {
+/* The last two codes a string column gave in this call (guesses for its next one). */
+typedef struct {
+    int64_t last, step;
+} Guess;
+
+static int string_code(Cols *cols, Reader *r, Py_ssize_t len, int64_t *code, Guess *g) {
     const unsigned char *p = r->buf + r->pos;
     r->pos += len;
     CacheEntry *slot = NULL;
+    StringCache *cache = cols->cache;
     if (len <= CACHE_BYTES) {
-        slot = &cols->cache->slots[bytes_hash(p, len) & cols->cache->mask];
+        if (g->last >= 0) {
+            if (by_code_is(cache, g->last + 1, p, len)) {
+                *code = g->last + 1;
+                g->step = 1;
+                g->last = *code;
+                return 0;
+            }
+            if (g->step != 1 && by_code_is(cache, g->last + g->step, p, len)) {
+                *code = g->last + g->step;
+                g->last = *code;
+                return 0;
+            }
+        }
+        slot = &cache->slots[bytes_hash(p, len) & cache->mask];
         if (slot->len1 == len + 1 && memcmp(slot->bytes, p, (size_t)len) == 0) {
             *code = slot->code;
+            by_code_note(cache, *code, p, len);
+            if (g->last >= 0) g->step = *code - g->last;
+            g->last = *code;
             return 0;
         }
     }
@@ -392,6 +461,9 @@ static int string_code(Cols *cols, Reader *r, Py_ssize_t len, int64_t *code) {
         memcpy(slot->bytes, p, (size_t)len);
         slot->len1 = len + 1;
         slot->code = *code;
+        by_code_note(cache, *code, p, len);
+        if (g->last >= 0) g->step = *code - g->last;
+        g->last = *code;
     }
     return 0;
 }
@@ -407,6 +479,7 @@ typedef struct {
     Py_ssize_t nsym;   /* enum symbols */
     PyObject *plan;    /* borrowed */
     Prog *child;       /* OP_TABLE: the items' program */
+    Guess guess;       /* OP_VALUE of a string: see string_code */
 } Op;
 
 struct Prog {
@@ -471,6 +544,7 @@ static Prog *prog_compile(PyObject *ops, const Cols *cols, Py_ssize_t ti, int de
     for (Py_ssize_t i = 0; i < p->nops; i++) {
         PyObject *t = PyTuple_GET_ITEM(ops, i);
         Op *op = &p->ops[i];
+        op->guess.last = -1;
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
             PyErr_SetString(PyExc_TypeError, "column program: ops are 4-tuples");
             goto fail;
@@ -504,7 +578,7 @@ fail:
 }
 
 /* One field by its op: into row ``row`` of table ``t`` (OP_VALUE) or stepped over. */
-static int read_op(Cols *cols, Reader *r, const Op *op, Tab *t, Py_ssize_t row, int depth) {
+static int read_op(Cols *cols, Reader *r, Op *op, Tab *t, Py_ssize_t row, int depth) {
     if (op->kind < 0) return skip_value(r, op->plan, depth + 1);
     if (op->null_branch >= 0) {
         if (r->pos >= r->len) return bad("truncated union branch");
@@ -542,7 +616,7 @@ static int read_op(Cols *cols, Reader *r, const Op *op, Tab *t, Py_ssize_t row, 
         if (dv == -1.0 && PyErr_Occurred()) return -1;
         r->pos += n;
         memcpy(t->values[op->arg].data + row * 8, &dv, 8);
-        t->valid[op->arg].data[row] = 1;
+        t->valid.data[row * t->ncols + op->arg] = 1;
         return 0;
     }
     case K_STRING:
@@ -550,7 +624,7 @@ static int read_op(Cols *cols, Reader *r, const Op *op, Tab *t, Py_ssize_t row, 
         Py_ssize_t len;
         if (read_length(r, &len) < 0) return -1;
         if (op->what == OP_VALUE) {
-            if (string_code(cols, r, len, &iv) < 0) return -1;
+            if (string_code(cols, r, len, &iv, &op->guess) < 0) return -1;
             break;
         }
         if (op->kind == K_STRING && check_text(r, r->buf + r->pos, len) < 0) return -1;
@@ -562,18 +636,18 @@ static int read_op(Cols *cols, Reader *r, const Op *op, Tab *t, Py_ssize_t row, 
     }
     if (op->what == OP_SKIP) return 0;
     memcpy(t->values[op->arg].data + row * 8, &iv, 8);
-    t->valid[op->arg].data[row] = 1;
+    t->valid.data[row * t->ncols + op->arg] = 1;
     return 0;
 }
 
-static int read_level(Cols *cols, Reader *r, const Prog *prog, Py_ssize_t ti, int64_t parent,
+static int read_level(Cols *cols, Reader *r, Prog *prog, Py_ssize_t ti, int64_t parent,
                       int depth) {
     if (depth > MAX_DEPTH) return bad("plan nested too deeply");
     Tab *t = &cols->tabs[ti];
     Py_ssize_t row = t->rows;
     if (add_row(t, parent) < 0) return -1;
     for (Py_ssize_t i = 0; i < prog->nops; i++) {
-        const Op *op = &prog->ops[i];
+        Op *op = &prog->ops[i];
         if (op->what != OP_TABLE) {
             if (read_op(cols, r, op, t, row, depth) < 0) return -1;
             continue;
@@ -597,9 +671,9 @@ static void rollback(Cols *cols, const Py_ssize_t *saved) {
         Py_ssize_t from = saved[k], n = t->rows - saved[k];
         if (n <= 0) continue;
         memset(t->parent.data + from * 8, 0, (size_t)n * 8);
+        if (t->ncols > 0) memset(t->valid.data + from * t->ncols, 0, (size_t)(n * t->ncols));
         for (Py_ssize_t c = 0; c < t->ncols; c++) { /* rows past ``rows`` stay zero */
             memset(t->values[c].data + from * 8, 0, (size_t)n * 8);
-            memset(t->valid[c].data + from, 0, (size_t)n);
         }
         t->rows = from;
     }
@@ -608,7 +682,7 @@ static void rollback(Cols *cols, const Py_ssize_t *saved) {
 /* One record from r->pos: 0; -1 (ValueError: the bytes are malformed, or another error); -2
    (ValueError: read whole, but a string is not UTF-8, so the next record can still be read).
    On failure every table is cut back to where it was: no row of the record is kept. */
-static int read_record(Cols *cols, Reader *r, const Prog *program, Py_ssize_t *saved) {
+static int read_record(Cols *cols, Reader *r, Prog *program, Py_ssize_t *saved) {
     for (Py_ssize_t k = 0; k < cols->ntabs; k++) saved[k] = cols->tabs[k].rows;
     r->text_errors = 0;
     int rc = read_level(cols, r, program, 0, -1, 0);
@@ -640,19 +714,14 @@ static PyObject *tables_out(Cols *cols) {
     if (out == NULL) return NULL;
     for (Py_ssize_t k = 0; k < cols->ntabs; k++) {
         Tab *t = &cols->tabs[k];
-        PyObject *values = PyList_New(t->ncols), *valid = PyList_New(t->ncols);
+        PyObject *values = PyList_New(t->ncols);
+        PyObject *valid = PyBytes_FromStringAndSize(t->valid.data, t->rows * t->ncols);
         PyObject *parent = PyBytes_FromStringAndSize(t->parent.data, t->rows * 8);
         if (values == NULL || valid == NULL || parent == NULL) goto fail;
         for (Py_ssize_t c = 0; c < t->ncols; c++) {
             PyObject *v = PyBytes_FromStringAndSize(t->values[c].data, t->rows * 8);
-            PyObject *f = PyBytes_FromStringAndSize(t->valid[c].data, t->rows);
-            if (v == NULL || f == NULL) {
-                Py_XDECREF(v);
-                Py_XDECREF(f);
-                goto fail;
-            }
+            if (v == NULL) goto fail;
             PyList_SET_ITEM(values, c, v);
-            PyList_SET_ITEM(valid, c, f);
         }
         PyList_SET_ITEM(out, k, Py_BuildValue("(nNNN)", t->rows, parent, values, valid));
         if (PyList_GET_ITEM(out, k) == NULL) goto fail_out;
@@ -673,12 +742,10 @@ static void cols_free(Cols *cols) {
     for (Py_ssize_t k = 0; k < cols->ntabs; k++) {
         Tab *t = &cols->tabs[k];
         PyMem_Free(t->parent.data);
-        for (Py_ssize_t c = 0; c < t->ncols && t->values != NULL; c++) {
+        for (Py_ssize_t c = 0; c < t->ncols && t->values != NULL; c++)
             PyMem_Free(t->values[c].data);
-            PyMem_Free(t->valid[c].data);
-        }
         PyMem_Free(t->values);
-        PyMem_Free(t->valid);
+        PyMem_Free(t->valid.data);
     }
     PyMem_Free(cols->tabs);
     cols->tabs = NULL;
@@ -714,7 +781,7 @@ static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssi
             goto done;
         }
         if (PyDict_GET_SIZE(strings) < cols.cache->seen) /* not grown only: start again */
-            memset(cols.cache->slots, 0, (cols.cache->mask + 1) * sizeof(CacheEntry));
+            cache_clear(cols.cache);
     } else {
         cols.cache = own_cache = cache_new(strings, CACHE_SLOTS_ONE_CALL);
         if (cols.cache == NULL) goto done;
@@ -732,8 +799,7 @@ static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssi
             goto done;
         }
         t->values = PyMem_Calloc((size_t)t->ncols + 1, sizeof(Buf));
-        t->valid = PyMem_Calloc((size_t)t->ncols + 1, sizeof(Buf));
-        if (t->values == NULL || t->valid == NULL) {
+        if (t->values == NULL) {
             PyErr_NoMemory();
             goto done;
         }

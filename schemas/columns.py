@@ -228,12 +228,18 @@ class ColumnDecoder:
         out: dict[str, Table] = {}
         for spec, (rows, parent, values, valid) in zip(self._tables, raw, strict=True):
             table = Table(rows, {}, {}, None if not spec.path else np.frombuffer(parent, np.int64))
-            for col, v, ok in zip(spec.columns, values, valid, strict=True):
+            # the C module writes a row's flags together (one byte per column, row by row):
+            # one transposing copy gives each nullable column its own contiguous flags
+            flags = None
+            if any(col.nullable for col in spec.columns):
+                flags = np.frombuffer(valid, np.bool_).reshape(rows, len(spec.columns)).T.copy()
+                flags.flags.writeable = False  # as the value columns (views of bytes)
+            for i, (col, v) in enumerate(zip(spec.columns, values, strict=True)):
                 table.values[col.name] = np.frombuffer(
                     v, np.float64 if col.kind == FLOAT else np.int64
                 )
-                if col.nullable:
-                    table.valid[col.name] = np.frombuffer(ok, np.bool_)
+                if flags is not None and col.nullable:
+                    table.valid[col.name] = flags[i]
             out[spec.path] = table
         return out
 

@@ -47,7 +47,6 @@ from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, St
 from peerwatch.streams.core.silence import SilenceWatch
 from peerwatch.streams.core.windows import (
     SAMPLE_SPEC,
-    VALUE_LIMIT,
     JobWindowBatch,
     WindowAggregator,
 )
@@ -263,16 +262,11 @@ class Pipeline:
     def _saw_columns(self, tables: Mapping[str, Table]) -> None:
         """The silence watch's last sample time of each node of a column batch."""
         top = tables[""]
-        ts = top.values["ts_ms"]
-        ok = (ts >= 0) & (ts < VALUE_LIMIT)
-        if not ok.any():
-            return
-        codes, inverse = np.unique(top.values["node"][ok], return_inverse=True)
-        latest = np.full(len(codes), -_FAR_FUTURE_MS, np.int64)
-        np.maximum.at(latest, inverse, ts[ok])
-        for code, t in zip(codes.tolist(), latest.tolist(), strict=True):
-            self.silence.saw(self.aggregator.name(int(code)), int(t))
-        self._max_sample_ms = max(self._max_sample_ms, int(latest.max()))
+        seen = self.silence.saw_columns(
+            top.values["node"], top.values["ts_ms"], self.aggregator.names()
+        )
+        if seen is not None:
+            self._max_sample_ms = max(self._max_sample_ms, seen[1])
 
     # -- hard rules on arrival, silence ---------------------------------------------------------
     def _arrivals(self, tables: Mapping[str, Table]) -> list[Output]:

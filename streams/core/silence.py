@@ -26,11 +26,14 @@ per watched node and one entry per open event.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from peerwatch.schemas.records import FindingStatus, StragglerFinding
 from peerwatch.streams.core.model import CLEARED, FLEET_WIDE, SILENT, stable_id
+from peerwatch.streams.core.windows import VALUE_LIMIT
 
 #: The job id of a FLEET_WIDE silence finding (it spans several jobs).
 FLEET_JOB = "fleet"
@@ -77,6 +80,32 @@ class SilenceWatch:
         """A sample of ``node`` at ``ts_ms``."""
         if ts_ms > self.last_ms.get(node, _FAR_PAST):
             self.last_ms[node] = ts_ms
+
+    def saw_columns(
+        self, node_codes: np.ndarray, ts_ms: np.ndarray, names: Sequence[str]
+    ) -> tuple[int, int] | None:
+        """The samples of a column batch: their nodes (codes into ``names``) and times. A time
+        outside 0..VALUE_LIMIT is no sample (the aggregator refuses it too). Returns the lowest
+        and the highest of the nodes' latest times, None when no time is valid."""
+        ok = (ts_ms >= 0) & (ts_ms < VALUE_LIMIT)
+        if not ok.all():
+            if not ok.any():
+                return None
+            node_codes, ts_ms = node_codes[ok], ts_ms[ok]
+        if len(ts_ms) < 2 or bool(np.all(ts_ms[1:] >= ts_ms[:-1])):
+            # in time order (replay's batches, most live ones): a node's last is its latest
+            latest = dict(zip(node_codes.tolist(), ts_ms.tolist(), strict=True))
+        else:
+            codes, inverse = np.unique(node_codes, return_inverse=True)
+            top = np.full(len(codes), _FAR_PAST, np.int64)
+            np.maximum.at(top, inverse, ts_ms)
+            latest = dict(zip(codes.tolist(), top.tolist(), strict=True))
+        last_ms = self.last_ms
+        for code, t in latest.items():
+            node = names[code]
+            if t > last_ms.get(node, _FAR_PAST):
+                last_ms[node] = t
+        return min(latest.values()), max(latest.values())
 
     def check(
         self,

@@ -360,6 +360,11 @@ class WindowAggregator:
         self._sync_names()
         return self._names[code]
 
+    def names(self) -> list[str]:
+        """Every string of :attr:`strings`, by code (the list itself: do not change it)."""
+        self._sync_names()
+        return self._names
+
     def _job_code(self, job_id: str) -> int:
         code = self._jobs.get(job_id)
         if code is None:

@@ -523,18 +523,14 @@ class HotStage:
             self.counters.hard_findings += 1
             self._publish_finding(f)
         top = tables[""]
-        ts = top.values["ts_ms"]
-        ok = (ts >= 0) & (ts < VALUE_LIMIT)
-        if not ok.any():
+        seen = self.silence.saw_columns(
+            top.values["node"], top.values["ts_ms"], part.aggregator.names()
+        )
+        if seen is None:
             return
-        codes, inverse = np.unique(top.values["node"][ok], return_inverse=True)
-        latest = np.full(len(codes), -(1 << 62), np.int64)
-        np.maximum.at(latest, inverse, ts[ok])
-        for code, t in zip(codes.tolist(), latest.tolist(), strict=True):
-            self.silence.saw(part.aggregator.name(int(code)), int(t))
-        top_ms = int(latest.max())
+        low_ms, top_ms = seen
         if part.first_ts_ms is None:
-            part.first_ts_ms = int(latest.min())
+            part.first_ts_ms = low_ms
         part.max_ts_ms = top_ms if part.max_ts_ms is None else max(part.max_ts_ms, top_ms)
         part.arrival_wall_s = time.time()
 

@@ -46,6 +46,8 @@ def same(a: dict[str, Table], a_strings: dict[str, int], b: dict[str, Table],
             if col.kind == STR:
                 x, y = [names_a[i] for i in x], [names_b[i] for i in y]
             assert x == y, (spec.path, col.name)
+            if col.nullable:  # the C module's row-major flags, one contiguous array per column
+                assert t.valid[col.name].tolist() == u.valid[col.name].tolist(), col.name
 
 
 def test_codes_across_calls_are_the_dicts(messages: tuple[list, list]) -> None:
@@ -105,3 +107,48 @@ def test_a_cache_of_another_dict_and_bad_arguments_are_refused(messages: tuple[l
         program, ncols, bodies[:2], HEADER_LEN, 0, mine, cache
     )
     assert bad == [] and out[0][0] == 2
+
+
+def _block(codec: AvroCodec, records: list[dict[str, object]]) -> bytes:
+    """Records one after the other, as an archive block holds them (bodies without headers)."""
+    return b"".join(codec.encode(r)[HEADER_LEN:] for r in records)
+
+
+def test_guessed_codes_are_checked_whole(messages: tuple[list, list]) -> None:
+    """A string column guesses its next code from the last ones (the code after, or as far
+    again): right when records come as their strings were first seen, and never taken
+    unchecked: records in another order, GPUs shuffled, a UUID changed in one byte (same
+    length as the guess) all get the dict's codes."""
+    records, _ = messages
+    codec = AvroCodec("NodeGpuSample")
+    first = [r for r in records if r["ts_ms"] == records[0]["ts_ms"]]
+    assert len(first) == 6
+
+    def variant(r: dict[str, object], k: int) -> dict[str, object]:
+        gpus = [dict(g) for g in r["gpus"]]  # type: ignore[attr-defined]
+        if k % 3 == 1:
+            gpus.reverse()
+        if k % 3 == 2:  # same length as the UUID the guess reads, one byte apart
+            uuid = str(gpus[3]["uuid"])
+            gpus[3]["uuid"] = uuid[:-1] + ("0" if uuid[-1] != "0" else "1")
+        return {**r, "gpus": gpus}
+
+    batches = [
+        first,  # every string new: codes in first-seen order
+        first,  # the same order: the guesses hold
+        list(reversed(first)),  # nodes in another order: node guesses miss
+        [variant(r, k) for k, r in enumerate(first)],
+        [variant(r, k) for k, r in enumerate(reversed(first))],
+        first,
+    ]
+    c, strings, expect = decoder(), {}, {}
+    for batch in batches:
+        data = _block(codec, batch)
+        tables, bad, end = c.block(data, 0, len(batch), strings)
+        assert bad == [] and tables[""].n == len(batch) and end == len(data)
+        decoded = [codec.decode(codec.encode(r)) for r in batch]
+        same(tables, strings, tables_from_records(SAMPLE_SPEC, decoded, expect), expect)
+        assert set(strings) == set(expect)
+        assert sorted(strings.values()) == list(range(len(strings)))
+    # four changed UUIDs are new strings: of records 2 and 5, then (reversed) of records 3 and 0
+    assert len(strings) == 6 + 6 * 8 + 4

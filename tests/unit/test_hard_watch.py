@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from peerwatch.schemas.columns import tables_from_records
@@ -249,6 +250,28 @@ def test_policy_alerts_on_silence_and_drains_only_when_configured() -> None:
 def test_silence_watch_refuses_bad_settings(bad: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         SilenceWatch(**bad)
+
+
+def test_a_column_batch_gives_each_node_its_latest_valid_time() -> None:
+    """``saw_columns``: in time order (a node's last sample is its latest) and out of order
+    alike; times outside 0..VALUE_LIMIT are no samples; the result is the lowest and highest
+    of the nodes' latest times."""
+    names = ["n0", "n1", "n2"]
+    in_order = (np.array([0, 1, 0, 2, 1]), np.array([1_000, 1_000, 2_000, 2_000, 3_000]))
+    shuffled = (np.array([1, 0, 2, 1, 0]), np.array([3_000, 2_000, 2_000, 1_000, 1_000]))
+    for nodes, ts in (in_order, shuffled):
+        sw = SilenceWatch()
+        sw.last_ms["n2"] = 5_000  # a later sample already seen is kept
+        assert sw.saw_columns(nodes, ts, names) == (2_000, 3_000)
+        assert sw.last_ms == {"n0": 2_000, "n1": 3_000, "n2": 5_000}
+    sw = SilenceWatch()
+    bad = np.array([-1, 1 << 60])
+    assert sw.saw_columns(np.array([0, 1]), bad, names) is None and sw.last_ms == {}
+    assert sw.saw_columns(np.array([0, 1, 0]), np.array([-5, 7_000, 1 << 60]), names) == (
+        7_000,
+        7_000,
+    )
+    assert sw.last_ms == {"n1": 7_000}
 
 
 def test_per_node_clocks_and_the_start_of_reading_decide_silence() -> None:
