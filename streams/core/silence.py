@@ -88,9 +88,9 @@ class SilenceWatch:
         outside 0..VALUE_LIMIT is no sample (the aggregator refuses it too). Returns the lowest
         and the highest of the nodes' latest times, None when no time is valid."""
         ok = (ts_ms >= 0) & (ts_ms < VALUE_LIMIT)
+        if not ok.any():  # none valid, or no sample at all
+            return None
         if not ok.all():
-            if not ok.any():
-                return None
             node_codes, ts_ms = node_codes[ok], ts_ms[ok]
         if len(ts_ms) < 2 or bool(np.all(ts_ms[1:] >= ts_ms[:-1])):
             # in time order (replay's batches, most live ones): a node's last is its latest

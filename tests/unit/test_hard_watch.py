@@ -265,6 +265,8 @@ def test_a_column_batch_gives_each_node_its_latest_valid_time() -> None:
         assert sw.saw_columns(nodes, ts, names) == (2_000, 3_000)
         assert sw.last_ms == {"n0": 2_000, "n1": 3_000, "n2": 5_000}
     sw = SilenceWatch()
+    none = np.empty(0, np.int64)
+    assert sw.saw_columns(none, none, names) is None  # an empty batch (fuzzing found it)
     bad = np.array([-1, 1 << 60])
     assert sw.saw_columns(np.array([0, 1]), bad, names) is None and sw.last_ms == {}
     assert sw.saw_columns(np.array([0, 1, 0]), np.array([-5, 7_000, 1 << 60]), names) == (
