@@ -1,8 +1,9 @@
 """Per-GPU memory over column batches: what the window aggregator and the hard rules on arrival
 share (:mod:`~peerwatch.streams.core.windows`, :mod:`~peerwatch.streams.core.hard_watch`).
 
-Both keep, for each GPU, what its last reading left (time, counters, flags) in named arrays with
-one row per GPU (:class:`GrowingRows`), and both compare each reading of a batch with the one
+Both name a GPU by its node's string code and its index and give it a row (:class:`GpuKeys`),
+keep, for each GPU, what its last reading left (time, counters, flags) in named arrays with one
+row per GPU (:class:`GrowingRows`), and both compare each reading of a batch with the one
 before it of the same GPU. :func:`gpu_runs` lays a batch out for that: each GPU's readings in
 arrival order behind one element holding the GPU's memory, and which of them move the GPU's
 clock on (a reading no later than an earlier one of its GPU does not).
@@ -10,19 +11,58 @@ clock on (a reading no later than an earlier one of its GPU does not).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["GpuRuns", "GrowingRows", "counter_delta", "gpu_runs"]
+__all__ = ["GpuKeys", "GpuRuns", "GrowingRows", "counter_delta", "gpu_code_key", "gpu_runs"]
 
 
 def counter_delta(new: np.ndarray, old: np.ndarray) -> np.ndarray:
     """Counter increase; a counter that went down was reset and restarts at zero."""
     out: np.ndarray = np.where(new >= old, new - old, new)
     return out
+
+
+def gpu_code_key(node: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """One int64 per GPU: its node's string code above, its GPU index below (32 bits each)."""
+    key: np.ndarray = (node.astype(np.int64) << 32) | (index.astype(np.int64) & 0xFFFFFFFF)
+    return key
+
+
+class GpuKeys:
+    """The row of each GPU (:func:`gpu_code_key`) in its owner's per-GPU arrays: keys sorted, with
+    their rows, looked up a batch at a time."""
+
+    def __init__(self) -> None:
+        self.keys = np.empty(0, np.int64)  # sorted ...
+        self.rows = np.empty(0, np.int64)  # ... and the row of each
+
+    def lookup(self, key: np.ndarray, add: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """The row of each key; ``add`` makes rows for the keys not seen before (given once each,
+        sorted) and returns them."""
+        pos = np.searchsorted(self.keys, key)
+        n = len(self.keys)
+        if n:
+            known = (pos < n) & (self.keys[np.minimum(pos, n - 1)] == key)
+        else:
+            known = np.zeros(len(key), np.bool_)
+        if not known.all():
+            new = np.unique(key[~known])
+            keys = np.concatenate([self.keys, new])
+            order = np.argsort(keys, kind="stable")
+            self.keys = keys[order]
+            self.rows = np.concatenate([self.rows, add(new)])[order]
+            pos = np.searchsorted(self.keys, key)
+        out: np.ndarray = self.rows[pos]
+        return out
+
+    def reset(self, keys: np.ndarray) -> None:
+        """The rows are now ``0 .. len(keys) - 1``, row ``r`` for ``keys[r]`` (after a prune)."""
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.rows = keys[order], order.astype(np.int64)
 
 
 class GrowingRows:

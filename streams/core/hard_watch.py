@@ -39,7 +39,13 @@ import numpy as np
 from peerwatch.schemas.columns import Table
 from peerwatch.schemas.records import StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.gpu_runs import GrowingRows, counter_delta, gpu_runs
+from peerwatch.streams.core.gpu_runs import (
+    GpuKeys,
+    GrowingRows,
+    counter_delta,
+    gpu_code_key,
+    gpu_runs,
+)
 from peerwatch.streams.core.model import HARD_ERROR, IDLE_JOB_PREFIX, stable_id
 from peerwatch.streams.core.settings import DetectorSettings
 from peerwatch.streams.core.windows import NVLINK_FIELDS, SAMPLE_SPEC, VALUE_LIMIT
@@ -78,8 +84,7 @@ class HardWatch:
         self.settings = settings = settings or DetectorSettings()
         self.window_ms = settings.window_ms
         self.memory_ms = settings.clear_after_windows * settings.window_ms
-        self._keys = np.empty(0, np.int64)  # sorted (node code << 32 | index) ...
-        self._rows_of_key = np.empty(0, np.int64)  # ... and their rows
+        self._row_of = GpuKeys()
         fill = {"key": 0, "ts": -1, "ecc": 0, "ecc_ok": 0, "nvl": 0, "nvl_ok": 0, "flags": 0}
         fill.update({f"fired_{r}": _FAR_PAST for r in RULES})
         self._gpu = GrowingRows(fill)
@@ -91,25 +96,13 @@ class HardWatch:
 
     # -- per-GPU rows ---------------------------------------------------------------------------
     def _rows(self, node: np.ndarray, index: np.ndarray) -> np.ndarray:
-        key = (node.astype(np.int64) << 32) | (index.astype(np.int64) & 0xFFFFFFFF)
-        pos = np.searchsorted(self._keys, key)
-        n = len(self._keys)
-        if n:
-            known = (pos < n) & (self._keys[np.minimum(pos, n - 1)] == key)
-        else:
-            known = np.zeros(len(key), np.bool_)
-        if not known.all():
-            new = np.unique(key[~known])
-            first = self._gpu.add(len(new))
-            rows = np.arange(first, first + len(new))
-            self._gpu.arrays["key"][rows] = new
-            keys = np.concatenate([self._keys, new])
-            order = np.argsort(keys, kind="stable")
-            self._keys = keys[order]
-            self._rows_of_key = np.concatenate([self._rows_of_key, rows])[order]
-            pos = np.searchsorted(self._keys, key)
-        out: np.ndarray = self._rows_of_key[pos]
-        return out
+        return self._row_of.lookup(gpu_code_key(node, index), self._new_rows)
+
+    def _new_rows(self, new_keys: np.ndarray) -> np.ndarray:
+        first = self._gpu.add(len(new_keys))
+        rows = np.arange(first, first + len(new_keys))
+        self._gpu.arrays["key"][rows] = new_keys
+        return rows
 
     def prune(self, before_ms: int) -> int:
         """Forget GPUs whose last reading is older than ``before_ms``; returns how many."""
@@ -121,9 +114,7 @@ class HardWatch:
         remap = np.full(self._gpu.size, -1, np.int64)
         remap[live] = np.arange(len(live))
         self._gpu.keep(live)
-        keys = self._gpu.arrays["key"][: len(live)]
-        order = np.argsort(keys, kind="stable")
-        self._keys, self._rows_of_key = keys[order], order.astype(np.int64)
+        self._row_of.reset(self._gpu.arrays["key"][: len(live)])
         self._xid_fired = {
             (int(remap[r]), x): ms for (r, x), ms in self._xid_fired.items() if remap[r] >= 0
         }

@@ -42,7 +42,13 @@ import numpy as np
 from peerwatch.schemas.columns import Table, table_spec, tables_from_records
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.gpu_runs import GrowingRows, counter_delta, gpu_runs
+from peerwatch.streams.core.gpu_runs import (
+    GpuKeys,
+    GrowingRows,
+    counter_delta,
+    gpu_code_key,
+    gpu_runs,
+)
 from peerwatch.streams.core.model import IDLE_JOB_PREFIX
 from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
 
@@ -324,8 +330,7 @@ class WindowAggregator:
         self._node_gids: dict[int, list[int]] = {}
         self._generation = -1
         # per GPU (gid): node code, index, owner under the node's cached segment, counter memory
-        self._gid_key = np.empty(0, np.int64)  # sorted (node << 32 | index) keys ...
-        self._gid_of_key = np.empty(0, np.int64)  # ... and their gids
+        self._gid_of = GpuKeys()
         prev_fill = {"node": 0, "index": 0, "owner": -1, "ts": -1}
         prev_fill.update({f"p_{k}": 0 for k in _PREV})
         prev_fill.update({f"v_{k}": 0 for k in _PREV})
@@ -380,31 +385,21 @@ class WindowAggregator:
 
     def _gids(self, node: np.ndarray, index: np.ndarray) -> np.ndarray:
         """The GPU id of each (node code, GPU index), new ids made for GPUs not seen before."""
-        key = (node << 32) | (index & 0xFFFFFFFF)
-        pos = np.searchsorted(self._gid_key, key)
-        if len(self._gid_key):
-            found = self._gid_key[np.minimum(pos, len(self._gid_key) - 1)] == key
-            known = (pos < len(self._gid_key)) & found
-        else:
-            known = np.zeros(len(key), np.bool_)
-        if not known.all():
-            new_keys = np.unique(key[~known])
-            first = self._gpu.add(len(new_keys))
-            g = self._gpu.arrays
-            ids = np.arange(first, first + len(new_keys))
-            g["node"][ids] = new_keys >> 32
-            idx = (new_keys & 0xFFFFFFFF).astype(np.int64)
-            g["index"][ids] = np.where(idx >= 1 << 31, idx - (1 << 32), idx)
-            for gid, nc, ix in zip(ids.tolist(), g["node"][ids].tolist(), g["index"][ids].tolist(),
-                                   strict=True):  # fmt: skip
-                self._node_gids.setdefault(nc, []).append(gid)
-                g["owner"][gid] = self._owner_code(nc, self._node_owners.get(nc, {}).get(ix))
-            keys = np.concatenate([self._gid_key, new_keys])
-            gids = np.concatenate([self._gid_of_key, ids])
-            order = np.argsort(keys, kind="stable")
-            self._gid_key, self._gid_of_key = keys[order], gids[order]
-            pos = np.searchsorted(self._gid_key, key)
-        return self._gid_of_key[pos]
+        return self._gid_of.lookup(gpu_code_key(node, index), self._new_gids)
+
+    def _new_gids(self, new_keys: np.ndarray) -> np.ndarray:
+        """Ids for GPUs not seen before (their keys, sorted): node, index and owner set."""
+        first = self._gpu.add(len(new_keys))
+        g = self._gpu.arrays
+        ids = np.arange(first, first + len(new_keys))
+        g["node"][ids] = new_keys >> 32
+        idx = (new_keys & 0xFFFFFFFF).astype(np.int64)
+        g["index"][ids] = np.where(idx >= 1 << 31, idx - (1 << 32), idx)
+        for gid, nc, ix in zip(ids.tolist(), g["node"][ids].tolist(), g["index"][ids].tolist(),
+                               strict=True):  # fmt: skip
+            self._node_gids.setdefault(nc, []).append(gid)
+            g["owner"][gid] = self._owner_code(nc, self._node_owners.get(nc, {}).get(ix))
+        return ids
 
     def _owner_code(self, node: int, job_id: str | None) -> int:
         if job_id is not None:

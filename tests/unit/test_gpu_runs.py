@@ -1,11 +1,18 @@
 """``gpu_runs``: a batch's readings behind their GPUs' memory, and which move each GPU's clock
-on; ``GrowingRows``: per-GPU memory arrays (shared by the aggregator and the hard rules)."""
+on; ``GrowingRows``: per-GPU memory arrays; ``GpuKeys``: the row of each GPU (shared by the
+aggregator and the hard rules)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from peerwatch.streams.core.gpu_runs import GrowingRows, counter_delta, gpu_runs
+from peerwatch.streams.core.gpu_runs import (
+    GpuKeys,
+    GrowingRows,
+    counter_delta,
+    gpu_code_key,
+    gpu_runs,
+)
 
 
 def test_readings_in_order_sit_behind_their_gpus_memory() -> None:
@@ -53,3 +60,25 @@ def test_growing_rows_fill_grow_and_keep() -> None:
     rows.keep(np.array([2, 0]))
     assert rows.size == rows.cap == 2 and rows.arrays["ts"].tolist() == [12, 10]
     assert rows.add(1) == 2 and rows.arrays["ts"][:3].tolist() == [12, 10, -1]
+
+
+def test_gpu_keys_give_each_gpu_one_row_and_ask_for_new_ones_once() -> None:
+    keys, made = GpuKeys(), []
+
+    def add(new: np.ndarray) -> np.ndarray:
+        made.append(new.tolist())
+        return np.arange(sum(map(len, made)) - len(new), sum(map(len, made)))
+
+    node, index = np.array([5, 2, 5, 2]), np.array([1, 0, 1, 7])
+    first = keys.lookup(gpu_code_key(node, index), add)
+    assert made == [sorted({(5 << 32) | 1, 2 << 32, (2 << 32) | 7})]  # once each, sorted
+    assert first[0] == first[2] and len(set(first.tolist())) == 3
+    again = keys.lookup(gpu_code_key(np.array([2, 9, 5]), np.array([0, 3, 1])), add)
+    assert made[1:] == [[(9 << 32) | 3]] and again[0] == first[1] and again[2] == first[0]
+    assert again[1] == 3  # the row add gave
+    # a negative index keeps its own key (32 low bits), apart from every other GPU of the node
+    assert gpu_code_key(np.array([1]), np.array([-1]))[0] == (1 << 32) | 0xFFFFFFFF
+    # after a prune the owner keeps some GPUs as rows 0.. in that order
+    keys.reset(gpu_code_key(np.array([9, 2]), np.array([3, 0])))
+    assert keys.lookup(gpu_code_key(np.array([2, 9]), np.array([0, 3])), add).tolist() == [1, 0]
+    assert len(made) == 2
