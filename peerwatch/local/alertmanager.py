@@ -12,9 +12,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from peerwatch.errors import ServiceError
-from peerwatch.local.process import launch, log_tail, port_in_use, read_pid, terminate
+from peerwatch.local.process import ServiceFiles, launch, port_in_use
 
 BINARIES = ("prometheus-alertmanager", "alertmanager")
 #: Used when no config file is given: every alert is accepted and grouped, and nobody notified.
@@ -38,8 +39,11 @@ def find_binary() -> str:
 
 
 @dataclass(frozen=True)
-class LocalAlertmanager:
+class LocalAlertmanager(ServiceFiles):
     """Alertmanager on ``127.0.0.1:port`` with ``config_file`` (or :data:`DEFAULT_CONFIG`)."""
+
+    name: ClassVar[str] = "alertmanager"
+    stop_timeout_s: ClassVar[float] = 10.0
 
     state_dir: Path
     port: int = 9093
@@ -52,14 +56,6 @@ class LocalAlertmanager:
     @property
     def home(self) -> Path:
         return self.state_dir / f"alertmanager-{self.port}"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.home / "alertmanager.pid"
-
-    @property
-    def log_file(self) -> Path:
-        return self.home / "alertmanager.log"
 
     def _config(self) -> Path:
         if self.config_file is not None:
@@ -79,10 +75,6 @@ class LocalAlertmanager:
             f"--web.external-url={self.url}",
             "--cluster.listen-address=",  # no HA gossip port: a single local instance
         ]
-
-    def pid(self) -> int | None:
-        """The pid our pid file names, if that process lives."""
-        return read_pid(self.pid_file)
 
     def ready(self, timeout_s: float = 2.0) -> bool:
         """True when ``/-/ready`` answers 200."""
@@ -108,15 +100,8 @@ class LocalAlertmanager:
                timeout_s=timeout_s)  # fmt: skip
         return "started"
 
-    def stop(self, timeout_s: float = 10.0) -> str:
-        """SIGTERM, then SIGKILL after ``timeout_s``. Returns what happened."""
-        return terminate(self.pid_file, timeout_s)
-
     def status(self) -> str:
         pid = self.pid()
         if pid is None:
             return "stopped"
         return f"running (pid {pid}, {self.url})" if self.ready() else f"starting (pid {pid})"
-
-    def log_tail(self, lines: int = 30) -> str:
-        return log_tail(self.log_file, lines)

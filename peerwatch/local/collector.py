@@ -14,9 +14,10 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from peerwatch.errors import ServiceError
-from peerwatch.local.process import launch, log_tail, port_in_use, read_pid, terminate
+from peerwatch.local.process import ServiceFiles, launch, port_in_use
 
 #: A series the collector's Prometheus endpoint has not updated this long is dropped there.
 METRIC_EXPIRATION = "10m"
@@ -70,9 +71,11 @@ def find_binary(cache_dir: Path, explicit: str | None = None) -> Path:
 
 
 @dataclass(frozen=True)
-class LocalCollector:
+class LocalCollector(ServiceFiles):
     """A collector receiving OTLP on ``grpc_port``/``http_port`` and serving the metrics for
     Prometheus on ``metrics_port``, all on 127.0.0.1; state in ``<state>/otelcol-<grpc_port>``."""
+
+    name: ClassVar[str] = "otelcol"
 
     binary: Path
     state_dir: Path
@@ -83,14 +86,6 @@ class LocalCollector:
     @property
     def home(self) -> Path:
         return self.state_dir / f"otelcol-{self.grpc_port}"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.home / "otelcol.pid"
-
-    @property
-    def log_file(self) -> Path:
-        return self.home / "otelcol.log"
 
     @property
     def grpc_endpoint(self) -> str:
@@ -106,9 +101,6 @@ class LocalCollector:
 
     def ready(self) -> bool:
         return all(port_in_use(p) for p in (self.grpc_port, self.http_port, self.metrics_port))
-
-    def pid(self) -> int | None:
-        return read_pid(self.pid_file)
 
     def start(self, timeout_s: float = 30.0) -> str:
         """Start (idempotent): 'started' or 'running'. Raises ServiceError with the log tail."""
@@ -127,14 +119,8 @@ class LocalCollector:
                timeout_s=timeout_s)  # fmt: skip
         return "started"
 
-    def stop(self) -> str:
-        return terminate(self.pid_file)
-
     def status(self) -> str:
         pid = self.pid()
         if pid is None:
             return "stopped"
         return f"running (pid {pid}, OTLP {self.grpc_endpoint}, metrics {self.metrics_target})"
-
-    def log_tail(self, lines: int = 40) -> str:
-        return log_tail(self.log_file, lines)

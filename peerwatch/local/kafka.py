@@ -12,13 +12,13 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from peerwatch.errors import ServiceError
-from peerwatch.local.process import launch, log_tail, port_in_use, read_pid, terminate
+from peerwatch.local.process import ServiceFiles, launch, port_in_use
 
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.25.3"
@@ -61,9 +61,11 @@ CONTROLLER_PORT_OFFSET = 100
 
 
 @dataclass(frozen=True)
-class LocalKafka:
+class LocalKafka(ServiceFiles):
     """A broker on ``127.0.0.1:port`` with its KRaft controller on ``controller_port`` (default:
     the broker's port + :data:`CONTROLLER_PORT_OFFSET`)."""
+
+    name: ClassVar[str] = "kafka"
 
     cache_dir: Path
     state_dir: Path
@@ -90,14 +92,6 @@ class LocalKafka:
     @property
     def home(self) -> Path:
         return self.state_dir / f"kafka-{self.port}"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.home / "kafka.pid"
-
-    @property
-    def log_file(self) -> Path:
-        return self.home / "kafka.log"
 
     # -- download -------------------------------------------------------------------------------
     def fetch(self) -> Path:
@@ -173,10 +167,6 @@ class LocalKafka:
         if proc.returncode != 0:
             raise ServiceError(f"formatting KRaft storage failed:\n{proc.stdout}\n{proc.stderr}")
 
-    def pid(self) -> int | None:
-        """The broker's pid if our pid file names a live process."""
-        return read_pid(self.pid_file)
-
     def ready(self, timeout_s: float = 2.0) -> bool:
         """True when a client can fetch metadata from the broker."""
         return metadata_ready(self.bootstrap, timeout_s)
@@ -201,18 +191,11 @@ class LocalKafka:
                timeout_s=timeout_s)  # fmt: skip
         return "started"
 
-    def stop(self, timeout_s: float = 30.0) -> str:
-        """Stop the broker: SIGTERM, then SIGKILL after ``timeout_s``. Returns what happened."""
-        return terminate(self.pid_file, timeout_s)
-
     def status(self) -> str:
         pid = self.pid()
         if pid is None:
             return "stopped"
         return f"running (pid {pid}, {self.bootstrap})" if self.ready() else f"starting (pid {pid})"
-
-    def log_tail(self, lines: int = 40) -> str:
-        return log_tail(self.log_file, lines)
 
 
 def metadata_ready(bootstrap: str, timeout_s: float = 2.0) -> bool:

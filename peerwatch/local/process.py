@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from peerwatch.errors import ServiceError
 
@@ -122,3 +123,37 @@ def terminate(pid_file: Path, timeout_s: float = 30.0) -> str:
         child.wait(10)
     pid_file.unlink(missing_ok=True)
     return "killed"
+
+
+class ServiceFiles:
+    """What every local service has in its folder (``home``, which it names): ``<name>.pid``
+    and ``<name>.log``, and what is done with them: the live pid, stop, the log's tail."""
+
+    #: the stem of the pid and log file names
+    name: ClassVar[str]
+    #: how long :meth:`stop` waits after SIGTERM before SIGKILL
+    stop_timeout_s: ClassVar[float] = 30.0
+
+    @property
+    def home(self) -> Path:
+        raise NotImplementedError
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / f"{self.name}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        """The pid the pid file names, if that process lives."""
+        return read_pid(self.pid_file)
+
+    def stop(self) -> str:
+        """SIGTERM, then SIGKILL after :attr:`stop_timeout_s`: 'not running', 'stopped' or
+        'killed'."""
+        return terminate(self.pid_file, self.stop_timeout_s)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return log_tail(self.log_file, lines)

@@ -17,10 +17,10 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from peerwatch.errors import ServiceError
-from peerwatch.local.process import launch, log_tail, port_in_use, read_pid, terminate
+from peerwatch.local.process import ServiceFiles, launch, port_in_use
 
 #: The rules shipped with peerwatch (recording rules for the peer band, alerts on its health).
 RULES_FILE = Path(__file__).resolve().parents[2] / "dashboards" / "peerwatch.rules.yml"
@@ -51,8 +51,10 @@ def binary(name: str = "prometheus") -> str:
 
 
 @dataclass(frozen=True)
-class LocalPrometheus:
+class LocalPrometheus(ServiceFiles):
     """Prometheus on ``127.0.0.1:port`` scraping ``targets`` every ``scrape_interval_s``."""
+
+    name: ClassVar[str] = "prometheus"
 
     state_dir: Path
     targets: tuple[str, ...] = ("127.0.0.1:8889",)
@@ -66,14 +68,6 @@ class LocalPrometheus:
         return self.state_dir / f"prometheus-{self.port}"
 
     @property
-    def pid_file(self) -> Path:
-        return self.home / "prometheus.pid"
-
-    @property
-    def log_file(self) -> Path:
-        return self.home / "prometheus.log"
-
-    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
@@ -85,9 +79,6 @@ class LocalPrometheus:
                 return bool(resp.status == 200)
         except (urllib.error.URLError, OSError):
             return False
-
-    def pid(self) -> int | None:
-        return read_pid(self.pid_file)
 
     def start(self, timeout_s: float = 60.0) -> str:
         """Start (idempotent): 'started' or 'running'. Raises ServiceError with the log tail."""
@@ -110,17 +101,11 @@ class LocalPrometheus:
                ready=self.ready, timeout_s=timeout_s, cwd=self.home)  # fmt: skip
         return "started"
 
-    def stop(self) -> str:
-        return terminate(self.pid_file)
-
     def status(self) -> str:
         pid = self.pid()
         if pid is None:
             return "stopped"
         return f"running (pid {pid}, {self.url})" if self.ready() else f"starting (pid {pid})"
-
-    def log_tail(self, lines: int = 40) -> str:
-        return log_tail(self.log_file, lines)
 
     # -- the HTTP API ---------------------------------------------------------------------------
     def api(self, path: str, **params: str) -> Any:
