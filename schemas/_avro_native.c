@@ -324,9 +324,11 @@ static void cache_clear(StringCache *c) {
     if (c->n_codes > 0) memset(c->by_code, 0, (size_t)c->n_codes * sizeof(CodeEntry));
 }
 
-/* Notes the bytes of ``code`` (short strings only); a failed growth only loses the note. */
+/* Notes the bytes of ``code`` (short strings only) unless known: a code's bytes never change.
+   A failed growth only loses the note. */
 static void by_code_note(StringCache *c, int64_t code, const unsigned char *p, Py_ssize_t len) {
     if (code < 0 || len > CACHE_BYTES || code >= ((Py_ssize_t)1 << 40)) return;
+    if (code < c->n_codes && c->by_code[code].len1 != 0) return;
     if (code >= c->n_codes) {
         Py_ssize_t n = c->n_codes ? c->n_codes : 1024;
         while (n <= code) n *= 2;
@@ -410,6 +412,14 @@ typedef struct {
     int64_t last, step;
 } Guess;
 
+/* A code found by the hash cache or the dict: noted by code, and the column's guesses moved. */
+static void found_code(StringCache *cache, Guess *g, int64_t code, const unsigned char *p,
+                       Py_ssize_t len) {
+    by_code_note(cache, code, p, len);
+    if (g->last >= 0) g->step = code - g->last;
+    g->last = code;
+}
+
 static int string_code(Cols *cols, Reader *r, Py_ssize_t len, int64_t *code, Guess *g) {
     const unsigned char *p = r->buf + r->pos;
     r->pos += len;
@@ -432,9 +442,7 @@ static int string_code(Cols *cols, Reader *r, Py_ssize_t len, int64_t *code, Gue
         slot = &cache->slots[bytes_hash(p, len) & cache->mask];
         if (slot->len1 == len + 1 && memcmp(slot->bytes, p, (size_t)len) == 0) {
             *code = slot->code;
-            by_code_note(cache, *code, p, len);
-            if (g->last >= 0) g->step = *code - g->last;
-            g->last = *code;
+            found_code(cache, g, *code, p, len);
             return 0;
         }
     }
@@ -461,9 +469,7 @@ static int string_code(Cols *cols, Reader *r, Py_ssize_t len, int64_t *code, Gue
         memcpy(slot->bytes, p, (size_t)len);
         slot->len1 = len + 1;
         slot->code = *code;
-        by_code_note(cache, *code, p, len);
-        if (g->last >= 0) g->step = *code - g->last;
-        g->last = *code;
+        found_code(cache, g, *code, p, len);
     }
     return 0;
 }

@@ -100,11 +100,8 @@ class SilenceWatch:
             top = np.full(len(codes), _FAR_PAST, np.int64)
             np.maximum.at(top, inverse, ts_ms)
             latest = dict(zip(codes.tolist(), top.tolist(), strict=True))
-        last_ms = self.last_ms
         for code, t in latest.items():
-            node = names[code]
-            if t > last_ms.get(node, _FAR_PAST):
-                last_ms[node] = t
+            self.saw(names[code], t)
         return min(latest.values()), max(latest.values())
 
     def check(
