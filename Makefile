@@ -15,10 +15,12 @@ unit: setup
 
 # The C Avro decoder built with ASan/UBSan, fuzzed against the Python reader (FUZZ_SECONDS, 120);
 # then archive files, spool segments, Slurm JSON and Kafka messages mutated
-# (FUZZ_INPUT_SECONDS, 60).
+# (FUZZ_INPUT_SECONDS, 60), with stage 2's compiled loops built to check every index (their own
+# numba cache, apart from the unchecked build).
 fuzz: setup
 	bash scripts/fuzz_native.sh
-	PYTHONPATH=. .venv/bin/python scripts/fuzz_inputs.py --seconds $${FUZZ_INPUT_SECONDS:-60} \
+	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$${XDG_CACHE_HOME:-$$HOME/.cache}/peerwatch/numba-boundscheck \
+		PYTHONPATH=. .venv/bin/python scripts/fuzz_inputs.py --seconds $${FUZZ_INPUT_SECONDS:-60} \
 		$${FUZZ_SEED:+--seed $$FUZZ_SEED}
 
 lint: setup

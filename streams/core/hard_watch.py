@@ -39,16 +39,11 @@ import numpy as np
 from peerwatch.schemas.columns import Table
 from peerwatch.schemas.records import StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.gpu_runs import (
-    GpuKeys,
-    GrowingRows,
-    counter_delta,
-    gpu_code_key,
-    gpu_runs,
-)
+from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, gpu_code_key
+from peerwatch.streams.core.loops import HARD_COLUMNS, hard_rules, warm
 from peerwatch.streams.core.model import HARD_ERROR, IDLE_JOB_PREFIX, stable_id
 from peerwatch.streams.core.settings import DetectorSettings
-from peerwatch.streams.core.windows import NVLINK_FIELDS, SAMPLE_SPEC, VALUE_LIMIT
+from peerwatch.streams.core.windows import SAMPLE_SPEC, VALUE_LIMIT
 
 #: The rules with per-GPU memory, in bit order (XIDs are kept apart, by code).
 RULES = (
@@ -59,8 +54,6 @@ RULES = (
     "ecc_uncorrected",
     "nvlink_errors",
 )
-_LOST_BIT, _REMAP_P_BIT, _REMAP_F_BIT, _PCIE_BIT, _ECC_BIT, _NVL_BIT = (1 << i for i in range(6))
-_LEVEL_BITS = _LOST_BIT | _REMAP_P_BIT | _REMAP_F_BIT | _PCIE_BIT
 _LOST = SAMPLE_SPEC.children[0][1].columns[2].symbols.index("LOST")  # type: ignore[union-attr]
 _FAR_PAST = -(1 << 62)
 
@@ -79,6 +72,7 @@ class HardWatch:
         name_of: Callable[[int], str],
         settings: DetectorSettings | None = None,
     ) -> None:
+        warm()
         self.allocations = allocations
         self.name_of = name_of
         self.settings = settings = settings or DetectorSettings()
@@ -143,24 +137,6 @@ class HardWatch:
         self.findings += len(found)
         return found
 
-    def _counter(self, gpus: Table, rows: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-        x = gpus.values[name][rows].astype(np.int64)
-        valid = gpus.valid.get(name)
-        ok = valid[rows].astype(np.bool_) if valid is not None else np.ones(len(rows), np.bool_)
-        bad = ok & ((x < 0) | (x >= VALUE_LIMIT))
-        if bad.any():
-            self.bad_values += int(bad.sum())
-            ok = ok & ~bad
-        return x, ok
-
-    def _flag(self, gpus: Table, rows: np.ndarray, name: str) -> np.ndarray:
-        x = gpus.values[name][rows]
-        valid = gpus.valid.get(name)
-        on: np.ndarray = x.astype(np.bool_)
-        if valid is not None:
-            on = on & valid[rows].astype(np.bool_)
-        return on
-
     def _readings(self, gpus: Table, node: np.ndarray, ts: np.ndarray, ok_sample: np.ndarray,
                   hits: dict[tuple[int, int], list[Any]]) -> None:  # fmt: skip
         assert gpus.parent is not None
@@ -171,69 +147,17 @@ class HardWatch:
         self.readings += m
         parent = gpus.parent[rows]
         index = gpus.values["index"][rows].astype(np.int64)
-        t = ts[parent].astype(np.int64)
         gid = self._rows(node[parent], index)
-        lost = gpus.values["state"][rows] == _LOST
-        ecc, ecc_ok = self._counter(gpus, rows, "ecc_volatile_uncorrected")
-        parts = [self._counter(gpus, rows, f) for f in NVLINK_FIELDS]
-        nvl = np.zeros(len(rows), np.int64)
-        for x, o in parts:
-            nvl += np.where(o, x, 0)
-        nvl_ok = np.logical_or.reduce([o for _, o in parts])
-        w, w_ok = self._counter(gpus, rows, "pcie_link_width")
-        wmax, wmax_ok = self._counter(gpus, rows, "pcie_link_width_max")
-        flags = np.where(self._flag(gpus, rows, "remap_pending"), _REMAP_P_BIT, 0)
-        flags |= np.where(self._flag(gpus, rows, "remap_failed"), _REMAP_F_BIT, 0)
-        flags |= np.where(w_ok & wmax_ok & (w < wmax), _PCIE_BIT, 0)
-        flags = np.where(lost, _LOST_BIT, flags)
-
         g = self._gpu.arrays
-        runs = gpu_runs(gid, t, g["ts"])
-        groups, size, spread = runs.groups, runs.size, runs.spread
-        is_head = np.zeros(size, np.bool_)
-        is_head[runs.head_pos] = True
-        keep = np.flatnonzero(runs.moves)
-        head_k = is_head[keep]
-        lost_k = spread(lost.astype(np.int64), np.zeros(len(groups), np.int64))[keep] > 0
-        flags_k = spread(flags, g["flags"][groups])[keep]
-        ecc_k = spread(ecc, g["ecc"][groups])[keep]
-        ecc_ok_k = spread(ecc_ok.astype(np.int64), g["ecc_ok"][groups])[keep] > 0
-        nvl_k = spread(nvl, g["nvl"][groups])[keep]
-        nvl_ok_k = spread(nvl_ok.astype(np.int64), g["nvl_ok"][groups])[keep] > 0
-        n_k = len(keep)
-        # Counters and non-lost flags carry over lost readings (a LOST reading has no values):
-        # the last carrier is the memory element or the latest readable reading.
-        carrier = head_k | ~lost_k
-        last = np.maximum.accumulate(np.where(carrier, np.arange(n_k), 0))
-        prev_c = np.r_[0, last[:-1]]
-        flags_k = np.where(lost_k, _LOST_BIT | (flags_k[prev_c] & ~_LOST_BIT), flags_k)
-        prev_flags = np.r_[0, flags_k[:-1]]
-        new_bits = np.where(head_k, 0, flags_k & ~prev_flags & _LEVEL_BITS)
-        ecc_rise = (~head_k & ~lost_k & ecc_ok_k & ecc_ok_k[prev_c]
-                    & (counter_delta(ecc_k, ecc_k[prev_c]) > 0))  # fmt: skip
-        nvl_rise = (~head_k & ~lost_k & nvl_ok_k & nvl_ok_k[prev_c]
-                    & (counter_delta(nvl_k, nvl_k[prev_c]) > 0))  # fmt: skip
-        bits = new_bits | np.where(ecc_rise, _ECC_BIT, 0) | np.where(nvl_rise, _NVL_BIT, 0)
-
-        # memory: each group's last element, and its last carrier for the counters
-        ends = np.r_[np.flatnonzero(head_k)[1:], n_k] - 1
-        g["ts"][groups] = runs.ts[keep][ends]
-        g["flags"][groups] = flags_k[ends]
-        lc = last[ends]
-        g["ecc"][groups], g["ecc_ok"][groups] = ecc_k[lc], ecc_ok_k[lc]
-        g["nvl"][groups], g["nvl_ok"][groups] = nvl_k[lc], nvl_ok_k[lc]
-
-        fired = np.flatnonzero(bits)
-        if not fired.size:
-            return
-        # back to reading numbers: element position -> reading (in arrival order)
-        reading_of = np.full(size, -1, np.int64)
-        reading_of[runs.pos] = runs.order
-        for k in fired.tolist():
-            r = int(reading_of[keep[k]])
+        bits, bad = hard_rules(
+            gid, ts[parent], rows, gpus.values["state"][rows] == _LOST,
+            [gpus.values[c] for c in HARD_COLUMNS], [_valid(gpus, c) for c in HARD_COLUMNS],
+            [g[k] for k in ("ts", "flags", "ecc", "ecc_ok", "nvl", "nvl_ok")])  # fmt: skip
+        self.bad_values += bad
+        for r in np.flatnonzero(bits).tolist():  # arrival order
             s, idx = int(parent[r]), int(index[r])
             hit = hits.setdefault((s, idx), [0, [], int(gid[r]), int(rows[r])])
-            hit[0] |= int(bits[k])
+            hit[0] |= int(bits[r])
 
     def _xids(self, xids: Table, gpus: Table, ok_sample: np.ndarray,
               hits: dict[tuple[int, int], list[Any]]) -> None:  # fmt: skip
@@ -321,3 +245,9 @@ class HardWatch:
             "hard_bad_values": self.bad_values,
             "hard_findings": self.findings,
         }
+
+
+def _valid(table: Table, name: str) -> np.ndarray:
+    """A column's valid flags (all valid where it has none)."""
+    valid = table.valid.get(name)
+    return np.ones(table.n, np.bool_) if valid is None else valid

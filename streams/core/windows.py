@@ -42,40 +42,43 @@ import numpy as np
 from peerwatch.schemas.columns import Table, table_spec, tables_from_records
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.gpu_runs import (
-    GpuKeys,
-    GrowingRows,
-    counter_delta,
-    gpu_code_key,
-    gpu_runs,
+from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, gpu_code_key
+from peerwatch.streams.core.loops import (
+    COLUMNS,
+    COUNTER_FIELDS,
+    COUNTS,
+    DELTAS,
+    MEMORY,
+    NVLINK_FIELDS,
+    POWER_BRAKE_BIT,
+    POWER_CAP_BIT,
+    SUMS,
+    THERMAL_BITS,
+    THROTTLE_BITS,
+    VALUE_LIMIT,
+    accumulate,
+    counter_deltas,
+    warm,
 )
 from peerwatch.streams.core.model import IDLE_JOB_PREFIX
 from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
 
-#: Clocks-event reasons that count as throttling: HW slowdown, SW thermal, HW thermal, brake.
-THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80
-#: SW power cap, kept apart from throttling.
-POWER_CAP_BIT = 0x4
-#: The throttling reasons a named cause needs apart: SW/HW thermal, and the HW power brake.
-THERMAL_BITS = 0x20 | 0x40
-POWER_BRAKE_BIT = 0x80
+__all__ = [
+    "NVLINK_FIELDS",
+    "POWER_BRAKE_BIT",
+    "POWER_CAP_BIT",
+    "THERMAL_BITS",
+    "THROTTLE_BITS",
+    "VALUE_LIMIT",
+]
+
 #: The settings tree's defaults (``detector.window_s``, ``stream.lateness_s``).
 DEFAULT_WINDOW_S = DetectorSettings().window_s
 DEFAULT_LATENESS_S = StreamSettings().lateness_s
-#: Sample times and counter values must lie in [0, this).
-VALUE_LIMIT = 1 << 53
-#: A gap between two samples counts at most this long in throttle-time denominators (~99 days).
-MAX_GAP_MS = 1 << 33
 _FAR_PAST = -(1 << 62)
 _NONE_MAX = np.iinfo(np.int64).min  # "no value yet" of running maxima
 _NONE_MIN = np.iinfo(np.int64).max  # of running minima
 
-THROTTLE_FIELDS = ("throttle_hw_slowdown_ns", "throttle_sw_thermal_ns", "throttle_hw_thermal_ns",
-                   "throttle_hw_power_brake_ns")  # fmt: skip
-THERMAL_FIELDS = ("throttle_sw_thermal_ns", "throttle_hw_thermal_ns")
-NVLINK_FIELDS = ("nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors")
-COUNTER_FIELDS = ("energy_mj", "throttle_sw_power_cap_ns", "ecc_volatile_uncorrected",
-                  "pcie_replay_count", *THROTTLE_FIELDS, *NVLINK_FIELDS)  # fmt: skip
 _GPU_FIELDS = ("index", "uuid", "state", "sm_clock_mhz", "sm_clock_max_mhz", "clocks_event_reasons",
                "power_mw", "power_limit_mw", "temperature_c", "gpu_util_pct", "sm_active_pct",
                "remap_pending", "remap_failed", "pcie_link_width", "pcie_link_width_max",
@@ -90,17 +93,13 @@ SELECTION: dict[str, Any] = {
 SAMPLE_SPEC = table_spec(strip_logical_types(raw_schema("NodeGpuSample")), SELECTION)
 _LOST = SAMPLE_SPEC.children[0][1].columns[2].symbols.index("LOST")  # type: ignore[union-attr]
 
-#: Per-slot accumulators: int64 sums and counts, float64 sums, and running max/min/flags.
-_INT_ACCS = ("n", "clk_n", "sm_n", "pw_n", "pr_n", "energy", "energy_n", "thr_ns", "thr_dt",
-             "cap_ns", "cap_dt", "bits_n", "thr_bits", "cap_bits", "ecc", "nvl", "pcie",
-             "thm_ns", "thm_dt", "brk_ns", "brk_dt", "thm_bits", "brk_bits")  # fmt: skip
-_FLOAT_ACCS = ("clk_s", "sm_s", "pw_s", "pr_s")
+#: Per-slot accumulators: the loops' int accumulators (sums, counts, running max/min/flags)
+#: and float sums.
+_INT_ACCS = (*COUNTS, *DELTAS)
 _MAX_ACCS = ("temp", "wmax", "remap_p", "remap_f", "lost")
 _MIN_ACCS = ("wmin",)
-#: Per-GPU memory of the last sample that moved its clock forward (for counter deltas).
-_PREV = ("energy", "thr", "cap", "ecc", "nvl", "pcie", "thm", "brk")
-#: Throttle-time counters: each becomes a share of the time between samples.
-_TIMED = frozenset({"thr", "cap", "thm", "brk"})
+_INT_FILL = np.array([_NONE_MAX if k in _MAX_ACCS else _NONE_MIN if k in _MIN_ACCS else 0
+                      for k in _INT_ACCS], np.int64)  # fmt: skip
 
 
 @dataclass
@@ -210,11 +209,8 @@ class _Bucket:
     """The accumulators of one window start, all nodes: one slot per (GPU, job)."""
 
     def __init__(self) -> None:
-        acc_fill = dict.fromkeys(_INT_ACCS, 0)
-        acc_fill.update(dict.fromkeys(_MAX_ACCS, _NONE_MAX))
-        acc_fill.update(dict.fromkeys(_MIN_ACCS, _NONE_MIN))
-        acc_fill.update(gid=-1, job=-1, uuid=-1, seq=0)
-        self.accs = GrowingRows(acc_fill, _FLOAT_ACCS)
+        self.accs = GrowingRows({"gid": -1, "job": -1, "uuid": -1, "seq": 0}, (),
+                                {"ints": _INT_FILL, "sums": np.zeros(len(SUMS))})  # fmt: skip
         self.slot_of_gid = np.full(0, -1, np.int64)  # the GPU's first (usual) slot
         self.extra: dict[tuple[int, int], int] = {}  # (gid, job) -> slot of another job
         self.xids: dict[int, list[int]] = {}
@@ -312,6 +308,7 @@ class WindowAggregator:
         ``idle:<node>`` (so hard errors on idle GPUs are seen) instead of dropping them."""
         if window_s <= 0 or lateness_s < 0:
             raise ValueError("window_s must be > 0 and lateness_s >= 0")
+        warm()
         self.allocations = allocations
         self.idle_jobs = idle_jobs
         self.window_ms = int(window_s * 1000)
@@ -331,10 +328,9 @@ class WindowAggregator:
         self._generation = -1
         # per GPU (gid): node code, index, owner under the node's cached segment, counter memory
         self._gid_of = GpuKeys()
-        prev_fill = {"node": 0, "index": 0, "owner": -1, "ts": -1}
-        prev_fill.update({f"p_{k}": 0 for k in _PREV})
-        prev_fill.update({f"v_{k}": 0 for k in _PREV})
-        self._gpu = GrowingRows(prev_fill)
+        self._gpu = GrowingRows({"node": 0, "index": 0, "owner": -1, "ts": -1}, (),
+                                {"mem": np.zeros(len(MEMORY), np.int64),
+                                 "mem_ok": np.zeros(len(MEMORY), np.bool_)})  # fmt: skip
         self._buckets: dict[int, _Bucket] = {}
         self._seq = 0  # samples seen, for the arrival order of XIDs against readings
         self.readings = 0
@@ -481,173 +477,34 @@ class WindowAggregator:
                    job: np.ndarray, ts: np.ndarray, seq: np.ndarray) -> None:  # fmt: skip
         """Counter deltas and window sums of the kept readings ``rows`` of ``gpus``."""
         v, ok = gpus.values, gpus.valid
-
-        def col(name: str) -> tuple[np.ndarray, np.ndarray]:
-            return v[name][rows], ok[name][rows]
-
         lost = v["state"][rows] == _LOST
-        counters: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for name in COUNTER_FIELDS:
-            x, good = col(name)
-            bad = good & ((x < 0) | (x >= VALUE_LIMIT))
-            if bad.any():
-                self.bad_values += int(bad.sum())
-                good = good & ~bad
-            counters[name] = (x, good)
-
-        def total(names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-            parts = [counters[n] for n in names]
-            present = np.logical_or.reduce([g for _, g in parts])
-            return sum(np.where(g, x, 0) for x, g in parts), present  # type: ignore[return-value]
-
-        now = {"energy": counters["energy_mj"], "thr": total(THROTTLE_FIELDS),
-               "cap": counters["throttle_sw_power_cap_ns"],
-               "ecc": counters["ecc_volatile_uncorrected"],
-               "nvl": total(NVLINK_FIELDS), "pcie": counters["pcie_replay_count"],
-               "thm": total(THERMAL_FIELDS),
-               "brk": counters["throttle_hw_power_brake_ns"]}  # fmt: skip
         t = ts[parent]
-        deltas = self._deltas(
-            gid[~lost], t[~lost], {k: (x[~lost], g[~lost]) for k, (x, g) in now.items()}
-        )
+        g = self._gpu.arrays
+        deltas, bad = counter_deltas(
+            gid, t, lost, rows, [v[c] for c in COUNTER_FIELDS], [ok[c] for c in COUNTER_FIELDS],
+            g["ts"], g["mem"], g["mem_ok"])  # fmt: skip
+        self.bad_values += bad
 
         attributed = job >= 0
         wstart = t - t % self.window_ms
         n_gids = self._gpu.size
         uuid = v["uuid"][rows]
-        live = np.flatnonzero(~lost)
-        for start in np.unique(wstart[attributed]).tolist():
+        values = [v[c] for c in COLUMNS if c != "sm_active_pct"]
+        valid = [ok[c] for c in COLUMNS if c != "sm_active_pct"]
+        sm_active, sm_active_ok = v["sm_active_pct"], ok["sm_active_pct"]
+        starts = wstart[attributed]
+        if not len(starts):
+            return
+        first, last = int(starts.min()), int(starts.max())  # usually one start, or two
+        for start in [first] if first == last else np.unique(starts).tolist():
             sel = np.flatnonzero(attributed & (wstart == start))
             bucket = self._buckets.get(start)
             if bucket is None:
                 bucket = self._buckets[start] = _Bucket()
             slot = bucket.slots(gid[sel], job[sel], seq[parent[sel]], uuid[sel], n_gids)
-            acc = bucket.accs
-            self._add_counts(acc.arrays, slot, sel, lost, v, ok, rows)
-            self._add_floats(acc.arrays, slot, sel, lost, v, ok, rows)
-            # deltas of the readings of this window (they are indexed over the non-lost ones)
-            in_window = np.isin(live, sel, assume_unique=True)
-            if in_window.any():
-                dslot = np.full(len(rows), -1, np.int64)
-                dslot[sel] = slot
-                ds = dslot[live[in_window]]
-                for name, (amount, counted) in deltas.items():
-                    m = counted[in_window]
-                    np.add.at(acc.arrays[name], ds[m], amount[in_window][m])
-
-    def _deltas(self, gid: np.ndarray, t: np.ndarray,
-                now: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:  # fmt: skip
-        """Per non-lost reading (in order), the counter deltas it adds to its window, and the
-        GPUs' counter memory moved on. Returns accumulator name -> (amount, counted mask)."""
-        m = len(gid)
-        g = self._gpu.arrays
-        empty = {k: (np.zeros(m, np.int64), np.zeros(m, np.bool_)) for k in
-                 ("energy", "energy_n", "thr_ns", "thr_dt", "cap_ns", "cap_dt", "ecc", "nvl", "pcie",
-                  "thm_ns", "thm_dt", "brk_ns", "brk_dt")}  # fmt: skip
-        if m == 0:
-            return empty
-        runs = gpu_runs(gid, t, g["ts"])
-        groups, head_pos, size, ts_a = runs.groups, runs.head_pos, runs.size, runs.ts
-        # each element's latest element that moved the clock (itself, when it did)
-        elements = np.arange(size)
-        last = (
-            elements if runs.in_order else np.maximum.accumulate(np.where(runs.moves, elements, 0))
-        )
-        prev = np.empty(size, np.int64)
-        prev[1:] = last[:-1]
-
-        out = dict(empty)
-        p = np.empty(m, np.int64)  # element of each reading, in reading order
-        p[runs.order] = runs.pos
-        adv = runs.moves[p]
-        pp = prev[p]
-        p_ts = ts_a[pp]
-        counted = adv & (p_ts >= 0)
-        dt_ns = np.minimum(t - p_ts, MAX_GAP_MS) * 1_000_000
-        values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for k in _PREV:
-            x, good = now[k]
-            xa = np.empty(size, np.int64)
-            ga = np.empty(size, np.bool_)
-            xa[p], ga[p] = x, good
-            xa[head_pos], ga[head_pos] = g[f"p_{k}"][groups], g[f"v_{k}"][groups].astype(np.bool_)
-            values[k] = (xa, ga)
-            both = counted & good & ga[pp]
-            old = xa[pp]
-            if k == "energy":
-                out["energy"] = (counter_delta(x, old), both)
-                out["energy_n"] = (np.ones(m, np.int64), both)
-            elif k in _TIMED:
-                out[f"{k}_ns"] = (np.clip(x - old, 0, dt_ns), both)
-                out[f"{k}_dt"] = (dt_ns, both)
-            else:
-                out[k] = (counter_delta(x, old), both & (x != old))
-        # memory: each group's last element that moved the clock
-        ends = np.r_[head_pos[1:], size] - 1
-        final = last[ends]
-        g["ts"][groups] = ts_a[final]
-        for k in _PREV:
-            xa, ga = values[k]
-            g[f"p_{k}"][groups], g[f"v_{k}"][groups] = xa[final], ga[final]
-        return out
-
-    @staticmethod
-    def _add_counts(a: dict[str, np.ndarray], slot: np.ndarray, sel: np.ndarray, lost: np.ndarray,
-                    v: Mapping[str, np.ndarray], ok: Mapping[str, np.ndarray], rows: np.ndarray) -> None:  # fmt: skip
-        np.add.at(a["n"], slot, 1)
-        is_lost = lost[sel]
-        np.maximum.at(a["lost"], slot[is_lost], 1)
-        good = ~is_lost
-        s = slot[good]
-        r = rows[sel][good]
-        t, tv = v["temperature_c"][r], ok["temperature_c"][r]
-        np.maximum.at(a["temp"], s[tv], t[tv])
-        bits, bv = v["clocks_event_reasons"][r], ok["clocks_event_reasons"][r]
-        np.add.at(a["bits_n"], s[bv], 1)
-        np.add.at(a["thr_bits"], s[bv & ((bits & THROTTLE_BITS) != 0)], 1)
-        np.add.at(a["cap_bits"], s[bv & ((bits & POWER_CAP_BIT) != 0)], 1)
-        np.add.at(a["thm_bits"], s[bv & ((bits & THERMAL_BITS) != 0)], 1)
-        np.add.at(a["brk_bits"], s[bv & ((bits & POWER_BRAKE_BIT) != 0)], 1)
-        w, wv = v["pcie_link_width"][r], ok["pcie_link_width"][r]
-        np.minimum.at(a["wmin"], s[wv], w[wv])
-        w, wv = v["pcie_link_width_max"][r], ok["pcie_link_width_max"][r]
-        np.maximum.at(a["wmax"], s[wv], w[wv])
-        for name, acc in (("remap_pending", "remap_p"), ("remap_failed", "remap_f")):
-            on = ok[name][r] & (v[name][r] != 0)
-            np.maximum.at(a[acc], s[on], 1)
-
-    @staticmethod
-    def _add_floats(a: dict[str, np.ndarray], slot: np.ndarray, sel: np.ndarray, lost: np.ndarray,
-                    v: Mapping[str, np.ndarray], ok: Mapping[str, np.ndarray], rows: np.ndarray) -> None:  # fmt: skip
-        """Float sums in arrival order, each slot's running sum first (bit-exact whatever the
-        batching: ``np.bincount`` adds its weights in index order)."""
-        good = ~lost[sel]
-        s = slot[good]
-        r = rows[sel][good]
-        touched, inv = np.unique(s, return_inverse=True)
-        k = len(touched)
-        lead = np.arange(k)
-
-        def add(total: str, count: str, x: np.ndarray, m: np.ndarray) -> None:
-            if not m.any():
-                return
-            w = np.concatenate([a[total][touched], x[m].astype(np.float64)])
-            idx = np.concatenate([lead, inv[m]])
-            a[total][touched] = np.bincount(idx, weights=w, minlength=k)
-            np.add.at(a[count], s[m], 1)
-
-        clk, cv = v["sm_clock_mhz"][r], ok["sm_clock_mhz"][r]
-        mx, mv = v["sm_clock_max_mhz"][r], ok["sm_clock_max_mhz"][r]
-        m = cv & mv & (mx != 0)
-        add("clk_s", "clk_n", np.divide(clk, mx, where=m, out=np.zeros(len(r))), m)
-        sm_a, sa = v["sm_active_pct"][r], ok["sm_active_pct"][r]
-        util, uv = v["gpu_util_pct"][r], ok["gpu_util_pct"][r]
-        add("sm_s", "sm_n", np.where(sa, sm_a, util.astype(np.float64)), sa | uv)
-        pw, pv = v["power_mw"][r], ok["power_mw"][r]
-        add("pw_s", "pw_n", pw, pv)
-        lim, lv = v["power_limit_mw"][r], ok["power_limit_mw"][r]
-        m = pv & lv & (lim != 0)
-        add("pr_s", "pr_n", np.divide(pw, lim, where=m, out=np.zeros(len(r))), m)
+            a = bucket.accs.arrays
+            accumulate(sel, slot, rows, lost, values, valid, sm_active, sm_active_ok, deltas,
+                       a["ints"], a["sums"])  # fmt: skip
 
     def _add_xids(self, xids: Table, keep: np.ndarray, node: np.ndarray, ts: np.ndarray,
                   seq: np.ndarray, closed: int) -> None:  # fmt: skip
@@ -724,7 +581,11 @@ class WindowAggregator:
         the job of each job code (with the metadata a GpuWindow carries)."""
         self._sync_names()
         n = bucket.accs.size
-        accs = {k: arr[:n] for k, arr in bucket.accs.arrays.items()}
+        a = bucket.accs.arrays
+        accs = {k: a[k][:n] for k in ("gid", "job", "uuid", "seq")}
+        for wide, names in (("ints", _INT_ACCS), ("sums", SUMS)):
+            columns = a[wide][:n].T.copy()  # one row per accumulator: each is contiguous
+            accs.update(zip(names, columns, strict=True))
         gids = accs["gid"]
         g = self._gpu.arrays
         jobs: dict[int, tuple[str, str | None, str | None, str | None]] = {}

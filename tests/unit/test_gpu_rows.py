@@ -1,53 +1,11 @@
-"""``gpu_runs``: a batch's readings behind their GPUs' memory, and which move each GPU's clock
-on; ``GrowingRows``: per-GPU memory arrays; ``GpuKeys``: the row of each GPU (shared by the
+"""``GrowingRows``: per-GPU memory arrays; ``GpuKeys``: the row of each GPU (shared by the
 aggregator and the hard rules)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from peerwatch.streams.core.gpu_runs import (
-    GpuKeys,
-    GrowingRows,
-    counter_delta,
-    gpu_code_key,
-    gpu_runs,
-)
-
-
-def test_readings_in_order_sit_behind_their_gpus_memory() -> None:
-    gid = np.array([2, 0, 2, 0, 5])
-    ts = np.array([10, 11, 12, 13, 14])
-    memory_ts = np.array([5, -1, 9, -1, -1, 1])  # by gid
-    runs = gpu_runs(gid, ts, memory_ts)
-    assert runs.in_order and runs.size == 8 and runs.moves.all()
-    assert runs.groups.tolist() == [0, 2, 5]
-    assert runs.head_pos.tolist() == [0, 3, 6]
-    # elements: [mem 0, r1, r3, mem 2, r0, r2, mem 5, r4]
-    assert runs.ts.tolist() == [5, 11, 13, 9, 10, 12, 1, 14]
-    assert runs.spread(np.arange(5) * 100, -7).tolist() == [-7, 100, 300, -7, 0, 200, -7, 400]
-    element_of_reading = runs.pos[np.argsort(runs.order)]
-    assert element_of_reading.tolist() == [4, 1, 5, 2, 7]
-
-
-def test_a_reading_no_later_than_an_earlier_one_of_its_gpu_does_not_move_the_clock() -> None:
-    gid = np.array([1, 1, 1, 1, 0])
-    ts = np.array([20, 15, 20, 25, 3])  # 15 is older than 20, the second 20 equal
-    memory_ts = np.array([4, 10])
-    runs = gpu_runs(gid, ts, memory_ts)
-    assert not runs.in_order
-    # elements: [mem 0, r4 (3 < 4)], [mem 1, r0, r1, r2, r3]
-    assert runs.ts.tolist() == [4, 3, 10, 20, 15, 20, 25]
-    assert runs.moves.tolist() == [True, False, True, True, False, False, True]
-
-
-def test_older_than_the_memory_only() -> None:
-    runs = gpu_runs(np.array([0]), np.array([7]), np.array([9]))
-    assert not runs.in_order and runs.moves.tolist() == [True, False]
-
-
-def test_counter_delta_restarts_at_a_reset() -> None:
-    assert counter_delta(np.array([5, 3, 9]), np.array([2, 8, 9])).tolist() == [3, 3, 0]
+from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, gpu_code_key
 
 
 def test_growing_rows_fill_grow_and_keep() -> None:
@@ -82,3 +40,14 @@ def test_gpu_keys_give_each_gpu_one_row_and_ask_for_new_ones_once() -> None:
     keys.reset(gpu_code_key(np.array([9, 2]), np.array([3, 0])))
     assert keys.lookup(gpu_code_key(np.array([2, 9]), np.array([0, 3])), add).tolist() == [1, 0]
     assert len(made) == 2
+
+
+def test_wide_rows_have_a_fill_per_column() -> None:
+    rows = GrowingRows({"ts": -1}, wide={"acc": np.array([0, -5], np.int64)})
+    rows.add(2)
+    assert rows.arrays["acc"].shape[1:] == (2,) and rows.arrays["acc"][:2].tolist() == [[0, -5]] * 2
+    rows.arrays["acc"][1] = [7, 8]
+    rows.add(100)
+    assert rows.arrays["acc"][:3].tolist() == [[0, -5], [7, 8], [0, -5]]
+    rows.keep(np.array([1]))
+    assert rows.arrays["acc"].tolist() == [[7, 8]]
