@@ -6,14 +6,17 @@ deltas against its memory (:func:`counter_deltas`, arrival order over the whole 
 sums, counts, maxima and minima of one window's slots (:func:`accumulate`).
 :class:`~peerwatch.streams.core.hard_watch.HardWatch` compares each reading with its GPU's
 memory for the hard rules on arrival (:func:`hard_rules`). They are written once, in Python
-(there is no other copy of them); numba compiles them (``cache=True``: once per machine, kept beside
-this file or under ``NUMBA_CACHE_DIR``). ``NUMBA_DISABLE_JIT=1`` runs the same source as plain
-Python, and ``NUMBA_BOUNDSCHECK=1`` checks every index (the tests and fuzzers do both).
+(there is no other copy of them); numba compiles them (``cache=True``: once per machine, kept
+beside this file or under ``NUMBA_CACHE_DIR``). ``NUMBA_DISABLE_JIT=1`` runs the same source as
+plain Python; ``tests/unit/test_loops.py`` compares the compiled functions with that source, and
+``make fuzz`` runs the input fuzzer with ``NUMBA_BOUNDSCHECK=1`` (every index checked).
 
-Every index the loops use comes from the aggregator (GPU rows, slots, reading numbers), never
-from a record: a record's values are only read and compared. Float sums are taken one reading
-at a time in arrival order (no ``fastmath``: LLVM may not reorder them), so a window's sums do
-not depend on how its readings were batched.
+The public functions are the entry points: they check that every index a loop will use (GPU
+rows, slots, reading numbers: all made by the aggregator or the hard watch, never read from a
+record) lies inside its array, since the compiled loops do not, and pass the arrays as the one
+type the loops are compiled for. A record's values are only read and compared. Float sums are
+taken one reading at a time in arrival order (no ``fastmath``: LLVM may not reorder them), so a
+window's sums do not depend on how its readings were batched.
 """
 
 from __future__ import annotations
@@ -44,15 +47,15 @@ NVLINK_FIELDS = ("nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_e
 COUNTER_FIELDS = ("energy_mj", "throttle_sw_power_cap_ns", "ecc_volatile_uncorrected",
                   "pcie_replay_count", *THROTTLE_FIELDS, *NVLINK_FIELDS)  # fmt: skip
 
-#: The counters a GPU's memory holds (rows of ``x``/``ok`` in :func:`counter_deltas`), and
-#: which of them are throttle times (a share of the time between samples).
+#: The counters a GPU's memory holds (columns of ``mem_x``/``mem_ok`` in :func:`counter_deltas`),
+#: and which of them are throttle times (a share of the time between samples).
 MEMORY = ("energy", "thr", "cap", "ecc", "nvl", "pcie", "thm", "brk")
 _TIMED = (False, True, True, False, False, False, True, True)
-#: The rows of :func:`counter_deltas`' output: per memory counter its delta (and for energy a
+#: The columns of :func:`counter_deltas`' output: per memory counter its delta (and for energy a
 #: count, for a throttle time the nanoseconds it covers).
 DELTAS = ("energy", "energy_n", "thr_ns", "thr_dt", "cap_ns", "cap_dt", "ecc", "nvl", "pcie",
           "thm_ns", "thm_dt", "brk_ns", "brk_dt")  # fmt: skip
-_DELTA_ROW = (0, 2, 4, 6, 7, 8, 9, 11)  # the first output row of each memory counter
+_DELTA_ROW = (0, 2, 4, 6, 7, 8, 9, 11)  # the first output column of each memory counter
 
 #: The int accumulators :func:`accumulate` fills besides :data:`DELTAS`, in its order.
 COUNTS = ("n", "lost", "temp", "bits_n", "thr_bits", "cap_bits", "thm_bits", "brk_bits", "wmin",
@@ -90,22 +93,18 @@ def _counter_deltas(gid: Any, t: Any, lost: Any, rows: Any, counters: Any, count
     ok = np.zeros(len(MEMORY), np.bool_)
     for i in range(len(gid)):
         r = rows[i]
-        e, e_ok = _good(energy_v[r], energy_ok[r])
-        c, c_ok = _good(cap_v[r], cap_ok[r])
-        u, u_ok = _good(ecc_v[r], ecc_ok[r])
-        p, p_ok = _good(pcie_v[r], pcie_ok[r])
-        sl, sl_ok = _good(slow_v[r], slow_ok[r])
-        sw, sw_ok = _good(swth_v[r], swth_ok[r])
-        hw, hw_ok = _good(hwth_v[r], hwth_ok[r])
-        br, br_ok = _good(brake_v[r], brake_ok[r])
-        n1, n1_ok = _good(nvl1_v[r], nvl1_ok[r])
-        n2, n2_ok = _good(nvl2_v[r], nvl2_ok[r])
-        n3, n3_ok = _good(nvl3_v[r], nvl3_ok[r])
-        bad += (_bad(energy_v[r], energy_ok[r]) + _bad(cap_v[r], cap_ok[r]) + _bad(ecc_v[r], ecc_ok[r])
-                + _bad(pcie_v[r], pcie_ok[r]) + _bad(slow_v[r], slow_ok[r])
-                + _bad(swth_v[r], swth_ok[r]) + _bad(hwth_v[r], hwth_ok[r])
-                + _bad(brake_v[r], brake_ok[r]) + _bad(nvl1_v[r], nvl1_ok[r])
-                + _bad(nvl2_v[r], nvl2_ok[r]) + _bad(nvl3_v[r], nvl3_ok[r]))  # fmt: skip
+        e, e_ok, b0 = _read(energy_v[r], energy_ok[r])
+        c, c_ok, b1 = _read(cap_v[r], cap_ok[r])
+        u, u_ok, b2 = _read(ecc_v[r], ecc_ok[r])
+        p, p_ok, b3 = _read(pcie_v[r], pcie_ok[r])
+        sl, sl_ok, b4 = _read(slow_v[r], slow_ok[r])
+        sw, sw_ok, b5 = _read(swth_v[r], swth_ok[r])
+        hw, hw_ok, b6 = _read(hwth_v[r], hwth_ok[r])
+        br, br_ok, b7 = _read(brake_v[r], brake_ok[r])
+        n1, n1_ok, b8 = _read(nvl1_v[r], nvl1_ok[r])
+        n2, n2_ok, b9 = _read(nvl2_v[r], nvl2_ok[r])
+        n3, n3_ok, b10 = _read(nvl3_v[r], nvl3_ok[r])
+        bad += b0 + b1 + b2 + b3 + b4 + b5 + b6 + b7 + b8 + b9 + b10
         if lost[i]:
             continue
         g = gid[i]
@@ -145,16 +144,14 @@ def _counter_deltas(gid: Any, t: Any, lost: Any, rows: Any, counters: Any, count
 
 
 @njit(inline="always")
-def _bad(value: Any, ok: Any) -> int:
-    return 1 if ok and not (0 <= value < VALUE_LIMIT) else 0
-
-
-@njit(inline="always")
-def _good(value: Any, ok: Any) -> tuple[Any, Any]:
-    """A counter value read and in range, else (0, False)."""
-    if ok and 0 <= value < VALUE_LIMIT:
-        return value, True
-    return 0, False
+def _read(value: Any, ok: Any) -> tuple[Any, Any, int]:
+    """A counter value: (value, True, 0) when read and in range, (0, False, 1) when read and out
+    of range (counted as bad), (0, False, 0) when not read."""
+    if not ok:
+        return 0, False, 0
+    if 0 <= value < VALUE_LIMIT:
+        return value, True, 0
+    return 0, False, 1
 
 
 @njit(cache=True, nogil=True)
@@ -249,15 +246,13 @@ def _hard_rules(gid: Any, t: Any, rows: Any, lost: Any, values: Any, valid: Any,
     bad = 0
     for i in range(len(gid)):
         r = rows[i]
-        ecc, e_ok = _good(ecc_v[r], ecc_ok[r])
-        n1, n1_ok = _good(nvl1_v[r], nvl1_ok[r])
-        n2, n2_ok = _good(nvl2_v[r], nvl2_ok[r])
-        n3, n3_ok = _good(nvl3_v[r], nvl3_ok[r])
-        w, w_good = _good(w_v[r], w_ok[r])
-        wmax, wmax_good = _good(wmax_v[r], wmax_ok[r])
-        bad += (_bad(ecc_v[r], ecc_ok[r]) + _bad(nvl1_v[r], nvl1_ok[r])
-                + _bad(nvl2_v[r], nvl2_ok[r]) + _bad(nvl3_v[r], nvl3_ok[r])
-                + _bad(w_v[r], w_ok[r]) + _bad(wmax_v[r], wmax_ok[r]))  # fmt: skip
+        ecc, e_ok, b0 = _read(ecc_v[r], ecc_ok[r])
+        n1, n1_ok, b1 = _read(nvl1_v[r], nvl1_ok[r])
+        n2, n2_ok, b2 = _read(nvl2_v[r], nvl2_ok[r])
+        n3, n3_ok, b3 = _read(nvl3_v[r], nvl3_ok[r])
+        w, w_good, b4 = _read(w_v[r], w_ok[r])
+        wmax, wmax_good, b5 = _read(wmax_v[r], wmax_ok[r])
+        bad += b0 + b1 + b2 + b3 + b4 + b5
         g = gid[i]
         now = t[i]
         if now <= mem_ts[g]:

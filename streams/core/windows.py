@@ -124,7 +124,8 @@ class BatchResult:
 class ClosedWindows(NamedTuple):
     """The slots of one closed window start, all jobs, as columns (:meth:`windows` makes the
     GpuWindow dicts). Numpy arrays and small tables: a split replay's reading process sends
-    these (:meth:`portable`) and its other process makes the dicts."""
+    these without the strings (:meth:`without_names`) and its other process, which keeps its
+    own copy of the aggregator's strings, makes the dicts."""
 
     start_ms: int
     end_ms: int
@@ -132,19 +133,17 @@ class ClosedWindows(NamedTuple):
     accs: Mapping[str, np.ndarray]
     node: np.ndarray  # node code of each slot
     gpu_index: np.ndarray  # GPU index of each slot
-    #: the string of a node or UUID code: the aggregator's list, or the codes used (portable)
-    names: Sequence[str] | Mapping[int, str]
+    #: the string of a node or UUID code: the aggregator's list (or a copy of it)
+    names: Sequence[str]
     #: job code -> (job id, user, partition, account)
     jobs: Mapping[int, tuple[str, str | None, str | None, str | None]]
     xids: Mapping[int, list[int]]  # slot -> XIDs seen in it
 
-    def portable(self) -> ClosedWindows:
-        """The same windows holding only the strings they use (not the aggregator's list of
-        every node and UUID seen)."""
-        uuids = self.accs["uuid"]
-        used = np.unique(np.concatenate([self.node, uuids[uuids >= 0]])).tolist()
-        names = self.names
-        return self._replace(names={c: names[c] for c in used})
+    def without_names(self) -> ClosedWindows:
+        """The same windows without the aggregator's strings (to send; the receiver gives them
+        back with ``_replace(names=...)``: every code a window uses is below
+        ``len(aggregator.names())`` at the time it was closed)."""
+        return self._replace(names=())
 
     def windows(self) -> list[tuple[str, dict[str, Any]]]:
         """``(job id, GpuWindow dict)`` of every slot (fields the hot path cannot know: null).
@@ -552,7 +551,7 @@ class WindowAggregator:
     def pop_ready(self, watermark_ms: int) -> list[ClosedWindows]:
         """:meth:`close_ready` without making the GpuWindow dicts: every closed window start as
         columns, for :meth:`group` (here, or in another process after
-        :meth:`ClosedWindows.portable`)."""
+        :meth:`ClosedWindows.without_names`)."""
         boundary = watermark_ms - watermark_ms % self.window_ms
         if self.closed_until_ms is None or boundary > self.closed_until_ms:
             self.closed_until_ms = boundary

@@ -9,13 +9,15 @@ detector) and stage 4 (the policy) exactly where the one-process pipeline runs t
 (tuples, the first item names them):
 
 * ``("feed", stream, key, value)``: a record of another stream than the samples;
-* ``("drain", refused, max_ts_ms, watermark_ms, closed)``: a batch ended: the outputs of its
-  late and invalid samples, the highest sample time aggregated, the watermark (None: none
-  yet) and the closed windows as columns (:class:`~peerwatch.streams.core.windows.ClosedWindows`,
-  portable): this process makes their GpuWindow dicts, the reading process does not;
+* ``("drain", refused, max_ts_ms, watermark_ms, closed, names)``: a batch ended: the outputs
+  of its late and invalid samples, the highest sample time aggregated, the watermark (None:
+  none yet), the closed windows as columns (:class:`~peerwatch.streams.core.windows.ClosedWindows`,
+  without their strings) and the strings (node names, UUIDs) the aggregator coded since the
+  last message: this process keeps the list of them and makes the GpuWindow dicts, the reading
+  process does not;
 * ``("hot", findings)``: findings made beside stage 2 (hard rules on arrival, silence), with
   the event time of each, for the policy;
-* ``("finish", closed, counters)``: end of input, every open window.
+* ``("finish", closed, names, counters)``: end of input, every open window.
 
 Both sides keep an allocation table (the front to attribute readings and fill a window's job
 metadata, the back for job contexts and nodes) and apply the same events and prunes at the same
@@ -31,8 +33,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from peerwatch import gc_tuning
+from peerwatch.streams.core import loops
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
+from peerwatch.streams.core.windows import ClosedWindows
 from peerwatch.streams.offline.replay import Progress, Record, ReplayResult, collect, replay
 
 Message = tuple[Any, ...]
@@ -46,6 +50,13 @@ class FrontPipeline(Pipeline):
     def __init__(self, settings: PipelineSettings, send: Callable[[Message], Any]) -> None:
         super().__init__(settings)
         self.send = send
+        self._names_sent = 0
+
+    def _new_names(self) -> list[str]:
+        """The aggregator's strings not sent yet."""
+        names = self.aggregator.names()
+        new, self._names_sent = names[self._names_sent :], len(names)
+        return new
 
     def feed(self, stream: str, key: str, value: Mapping[str, Any]) -> list[Output]:
         if stream == "samples":
@@ -73,15 +84,15 @@ class FrontPipeline(Pipeline):
         watermark = agg.watermark_ms
         closed: list[Any] = []
         if watermark is not None:
-            closed = [c.portable() for c in agg.pop_ready(watermark)]
+            closed = [c.without_names() for c in agg.pop_ready(watermark)]
             self._closed_to(watermark)
-        self.send(("drain", out, agg.max_ts_ms, watermark, closed))
+        self.send(("drain", out, agg.max_ts_ms, watermark, closed, self._new_names()))
         return []
 
     def finish(self) -> list[Output]:
         self._drain()
-        closed = [c.portable() for c in self.aggregator.pop_all()]
-        self.send(("finish", closed, self.counters()))
+        closed = [c.without_names() for c in self.aggregator.pop_all()]
+        self.send(("finish", closed, self._new_names(), self.counters()))
         return []
 
 
@@ -91,6 +102,11 @@ class BackPipeline(Pipeline):
     def __init__(self, settings: PipelineSettings, emit_windows: bool = True) -> None:
         super().__init__(settings, emit_windows)
         self.front_counters: dict[str, int] = {}
+        self._names: list[str] = []  # the reading process's aggregator's strings, by code
+
+    def _named(self, closed: list[ClosedWindows], names: list[str]) -> list[ClosedWindows]:
+        self._names += names
+        return [c._replace(names=self._names) for c in closed]
 
     def handle(self, message: Message) -> list[Output]:
         kind = message[0]
@@ -98,7 +114,8 @@ class BackPipeline(Pipeline):
             _, stream, key, value = message
             return self.feed(stream, key, value)
         if kind == "drain":
-            _, refused, max_ts_ms, watermark, closed = message
+            _, refused, max_ts_ms, watermark, closed, names = message
+            closed = self._named(closed, names)
             out = list(refused)
             if max_ts_ms is not None:
                 self._stream_ms = max(self._stream_ms, max_ts_ms)
@@ -110,7 +127,8 @@ class BackPipeline(Pipeline):
         if kind == "hot":
             return self._hot(message[1])
         if kind == "finish":
-            _, closed, counters = message
+            _, closed, names, counters = message
+            closed = self._named(closed, names)
             self.front_counters = dict(counters)
             return self._detect(self.aggregator.group(closed), _FAR_FUTURE_MS)
         raise ValueError(f"unknown message {kind!r}")
@@ -134,6 +152,7 @@ class SplitReplay:
     ) -> None:
         self.settings = settings
         self.kept = {"job": job, "node": node, "keep_windows": keep_windows}
+        loops.warm()  # before the fork: the stages process inherits the compiled loops
         ctx = multiprocessing.get_context("fork")
         self._here, there = ctx.Pipe()
         self._proc = ctx.Process(
