@@ -155,20 +155,20 @@ class ClosedWindows(NamedTuple):
         names = self.names
         job_codes = a["job"].tolist()
         metas = self.jobs
-        jobs = [metas[c][0] for c in job_codes]
         uuids = a["uuid"].tolist()
         temp, wmin, wmax = a["temp"], a["wmin"], a["wmax"]
-        columns: dict[str, Any] = {  # a list per window, or one value for all
-            "job_id": jobs,
+        # Every field in order: a list per window, one value for all (None: per job or sparse)
+        columns: dict[str, Any] = {
+            "job_id": None,
             "node": [names[c] for c in self.node.tolist()],
             "gpu_index": self.gpu_index.tolist(),
             "gpu_uuid": [names[u] if u >= 0 else None for u in uuids],
             "window_start_ms": self.start_ms,
             "window_end_ms": self.end_ms,
-            "samples": a["n"].tolist(),
-            "user": [metas[c][1] for c in job_codes],
-            "partition": [metas[c][2] for c in job_codes],
-            "account": [metas[c][3] for c in job_codes],
+            "samples": None,
+            "user": None,
+            "partition": None,
+            "account": None,
             "clk_ratio": _ratio(a["clk_s"], a["clk_n"]),
             "throttle_frac": _shares(a, "thr"),
             "power_cap_frac": _shares(a, "cap"),
@@ -177,14 +177,14 @@ class ClosedWindows(NamedTuple):
             "power_w": _ratio(a["pw_s"], a["pw_n"], 1000.0),
             "temperature_c_max": _present(temp, temp != _NONE_MAX),
             "energy_j": _present(a["energy"] / 1000.0, a["energy_n"] != 0),
-            "ecc_uncorrected_delta": a["ecc"].tolist(),
-            "nvlink_errors_delta": a["nvl"].tolist(),
-            "pcie_replay_delta": a["pcie"].tolist(),
-            "pcie_link_width_min": _present(wmin, wmin != _NONE_MIN),
-            "pcie_link_width_max": _present(wmax, wmax != _NONE_MAX),
-            "remap_pending": (a["remap_p"] > 0).tolist(),
-            "remap_failed": (a["remap_f"] > 0).tolist(),
-            "lost": (a["lost"] > 0).tolist(),
+            "ecc_uncorrected_delta": None,
+            "nvlink_errors_delta": None,
+            "pcie_replay_delta": None,
+            "pcie_link_width_min": None,
+            "pcie_link_width_max": None,
+            "remap_pending": None,
+            "remap_failed": None,
+            "lost": None,
             "xids": [sorted(set(self.xids[i])) if i in self.xids else [] for i in range(n)],
             "step_ms": None,
             "score": None,
@@ -193,15 +193,51 @@ class ClosedWindows(NamedTuple):
             "power_brake_frac": _shares(a, "brk"),
             "fleet_clk_ratio": None,
         }
-        # a copy of one dict holding every field in order (the same values where every window
-        # has the same), then the other fields column by column: half the cost of a dict made
-        # of each window's row
-        template = {k: None if isinstance(v, list) else v for k, v in columns.items()}
-        windows = [template.copy() for _ in range(n)]
+        # Fields most windows share a value of: that value in the template, the others set
+        # window by window (few: a lost GPU, an ECC error, a window at a job's edge).
+        sparse: dict[str, tuple[np.ndarray, int | None]] = {  # values, and which means None
+            "samples": (a["n"], None),
+            "ecc_uncorrected_delta": (a["ecc"], None),
+            "nvlink_errors_delta": (a["nvl"], None),
+            "pcie_replay_delta": (a["pcie"], None),
+            "pcie_link_width_min": (wmin, _NONE_MIN),
+            "pcie_link_width_max": (wmax, _NONE_MAX),
+            "remap_pending": (a["remap_p"] > 0, None),
+            "remap_failed": (a["remap_f"] > 0, None),
+            "lost": (a["lost"] > 0, None),
+        }
+        common: dict[str, Any] = {}
+        exceptions: list[tuple[str, list[int], list[Any]]] = []
+        for name, (values, absent) in sparse.items():
+            if not n:
+                continue
+            first = values[0]
+            other = np.flatnonzero(values != first)
+            if len(other) * 2 > n:  # the first is not most windows' value: take the commonest
+                uniq, counts = np.unique(values, return_counts=True)
+                first = uniq[int(np.argmax(counts))]
+                other = np.flatnonzero(values != first)
+            listed = values[other].tolist()
+            if absent is None:
+                common[name] = first.item()
+            else:
+                common[name] = None if first == absent else first.item()
+                listed = [None if v == absent else v for v in listed]
+            exceptions.append((name, other.tolist(), listed))
+        base = {k: common.get(k) if v is None else (None if isinstance(v, list) else v)
+                for k, v in columns.items()}  # fmt: skip
+        templates = {}
+        for code in set(job_codes):
+            t = templates[code] = base.copy()
+            t["job_id"], t["user"], t["partition"], t["account"] = metas[code]
+        windows = [templates[c].copy() for c in job_codes]
         for name, values in columns.items():
             if isinstance(values, list):  # w[name] = v for each window, the loop in C
                 deque(map(setitem, windows, repeat(name, n), values), 0)
-        return list(zip(jobs, windows, strict=True))
+        for name, rows, listed in exceptions:
+            for i, v in zip(rows, listed, strict=True):
+                windows[i][name] = v
+        return [(metas[c][0], w) for c, w in zip(job_codes, windows, strict=True)]
 
 
 class _Bucket:

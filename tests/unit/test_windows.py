@@ -306,3 +306,48 @@ def test_counter_values_out_of_range_count_as_missing() -> None:
     # the out-of-range middle values read as null, as a missing value does: no delta across them
     assert w["energy_j"] is None and w["pcie_replay_delta"] == 0 and w["samples"] == 3
     assert a.counters()["bad_values"] == 2
+
+
+def test_fields_most_windows_share_are_right_in_the_windows_that_differ() -> None:
+    """Window dicts start from a template holding the value most windows share (per job: its
+    id, user, partition, account); the windows with another value get theirs."""
+    gpus = list(range(8))
+    a = WindowAggregator(
+        table(("J", T0 - 600 * S, None, {"n1": gpus[:4]}), ("K", T0 - 600 * S, None,
+                                                             {"n1": gpus[4:]})),
+        30, 10,
+    )  # fmt: skip
+    normal = {"pcie_link_width": 16, "pcie_link_width_max": 16, "ecc_volatile_uncorrected": 0}
+    for k in range(3):
+        readings = [reading(i, **normal) for i in gpus]
+        readings[2] = reading(2, pcie_link_width=8, pcie_link_width_max=16,
+                              ecc_volatile_uncorrected=k)  # fmt: skip
+        readings[5] = reading(5)  # no link width, no ECC counter
+        readings[6] = reading(6, state="LOST")
+        if k == 2:
+            readings[7] = reading(7, **normal, remap_pending=1)
+        a.add_batch([sample(T0 + k * S, *readings)])
+    a.add_batch([sample(T0 + 3 * S, reading(0, **normal))])  # one more sample for GPU 0
+    by_gpu = {(w["job_id"], w["gpu_index"]): w for w in windows(a.flush())}
+    assert by_gpu[("J", 0)]["samples"] == 4 and by_gpu[("J", 1)]["samples"] == 3
+    assert (
+        by_gpu[("J", 2)]["pcie_link_width_min"] == 8
+        and by_gpu[("J", 2)]["ecc_uncorrected_delta"] == 2
+    )
+    assert (
+        by_gpu[("J", 1)]["pcie_link_width_min"] == 16
+        and by_gpu[("J", 1)]["ecc_uncorrected_delta"] == 0
+    )
+    assert (
+        by_gpu[("K", 5)]["pcie_link_width_min"] is None
+        and by_gpu[("K", 5)]["pcie_link_width_max"] is None
+    )
+    assert by_gpu[("K", 6)]["lost"] is True and by_gpu[("K", 4)]["lost"] is False
+    assert by_gpu[("K", 7)]["remap_pending"] is True and by_gpu[("K", 4)]["remap_pending"] is False
+    assert {(w["job_id"], w["user"], w["partition"], w["account"]) for w in by_gpu.values()} == {
+        ("J", "u", "p", "a"),
+        ("K", "u", "p", "a"),
+    }
+    assert all(w["xids"] == [] for w in by_gpu.values())
+    assert len({id(w["xids"]) for w in by_gpu.values()}) == len(by_gpu)  # a list of its own each
+    assert list(by_gpu[("J", 0)]) == list(by_gpu[("K", 6)])  # every field, in one order
