@@ -11,6 +11,7 @@ grow with the hour (archives are read as a stream, ``--reorder-s`` of samples he
 with the nodes: the RSS line is measured at ``--nodes``.
 
     .venv/bin/python scripts/bench_replay_hour.py [--nodes 2500] [--seconds 120] [--one-process]
+        [--archive DIR]  (keep the archive in DIR; a later run replays the one there)
 """
 
 from __future__ import annotations
@@ -37,17 +38,29 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=2_500)
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--one-process", action="store_true")
+    ap.add_argument("--archive", type=Path, default=None,
+                    help="keep the simulated archive in this folder, and replay the one there "
+                         "if it was written before (its fleet, not --nodes/--seconds)")  # fmt: skip
     args = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="pw-hour-"))
+    root = args.archive or Path(tempfile.mkdtemp(prefix="pw-hour-"))
+    about = root / "bench-fleet.json"
     try:
-        fleet = bench_fleet(args.nodes, 8, args.seconds)
-        t0 = time.perf_counter()
-        stats = write_archive(fleet, root)
-        print(f"archive: {stats.node_records:,} node records in "
-              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)  # fmt: skip
-        start = fleet.spec.start_ms
+        if about.exists():
+            fleet_doc = json.loads(about.read_text())
+            print(f"archive: {root} as written before ({fleet_doc})", file=sys.stderr)
+        else:
+            fleet = bench_fleet(args.nodes, 8, args.seconds)
+            t0 = time.perf_counter()
+            stats = write_archive(fleet, root)
+            print(f"archive: {stats.node_records:,} node records in "
+                  f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)  # fmt: skip
+            fleet_doc = {"nodes": args.nodes, "seconds": args.seconds,
+                         "start_ms": fleet.spec.start_ms, "duration_ms": fleet.spec.duration_ms}  # fmt: skip
+            about.write_text(json.dumps(fleet_doc))
+        args.nodes, args.seconds = fleet_doc["nodes"], fleet_doc["seconds"]
+        start = fleet_doc["start_ms"]
         cmd = [sys.executable, "-m", "peerwatch.cli", "replay", "--archive", str(root),
-               "--from", str(start), "--to", str(start + fleet.spec.duration_ms + 60_000),
+               "--from", str(start), "--to", str(start + fleet_doc["duration_ms"] + 60_000),
                "--no-progress", *(["--one-process"] if args.one_process else [])]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -56,7 +69,8 @@ def main() -> int:
         summary = json.loads(done.stdout.strip().splitlines()[-1])
         peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if args.archive is None:
+            shutil.rmtree(root, ignore_errors=True)
     rate = summary["node_records_per_s"]
     hour_s = HOUR_NODE_RECORDS / rate
     report = {

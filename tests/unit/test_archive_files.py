@@ -223,3 +223,31 @@ def test_container_writer_is_deterministic_and_refuses_unknown_codecs(tmp_path: 
     assert outs[0] == outs[1]
     with (tmp_path / "c").open("wb") as fh, pytest.raises(ValueError, match="codec"):
         ContainerWriter(fh, SCHEMA, _long_body, "bzip2")
+
+
+def test_zstandard_blocks_read_the_same_by_either_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block of one frame that states its size is read by python-zstandard into one buffer;
+    several frames, no stated size, a size over the bound and damage go to the backport, which
+    reads or refuses them as before."""
+    import zstandard
+
+    from peerwatch.exporters import archive_files
+
+    backport = archive_files._zstd()
+    inflate = archive_files._inflater("zstandard")
+    data = b"GPU readings " * 500
+    one = backport.compress(data)
+    assert zstandard.frame_content_size(one) == len(data)
+    assert inflate(one) == data
+    two_frames = one + backport.compress(b"and more")
+    assert inflate(two_frames) == data + b"and more"  # python-zstandard alone drops the second
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(data)
+    assert zstandard.frame_content_size(unsized) == -1 and inflate(unsized) == data
+    monkeypatch.setattr(archive_files, "ZSTD_ONE_BUFFER_MAX_BYTES", len(data) - 1)
+    used: list[int] = []
+    real = zstandard.ZstdDecompressor
+    monkeypatch.setattr(zstandard, "ZstdDecompressor", lambda: used.append(1) or real())
+    assert inflate(one) == data and not used  # over the bound: the backport's growing buffer
+    for damaged in (one[:-5], b"\x28\xb5\x2f\xfd" + b"\xff" * 20, b"not zstd at all"):
+        with pytest.raises(Exception):  # noqa: B017 - the reader counts any as a bad block
+            inflate(damaged)
