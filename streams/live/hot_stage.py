@@ -58,6 +58,7 @@ from peerwatch.kafka_config import admin_config, consumer_config, producer_confi
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.schemas.columns import MessageColumns, select_rows
 from peerwatch.settings import Settings
+from peerwatch.streams.core import loops
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.clock_offset import ClockOffsets
 from peerwatch.streams.core.fleet import FleetWatch
@@ -243,6 +244,7 @@ class HotStage:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
         from confluent_kafka.admin import AdminClient
 
+        loops.warm()  # compiled (or loaded) before the group join, not in the first assignment
         kafka = self.settings.kafka
         self._admin = AdminClient(admin_config(kafka))
         self._producer = Producer(

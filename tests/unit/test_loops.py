@@ -2,7 +2,7 @@
 entry points refuse indices that would reach outside an array.
 
 The loops are one implementation: numba compiles the Python functions. These tests run both
-(the compiled function and its ``py_func``) over the same hostile batches (duplicate GPUs, times
+(the compiled function and the Python function it was compiled from) over the same hostile batches (duplicate GPUs, times
 out of order and repeated, counters out of range or reset, LOST readings, missing values) and
 compare every output and the memory they leave, to the last bit.
 """
@@ -64,7 +64,7 @@ def test_counter_deltas_compiled_equal_their_python_source(seed: int) -> None:
     b = _counter_batch(rng, m, n_gpus)
     memories = [_memory(np.random.default_rng(seed + 1000), n_gpus) for _ in range(2)]
     outs = []
-    runs = (loops._counter_deltas, loops._counter_deltas.py_func)
+    runs = (loops._kernel("_counter_deltas"), loops._counter_deltas)
     for run, mem in zip(runs, memories, strict=True):
         out = np.zeros((m, len(loops.DELTAS)), np.int64)
         bad = run(ro(b["gid"]), ro(b["t"]), ro(b["lost"]), ro(b["rows"]), ros(b["counters"]),
@@ -93,7 +93,7 @@ def test_accumulate_compiled_equals_its_python_source(seed: int) -> None:
     width = len(loops.COUNTS) + len(loops.DELTAS)
     start = rng.integers(-5, 5, (n_slots, width)).astype(np.int64)
     results = []
-    for run in (loops._accumulate, loops._accumulate.py_func):
+    for run in (loops._kernel("_accumulate"), loops._accumulate):
         ints, sums = start.copy(), np.full((n_slots, len(loops.SUMS)), 0.1)
         run(ro(sel), ro(slot), ro(rows), ro(lost), ros(values), ros(valid), ro(sm_active),
             ro(sm_ok), ro(deltas), ints, sums)  # fmt: skip
@@ -118,7 +118,7 @@ def test_hard_rules_compiled_equal_their_python_source(seed: int) -> None:
         rng.integers(0, 3, n_gpus).astype(np.int64) for _ in range(5)
     ]
     results = []
-    for run in (loops._hard_rules, loops._hard_rules.py_func):
+    for run in (loops._kernel("_hard_rules"), loops._hard_rules):
         memory = [a.copy() for a in start]
         bits = np.zeros(m, np.int64)
         bad = run(ro(gid), ro(t), ro(rows), ro(lost), ros(values), ros(valid), *memory, bits)
@@ -187,3 +187,20 @@ def test_a_reading_after_a_reset_counts_from_zero_and_throttle_time_is_capped() 
     assert col["ecc"] == [0, 0, 4]
     assert col["thr_ns"] == [0, 10**9, 0] and col["thr_dt"] == [0, 10**9, 10**9]
     assert mem[0].tolist() == [3000]
+
+
+def test_importing_the_core_does_not_load_numba() -> None:
+    """Processes that never aggregate (stage 3's, the CLI's) import the core without numba:
+    no module of streams/core imports it at module level (loops.py does when it compiles)."""
+    import ast
+    from pathlib import Path
+
+    core = Path(loops.__file__).parent
+    for path in sorted(core.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:  # module level only
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n.split(".")[0] == "numba" for n in names), path.name
