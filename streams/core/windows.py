@@ -3,8 +3,9 @@
 One implementation for the live hot stage, replay and the evaluation. :class:`WindowAggregator`
 takes BATCHES of NodeGpuSample records as columns (:mod:`peerwatch.schemas.columns`: the C
 decoder fills them straight from Avro bytes, :meth:`WindowAggregator.add_batch` from decoded
-dicts) and does its work per batch with numpy, so its cost per GPU reading is a few vector
-operations rather than Python statements. Each GPU reading is attributed to the job that owned
+dicts) and does its work per batch: numpy lays the batch out (each reading's GPU, owner,
+window and slot), and two loops compiled by numba (:mod:`~peerwatch.streams.core.loops`) do the
+per-reading arithmetic, so no Python statement runs per GPU reading. Each GPU reading is attributed to the job that owned
 the GPU at the sample's ``ts_ms`` (:class:`~peerwatch.streams.core.allocation.AllocationTable`)
 and accumulated per (job, node, GPU, window) for windows of ``window_s`` aligned to the epoch.
 Readings of GPUs no job owns go to the node's pseudo job ``idle:<node>`` (``idle_jobs``) or are
@@ -23,9 +24,9 @@ whose time moved the GPU's clock forward); a delta belongs to the window of the 
 counter that went down was reset (driver reload): the new value is the increase since then. A
 counter value outside ``[0, 2**53)`` is treated as missing (counted as ``bad_values``).
 
-Results do not depend on how the input is cut into batches: sums of floats are taken in the
-order the readings arrived, each window's running sum first (``np.bincount`` adds in index
-order), so a window is the same to the last bit whether its readings came in one batch or many.
+Results do not depend on how the input is cut into batches: sums of floats are taken one
+reading at a time in the order the readings arrived, onto each window's running sum, so a
+window is the same to the last bit whether its readings came in one batch or many.
 """
 
 from __future__ import annotations
