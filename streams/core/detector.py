@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import islice
-from operator import eq
-from typing import Literal, cast
+from itertools import compress, islice
+from operator import eq, lt
+from typing import Any, Literal, cast
 
 from peerwatch.schemas.records import FindingCause, FindingStatus, GpuWindow, StragglerFinding
 from peerwatch.streams.core.causes import UNKNOWN, majority_cause, straggler_cause
@@ -40,6 +40,7 @@ from peerwatch.streams.core.model import (
     SUSPECT,
     InvalidRecordError,
     JobContext,
+    field_rows,
     gpu_key,
     is_idle_job,
     require,
@@ -68,6 +69,9 @@ _JobWideGroup = tuple[str, list[GpuWindow], list[GpuVerdict]]
 ScoredWindows = Literal["copies", "in_place", "none"]
 #: The fields every GpuWindow given to the detector must hold.
 _KEY_FIELDS = ("job_id", "node", "gpu_index", "window_start_ms", "window_end_ms")
+#: What the detector reads of every window first: the key fields, then whether it reports
+#: (a GPU not lost, with readings).
+_READ = (*_KEY_FIELDS, "lost", "samples")
 
 
 @dataclass
@@ -112,7 +116,7 @@ def detect_job_window(
         raise InvalidRecordError(f"state of job {state.job_id!r} given for job {job.job_id!r}")
     if not windows:
         return DetectionResult(skipped="empty")
-    ordered, keys = _validated(job, windows)
+    ordered, keys, rows = _validated(job, windows)
     start_ms = int(ordered[0]["window_start_ms"])
     end_ms = int(ordered[0]["window_end_ms"])
     if state.last_window_start_ms is not None and start_ms <= state.last_window_start_ms:
@@ -124,21 +128,23 @@ def detect_job_window(
     state.max_gpus_seen = max(state.max_gpus_seen, len(ordered))
 
     result = DetectionResult()
-    reports = _reporting(ordered)
+    # whether each window holds readings of a GPU that is not lost
+    reports = [not lost and int(samples or 0) > 0 for *_, lost, samples in rows]
     groups = _groups(job, [(k, w) for k, w, r in zip(keys, ordered, reports, strict=True) if r])
     group_size: dict[str, int] | None = None  # made when a hard rule may fire (rare)
     gpus = state.gpus
-    for key, window in zip(keys, ordered, strict=True):
+    for key, window, fires in zip(keys, ordered, may_fire(ordered), strict=True):
         gpu_state = gpus.get(key) or state.gpu(key)
         gpu_state.last_seen_ms = start_ms
+        if not fires:  # no hard rule, no XID
+            continue
         if window.get("xids"):
             result.recorded_xids.extend(recorded_xids(window, settings))
-        if may_fire(window):
-            if group_size is None:
-                group_size = {k: len(g) for g in groups.values() for k, _ in g}
-            finding = _hard_finding(job, window, gpu_state, group_size.get(key, 0), settings)
-            if finding is not None:
-                result.findings.append(finding)
+        if group_size is None:
+            group_size = {k: len(g) for g in groups.values() for k, _ in g}
+        finding = _hard_finding(job, window, gpu_state, group_size.get(key, 0), settings)
+        if finding is not None:
+            result.findings.append(finding)
 
     gate = _gate(job, ordered, groups, state, settings)
     result.gated = gate
@@ -204,7 +210,7 @@ def _evaluate(
                 gpu_gate[v.key] = GATE_JOB_WIDE
                 scores[v.key] = v.score
             continue
-        per_node = Counter(w["node"] for (_, w), f in zip(members, flagged, strict=True) if f)
+        per_node = Counter(w["node"] for _, w in compress(members, flagged))
         node_wide = {n for n, count in per_node.items() if count >= settings.node_wide_min_gpus}
         gpus = state.gpus
         for i, (key, window) in enumerate(members):
@@ -232,21 +238,24 @@ def _evaluate(
     return job_wide_groups
 
 
-def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> tuple[list[GpuWindow], list[str]]:
-    """``windows`` sorted by (node, GPU index), and their GPU keys. Raises InvalidRecordError
-    for the first fault found (see :func:`detect_job_window`)."""
+def _validated(
+    job: JobContext, windows: Sequence[GpuWindow]
+) -> tuple[list[GpuWindow], list[str], list[tuple[Any, ...]]]:
+    """``windows`` sorted by (node, GPU index), their GPU keys and the values of their
+    :data:`_READ` fields. Raises InvalidRecordError for the first fault found (see
+    :func:`detect_job_window`)."""
     job_id = job.job_id
-    first_start = windows[0].get("window_start_ms")
+    rows = field_rows(windows, *_READ)
+    first_start = rows[0][3]
     idents: list[tuple[str, int]] = []
-    for w in windows:
-        node, index = w.get("node"), w.get("gpu_index")
+    for w, (wjob, node, index, start, end, _, _) in zip(windows, rows, strict=True):
         if (
             node is None
             or index is None
             or first_start is None
-            or w.get("window_start_ms") != first_start
-            or w.get("job_id") != job_id
-            or w.get("window_end_ms") is None
+            or start != first_start
+            or wjob != job_id
+            or end is None
         ):
             _refuse(job, w, first_start)
         try:
@@ -254,6 +263,8 @@ def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> tuple[list[GpuW
                            index if type(index) is int else int(index)))  # fmt: skip
         except (TypeError, ValueError) as exc:
             raise InvalidRecordError(f"job {job_id!r}: bad gpu_index {index!r}") from exc
+    if all(map(lt, idents, islice(idents, 1, None))):  # the usual case: in order, each once
+        return list(windows), [gpu_key(r[1], r[2]) for r in rows], rows
     in_order = sorted(idents)
     if any(map(eq, in_order, islice(in_order, 1, None))):  # a GPU twice: name the first one
         seen: set[tuple[str, int]] = set()
@@ -261,12 +272,9 @@ def _validated(job: JobContext, windows: Sequence[GpuWindow]) -> tuple[list[GpuW
             if ident in seen:
                 raise InvalidRecordError(f"job {job_id!r}: GPU {ident} twice in one window")
             seen.add(ident)
-    if in_order == idents:  # the usual case: given in order
-        ordered = list(windows)
-    else:
-        order = sorted(range(len(idents)), key=idents.__getitem__)
-        ordered = [windows[i] for i in order]
-    return ordered, [gpu_key(w["node"], w["gpu_index"]) for w in ordered]
+    order = sorted(range(len(idents)), key=idents.__getitem__)
+    rows = [rows[i] for i in order]
+    return [windows[i] for i in order], [gpu_key(r[1], r[2]) for r in rows], rows
 
 
 def _refuse(job: JobContext, w: GpuWindow, first_start: object) -> None:
@@ -278,11 +286,6 @@ def _refuse(job: JobContext, w: GpuWindow, first_start: object) -> None:
     if w["window_start_ms"] != first_start:
         raise InvalidRecordError(f"job {job.job_id!r}: windows of different starts mixed")
     raise AssertionError("_refuse called for a valid window")
-
-
-def _reporting(windows: list[GpuWindow]) -> list[bool]:
-    """Whether each window holds readings of a GPU that is not lost."""
-    return [not w.get("lost") and int(w.get("samples") or 0) > 0 for w in windows]
 
 
 def _follow_requeue(job: JobContext, state: JobDetectorState) -> None:
@@ -400,7 +403,8 @@ def _advance(
     start_ms = int(window["window_start_ms"])
     confirming = bool(verdict.flags & set(settings.confirm_features))
     code = _CONFIRMING if confirming else _FLAGGED if verdict.flags else _CLEAN
-    recent = _remember(gpu_state, code, verdict.confirm_score, settings)
+    _remember(gpu_state, code, verdict.confirm_score, settings)
+    recent = gpu_state.history[-settings.suspect_n :]
     statuses: list[FindingStatus] = []
     if verdict.flags:
         gpu_state.clean_streak = 0
@@ -464,18 +468,27 @@ def _remember(
     code: int,
     confirm_score: float | None,
     settings: DetectorSettings,
-) -> list[int]:
+) -> None:
     """The memory of one evaluated window: its history code, the CUSUM step, and the end of
-    a lone candidate's episode once it aged out. Returns the recent (suspect span) history."""
+    a lone candidate's episode once it aged out. (Run for every clean GPU of every window: the
+    built-in ``min``/``max`` written as comparisons, which give the same values.)"""
     history = gpu_state.history
     history.append(code)
-    del history[: -max(settings.persist_n, settings.suspect_n)]
-    step = min(confirm_score, settings.cusum_z_cap) if confirm_score is not None else 0.0
-    gpu_state.cusum = max(0.0, gpu_state.cusum + step - settings.cusum_k)
-    recent = history[-settings.suspect_n :]
-    if gpu_state.episode_start_ms is not None and gpu_state.status is None and not any(recent):
+    keep = settings.history_n
+    if len(history) > keep:
+        del history[:-keep]
+    step = 0.0
+    if confirm_score is not None:
+        cap = settings.cusum_z_cap
+        step = cap if cap < confirm_score else confirm_score  # min(confirm_score, cap)
+    cusum = gpu_state.cusum + step - settings.cusum_k
+    gpu_state.cusum = cusum if cusum > 0.0 else 0.0  # max(0.0, cusum)
+    if (
+        gpu_state.episode_start_ms is not None
+        and gpu_state.status is None
+        and not any(history[-settings.suspect_n :])
+    ):
         gpu_state.episode_start_ms = None  # an earlier lone candidate window aged out
-    return recent
 
 
 def _cause(window: GpuWindow, verdict: GpuVerdict, settings: DetectorSettings) -> FindingCause:

@@ -41,7 +41,7 @@ from peerwatch.schemas.records import (
     GpuWindow,
     StragglerFinding,
 )
-from peerwatch.streams.core.model import CLEARED, FLEET_WIDE, is_idle_job, stable_id
+from peerwatch.streams.core.model import CLEARED, FLEET_WIDE, field_rows, is_idle_job, stable_id
 from peerwatch.streams.core.robust import array_median
 from peerwatch.streams.core.settings import DetectorSettings
 
@@ -73,6 +73,10 @@ class WindowCensus:
     hot: int = 0
 
 
+#: What :func:`census` reads of each window, in the order it unpacks them.
+_CENSUS = ("job_id", "power_cap_frac", "lost", "samples", "partition", "thermal_frac", "clk_ratio")
+
+
 def census(windows: Iterable[GpuWindow], cap_frac: float) -> dict[str, WindowCensus]:
     """Per Slurm partition (``""`` when unknown): reporting GPUs of jobs, capped ones, hot ones
     (thermal slowdown) and the median clock ratio. Windows of idle GPUs, lost GPUs and GPUs
@@ -82,21 +86,18 @@ def census(windows: Iterable[GpuWindow], cap_frac: float) -> dict[str, WindowCen
     # partition -> (power cap shares, thermal shares, clock ratios: NaN where none)
     seen: dict[str, tuple[list[float], list[float], list[float]]] = {}
     nan = float("nan")
-    for w in windows:
-        job = w.get("job_id")
+    for job, cap, lost, samples, partition, thermal, clk in field_rows(list(windows), *_CENSUS):
         is_idle = idle.get(job)
         if is_idle is None:
             is_idle = idle[job] = is_idle_job(str(job))
-        cap = w.get("power_cap_frac")
-        if is_idle or cap is None or w.get("lost") or not w.get("samples"):
+        if is_idle or cap is None or lost or not samples:
             continue
-        name = str(w.get("partition") or "")
+        name = str(partition or "")
         lists = seen.get(name)
         if lists is None:
             lists = seen[name] = ([], [], [])
         lists[0].append(cap)
-        lists[1].append(w.get("thermal_frac") or 0.0)
-        clk = w.get("clk_ratio")
+        lists[1].append(thermal or 0.0)
         lists[2].append(nan if clk is None else float(clk))
     out: dict[str, WindowCensus] = {}
     for name in sorted(seen):

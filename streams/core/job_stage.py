@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from operator import itemgetter
 from typing import Any, NamedTuple, Protocol, cast
 
 from peerwatch.schemas.records import GpuWindow
@@ -36,6 +37,7 @@ from peerwatch.streams.core.windows import JobWindowBatch
 
 #: A watermark before any event time (a source not heard from yet).
 NEVER_MS = -(1 << 62)
+_NODE, _GPU_INDEX = itemgetter("node"), itemgetter("gpu_index")
 
 
 class JobStage:
@@ -70,8 +72,9 @@ class JobStage:
             self.dropped += 1
             return False
         slot = self.pending.setdefault(batch.job_id, {}).setdefault(batch.window_start_ms, {})
-        for w in batch.windows:
-            slot[(str(w["node"]), int(w["gpu_index"]))] = w
+        ws = batch.windows  # slot[(str(w["node"]), int(w["gpu_index"]))] = w, the loop in C
+        keys = zip(map(str, map(_NODE, ws)), map(int, map(_GPU_INDEX, ws)), strict=True)
+        slot.update(zip(keys, ws, strict=True))
         return True
 
     def add_step(self, record: Mapping[str, Any]) -> bool:

@@ -8,8 +8,9 @@ context and identity that are not records themselves.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Final
 
 from peerwatch.errors import PeerwatchError
@@ -49,6 +50,18 @@ def stable_id(*parts: object, hex_chars: int = 32) -> str:
     """
     text = "\x1f".join("\x00" if p is None else str(p) for p in parts)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:hex_chars]
+
+
+def field_rows(records: Sequence[Mapping[str, Any]], *names: str) -> list[tuple[Any, ...]]:
+    """``(r.get(name), ...)`` of every record, for two or more ``names``: the lookups in C
+    where every record holds every field (as the GpuWindow dicts the aggregator and the
+    decoder make do), one by one where one lacks any."""
+    get = itemgetter(*names)
+    try:
+        rows: list[tuple[Any, ...]] = list(map(get, records))
+    except KeyError:
+        rows = [tuple(r.get(name) for name in names) for r in records]
+    return rows
 
 
 def gpu_key(node: str, gpu_index: int) -> str:

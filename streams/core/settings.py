@@ -293,6 +293,11 @@ class DetectorSettings:
         return max(self.persist_k, self.windows_for(self.confirm_span_s))
 
     @cached_property
+    def history_n(self) -> int:
+        """Windows of history a GPU keeps: the longer of the suspect and confirm spans."""
+        return max(self.persist_n, self.suspect_n)
+
+    @cached_property
     def clear_after_windows(self) -> int:
         return self.windows_for(self.clear_after_s)
 

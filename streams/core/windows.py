@@ -122,8 +122,12 @@ class BatchResult:
     invalid: np.ndarray
 
 
+#: GpuWindow dicts filled field by field this many at a time (about half a MiB of dicts).
+_DICT_CHUNK = 512
+
+
 class ClosedWindows(NamedTuple):
-    """The slots of one closed window start, all jobs, as columns (:meth:`windows` makes the
+    """The slots of one closed window start, all jobs, as columns (:meth:`by_job` makes the
     GpuWindow dicts). Numpy arrays and small tables: a split replay's reading process sends
     these without the strings (:meth:`without_names`) and its other process, which keeps its
     own copy of the aggregator's strings, makes the dicts."""
@@ -146,11 +150,14 @@ class ClosedWindows(NamedTuple):
         ``len(aggregator.names())`` at the time it was closed)."""
         return self._replace(names=())
 
-    def windows(self) -> list[tuple[str, dict[str, Any]]]:
-        """``(job id, GpuWindow dict)`` of every slot (fields the hot path cannot know: null).
+    def by_job(self) -> list[tuple[str, list[dict[str, Any]]]]:
+        """``(job id, its GpuWindow dicts)`` of every job with a slot, each job's windows
+        sorted by (node, GPU index), slot order among equals (fields the hot path cannot know:
+        null).
 
         Every derived value is computed per column (the same float operations, in the same
-        order, as one window at a time would do); only building the dicts is per window."""
+        order, as one window at a time would do); only building the dicts is per window. The
+        order comes from one sort of the columns, not a key made per window."""
         a = self.accs
         n = len(a["gid"])
         names = self.names
@@ -231,14 +238,35 @@ class ClosedWindows(NamedTuple):
         for code in set(job_codes):
             t = templates[code] = base.copy()
             t["job_id"], t["user"], t["partition"], t["account"] = metas[code]
-        windows = [templates[c].copy() for c in job_codes]
-        for name, values in columns.items():
-            if isinstance(values, list):  # w[name] = v for each window, the loop in C
-                deque(map(setitem, windows, repeat(name, n), values), 0)
+        listed_columns = [(k, v) for k, v in columns.items() if isinstance(v, list)]
+        windows: list[dict[str, Any]] = []
+        # w[name] = v for each window, the loop in C; a chunk of windows at a time, so the
+        # dicts being filled stay in the processor's cache from one field to the next
+        for lo in range(0, n, _DICT_CHUNK):
+            chunk = [templates[c].copy() for c in job_codes[lo : lo + _DICT_CHUNK]]
+            m = len(chunk)
+            for name, column in listed_columns:
+                deque(map(setitem, chunk, repeat(name, m), column[lo : lo + m]), 0)
+            windows += chunk
         for name, rows, listed in exceptions:
             for i, v in zip(rows, listed, strict=True):
                 windows[i][name] = v
-        return [(metas[c][0], w) for c, w in zip(job_codes, windows, strict=True)]
+        if not n:
+            return []
+        # by job code, then node name, then GPU index; np.lexsort is stable (slot order stays
+        # among equals, as sorting each job's windows would keep it)
+        codes, node_of = np.unique(self.node, return_inverse=True)
+        by_name = sorted(range(len(codes)), key=[names[c] for c in codes.tolist()].__getitem__)
+        rank = np.empty(len(codes), np.int64)
+        rank[by_name] = np.arange(len(codes))
+        order = np.lexsort((self.gpu_index, rank[node_of], a["job"])).tolist()
+        ordered = [windows[i] for i in order]
+        jobs = [job_codes[i] for i in order]
+        cuts = [i for i in range(1, n) if jobs[i] != jobs[i - 1]]
+        return [
+            (metas[jobs[lo]][0], ordered[lo:hi])
+            for lo, hi in zip([0, *cuts], [*cuts, n], strict=True)
+        ]
 
 
 class _Bucket:
@@ -637,15 +665,19 @@ class WindowAggregator:
         """Closed windows as GpuWindow dicts grouped per (job, window), sorted by (window start,
         job id), each group by (node, GPU)."""
         grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        merged: set[tuple[int, str]] = set()  # windows of more than one part: sorted again
         for part in closed:
             start = part.start_ms
-            for job, window in part.windows():
-                grouped.setdefault((start, job), []).append(window)
+            for job, windows in part.by_job():
+                have = grouped.setdefault((start, job), windows)
+                if have is not windows:
+                    have += windows
+                    merged.add((start, job))
         wms = self.window_ms
+        for key in merged:
+            grouped[key].sort(key=lambda w: (w["node"], w["gpu_index"]))
         return [
-            JobWindowBatch(
-                job, start, start + wms, sorted(ws, key=lambda w: (w["node"], w["gpu_index"]))
-            )
+            JobWindowBatch(job, start, start + wms, ws)
             for (start, job), ws in sorted(grouped.items())
         ]
 
