@@ -339,8 +339,9 @@ def _gate(
     expected = job.expected_gpus or state.max_gpus_seen
     if len(reporting) < settings.min_reported_frac * expected:
         return GATE_INCOMPLETE
-    job_sm = _job_median(reporting, "sm_frac")
-    job_thr = _job_median(reporting, "throttle_frac")
+    values = field_rows(reporting, "sm_frac", "throttle_frac")
+    job_sm = _job_median([sm for sm, _ in values])
+    job_thr = _job_median([thr for _, thr in values])
     # A job-wide phase change (checkpoint, eval, restart; a power cap or cooling event starting
     # or ending) inside or next to this window: a node whose clock is a second or two off
     # straddles it differently from its peers.
@@ -356,12 +357,11 @@ def _gate(
     return GATE_PHASE_CHANGE if changed else None
 
 
-def _job_median(
-    reporting: list[GpuWindow], name: Literal["sm_frac", "throttle_frac"]
-) -> float | None:
-    """The job's median of one window field over its reporting GPUs (None: none has it)."""
-    values = [float(v) for w in reporting if (v := w.get(name)) is not None]
-    return median(values) if values else None
+def _job_median(values: list[Any]) -> float | None:
+    """The job's median of one window field (its value of each reporting GPU) over the GPUs
+    that have it (None: none has it)."""
+    present = [float(v) for v in values if v is not None]
+    return median(present) if present else None
 
 
 def _moved(before: float | None, now: float | None, limit: float) -> bool:

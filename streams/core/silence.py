@@ -26,7 +26,7 @@ per watched node and one entry per open event.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -78,8 +78,14 @@ class SilenceWatch:
 
     def saw(self, node: str, ts_ms: int) -> None:
         """A sample of ``node`` at ``ts_ms``."""
-        if ts_ms > self.last_ms.get(node, _FAR_PAST):
-            self.last_ms[node] = ts_ms
+        self._saw_all(((node, ts_ms),))
+
+    def _saw_all(self, samples: Iterable[tuple[str, int]]) -> None:
+        """A sample of each ``(node, ts_ms)`` (one loop for a batch's thousands of nodes)."""
+        last = self.last_ms
+        for node, ts_ms in samples:
+            if ts_ms > last.get(node, _FAR_PAST):
+                last[node] = ts_ms
 
     def saw_columns(
         self, node_codes: np.ndarray, ts_ms: np.ndarray, names: Sequence[str]
@@ -100,8 +106,7 @@ class SilenceWatch:
             top = np.full(len(codes), _FAR_PAST, np.int64)
             np.maximum.at(top, inverse, ts_ms)
             latest = dict(zip(codes.tolist(), top.tolist(), strict=True))
-        for code, t in latest.items():
-            self.saw(names[code], t)
+        self._saw_all(zip(map(names.__getitem__, latest), latest.values(), strict=True))
         return min(latest.values()), max(latest.values())
 
     def check(
