@@ -328,11 +328,12 @@ class _Bucket:
 
 
 def _present(values: np.ndarray, present: np.ndarray) -> list[Any]:
-    """``values`` as Python numbers, None where not ``present``."""
-    out = values.astype(object)
-    out[~present] = None
-    result: list[Any] = out.tolist()
-    return result
+    """``values`` as Python numbers, None where not ``present`` (few, usually: set one by one)."""
+    out: list[Any] = values.tolist()
+    if not present.all():
+        for i in np.flatnonzero(~present).tolist():
+            out[i] = None
+    return out
 
 
 def _ratio(total: np.ndarray, count: np.ndarray, scale: float | None = None) -> list[Any]:
