@@ -160,7 +160,12 @@ class PeerComparison:
             raw = _field(group, feat.field)
             x = np.array(raw, dtype=np.float64)
             absent = np.isnan(x)
-            if absent.any() and any(v is not None and v != v for v in raw):
+            # a NaN given, not a None: more NaNs than Nones (then the values looked at)
+            if (
+                absent.any()
+                and int(absent.sum()) != raw.count(None)
+                and any(v is not None and v != v for v in raw)
+            ):
                 raise ValueError("median of a group holding NaN")
             present = x[~absent]
             if len(present) < settings.min_peers:
