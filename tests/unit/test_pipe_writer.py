@@ -1,0 +1,55 @@
+"""The split replay's sender thread (streams/offline/split.PipeWriter) over a pipe inside this
+process: order kept, bounded, a closed far end reported to the sender, stop without a reader."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import pytest
+
+from peerwatch.streams.offline.split import PipeClosed, PipeWriter
+
+
+def test_every_message_arrives_in_order_while_the_bound_holds_the_sender_back() -> None:
+    here, there = multiprocessing.Pipe()
+    writer = PipeWriter(here, limit_bytes=1)  # one message waits at a time
+    got: list[object] = []
+
+    def read() -> None:
+        for _ in range(200):
+            got.append(there.recv())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    sent = [("drain", i, list(range(i % 17)), {"k": str(i)}) for i in range(200)]
+    for message in sent:
+        writer.send(message)
+    writer.close()
+    reader.join(timeout=30)
+    assert got == sent
+    assert writer.join(timeout_s=0)
+    here.close()
+    there.close()
+
+
+def test_a_closed_far_end_is_raised_to_the_sender() -> None:
+    here, there = multiprocessing.Pipe()
+    there.close()
+    writer = PipeWriter(here)
+    writer.send(("feed", "job-events", "", {"x": 1}))
+    with pytest.raises(PipeClosed):
+        writer.close()
+    with pytest.raises(PipeClosed):
+        writer.send(("feed", "job-events", "", {"x": 2}))
+    here.close()
+
+
+def test_stop_ends_the_thread_with_messages_unwritten() -> None:
+    here, there = multiprocessing.Pipe()
+    writer = PipeWriter(here, limit_bytes=1 << 30)
+    writer.send(("hot", ["x" * 1000]))  # may be written (the pipe holds it) or still queued
+    writer.stop()
+    assert writer.join(timeout_s=30)
+    here.close()
+    there.close()
