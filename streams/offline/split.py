@@ -46,7 +46,7 @@ Message = tuple[Any, ...]
 _FAR_FUTURE_MS = 1 << 62
 #: Bytes of pickled messages the reading process may have written ahead of the stages process
 #: (a window start's closed windows are about 300 bytes a GPU: some 30 MB at 100,000 GPUs).
-SEND_AHEAD_BYTES = 256 << 20
+SEND_AHEAD_BYTES = 64 << 20
 
 
 class FrontPipeline(Pipeline):
