@@ -29,7 +29,7 @@ episode's first window, so workers that see the same shift start publish the sam
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,7 +77,7 @@ class WindowCensus:
 _CENSUS = ("job_id", "power_cap_frac", "lost", "samples", "partition", "thermal_frac", "clk_ratio")
 
 
-def census(windows: Iterable[GpuWindow], cap_frac: float) -> dict[str, WindowCensus]:
+def census(windows: Sequence[GpuWindow], cap_frac: float) -> dict[str, WindowCensus]:
     """Per Slurm partition (``""`` when unknown): reporting GPUs of jobs, capped ones, hot ones
     (thermal slowdown) and the median clock ratio. Windows of idle GPUs, lost GPUs and GPUs
     without samples do not count. (Thousands of windows per call, live and in replay: one pass
@@ -86,7 +86,7 @@ def census(windows: Iterable[GpuWindow], cap_frac: float) -> dict[str, WindowCen
     # partition -> (power cap shares, thermal shares, clock ratios: NaN where none)
     seen: dict[str, tuple[list[float], list[float], list[float]]] = {}
     nan = float("nan")
-    for job, cap, lost, samples, partition, thermal, clk in field_rows(list(windows), *_CENSUS):
+    for job, cap, lost, samples, partition, thermal, clk in field_rows(windows, *_CENSUS):
         is_idle = idle.get(job)
         if is_idle is None:
             is_idle = idle[job] = is_idle_job(str(job))

@@ -52,16 +52,16 @@ def stable_id(*parts: object, hex_chars: int = 32) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:hex_chars]
 
 
-def field_rows(records: Sequence[Mapping[str, Any]], *names: str) -> list[tuple[Any, ...]]:
-    """``(r.get(name), ...)`` of every record, for two or more ``names``: the lookups in C
-    where every record holds every field (as the GpuWindow dicts the aggregator and the
-    decoder make do), one by one where one lacks any."""
-    get = itemgetter(*names)
+def field_rows(records: Sequence[Mapping[str, Any]], *names: str) -> list[Any]:
+    """``r.get(name)`` of every record for one name, ``(r.get(name), ...)`` for several: the
+    lookups in C where every record holds every field (as the GpuWindow dicts the aggregator
+    and the decoder make do), one by one where one lacks any."""
     try:
-        rows: list[tuple[Any, ...]] = list(map(get, records))
+        return list(map(itemgetter(*names), records))
     except KeyError:
-        rows = [tuple(r.get(name) for name in names) for r in records]
-    return rows
+        if len(names) == 1:
+            return [r.get(names[0]) for r in records]
+        return [tuple(r.get(name) for name in names) for r in records]
 
 
 def gpu_key(node: str, gpu_index: int) -> str:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from peerwatch.schemas.records import FeatureEvidence, GpuWindow
 from peerwatch.streams.core.detector_state import GpuDetectorState
-from peerwatch.streams.core.model import gpu_key
+from peerwatch.streams.core.model import field_rows, gpu_key
 from peerwatch.streams.core.robust import median, robust_stats, robust_z
 from peerwatch.streams.core.settings import DetectorSettings
 
@@ -126,15 +125,6 @@ def _running_max(best: np.ndarray, values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _field(group: Sequence[GpuWindow], name: str) -> list[Any]:
-    """``w.get(name)`` of every window (the lookups in C where every window has the field, as
-    the GpuWindow dicts the aggregator and the decoder make do)."""
-    try:
-        return list(map(itemgetter(name), group))
-    except KeyError:
-        return [w.get(name) for w in group]
-
-
 class PeerComparison:
     """Every GPU of one peer group compared at once (numpy, one vector operation per feature).
 
@@ -157,7 +147,7 @@ class PeerComparison:
         #: (feature, median, mad, z_scale, confirming, values with NaN where absent, z)
         self.active: list[tuple[_Feature, float, float, float, bool, np.ndarray, np.ndarray]] = []
         for feat in FEATURES:
-            raw = _field(group, feat.field)
+            raw = field_rows(group, feat.field)
             x = np.array(raw, dtype=np.float64)
             absent = np.isnan(x)
             # a NaN given, not a None: more NaNs than Nones (then the values looked at)
