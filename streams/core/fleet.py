@@ -31,6 +31,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -44,6 +45,9 @@ from peerwatch.schemas.records import (
 from peerwatch.streams.core.model import CLEARED, FLEET_WIDE, field_rows, is_idle_job, stable_id
 from peerwatch.streams.core.robust import array_median
 from peerwatch.streams.core.settings import DetectorSettings
+
+if TYPE_CHECKING:
+    from peerwatch.streams.core.windows import ClosedWindows
 
 #: The job id of a fleet-level finding (it spans every job of the partition).
 FLEET_JOB = "fleet"
@@ -80,34 +84,88 @@ _CENSUS = ("job_id", "power_cap_frac", "lost", "samples", "partition", "thermal_
 def census(windows: Sequence[GpuWindow], cap_frac: float) -> dict[str, WindowCensus]:
     """Per Slurm partition (``""`` when unknown): reporting GPUs of jobs, capped ones, hot ones
     (thermal slowdown) and the median clock ratio. Windows of idle GPUs, lost GPUs and GPUs
-    without samples do not count. (Thousands of windows per call, live and in replay: one pass
-    over the windows, the arithmetic in numpy.)"""
+    without samples do not count. GpuWindow dicts; :func:`census_closed` takes the
+    aggregator's columns (both count through :func:`census_of`)."""
     idle: dict[object, bool] = {}
-    # partition -> (power cap shares, thermal shares, clock ratios: NaN where none)
-    seen: dict[str, tuple[list[float], list[float], list[float]]] = {}
+    names: dict[str, int] = {}
+    counted: list[bool] = []
+    partition: list[int] = []
+    caps: list[float] = []
+    thermal: list[float] = []
+    clks: list[float] = []
     nan = float("nan")
-    for job, cap, lost, samples, partition, thermal, clk in field_rows(windows, *_CENSUS):
+    for job, cap, lost, samples, part, thm, clk in field_rows(windows, *_CENSUS):
         is_idle = idle.get(job)
         if is_idle is None:
             is_idle = idle[job] = is_idle_job(str(job))
-        if is_idle or cap is None or lost or not samples:
+        counted.append(not (is_idle or cap is None or lost or not samples))
+        partition.append(names.setdefault(str(part or ""), len(names)))
+        caps.append(nan if cap is None else cap)
+        thermal.append(thm or 0.0)
+        clks.append(nan if clk is None else float(clk))
+    return census_of(
+        list(names), np.array(partition, np.int64), np.array(counted, np.bool_),
+        np.array(caps, np.float64), np.array(thermal, np.float64), np.array(clks, np.float64),
+        cap_frac,
+    )  # fmt: skip
+
+
+def census_closed(parts: Sequence[ClosedWindows], cap_frac: float) -> dict[str, WindowCensus]:
+    """:func:`census` of the windows of one window start as the aggregator closed them
+    (:class:`~peerwatch.streams.core.windows.ClosedWindows`, one or more parts): the same
+    values as the census of their GpuWindow dicts, read from the columns (no dict, no Python
+    statement per window)."""
+    names: dict[str, int] = {}
+    columns: list[tuple[np.ndarray, ...]] = []
+    for part in parts:
+        codes = sorted(part.jobs)
+        if not codes:
             continue
-        name = str(partition or "")
-        lists = seen.get(name)
-        if lists is None:
-            lists = seen[name] = ([], [], [])
-        lists[0].append(cap)
-        lists[1].append(thermal or 0.0)
-        lists[2].append(nan if clk is None else float(clk))
+        # per job code: its partition's number and whether it is an idle pseudo job
+        lookup = np.zeros(codes[-1] + 1, np.int64)
+        idle = np.zeros(codes[-1] + 1, np.bool_)
+        for code in codes:
+            job_id, _, part_name, _ = part.jobs[code]
+            lookup[code] = names.setdefault(str(part_name or ""), len(names))
+            idle[code] = is_idle_job(job_id)
+        job = part.accs["job"]
+        cap, cap_present = part.shares("cap")
+        thermal, _ = part.shares("thm")  # None counts as 0.0, as in the dicts' census
+        clk, clk_present = part.ratio("clk_s", "clk_n")
+        counted = ~idle[job] & cap_present & (part.accs["lost"] <= 0) & (part.accs["n"] != 0)
+        columns.append((lookup[job], counted, cap, thermal, np.where(clk_present, clk, np.nan)))
+    if not columns:
+        return {}
+    partition, counted, cap, thermal, clk = (np.concatenate(c) for c in zip(*columns, strict=True))
+    return census_of(list(names), partition, counted, cap, thermal, clk, cap_frac)
+
+
+def census_of(
+    names: Sequence[str],
+    partition: np.ndarray,
+    counted: np.ndarray,
+    cap: np.ndarray,
+    thermal: np.ndarray,
+    clk: np.ndarray,
+    cap_frac: float,
+) -> dict[str, WindowCensus]:
+    """The census arithmetic, one value per window: its partition (an index into ``names``),
+    whether it counts (a reporting GPU of a job), its power cap share, thermal share (0.0 where
+    unknown) and clock ratio (NaN where unknown)."""
     out: dict[str, WindowCensus] = {}
-    for name in sorted(seen):
-        caps, thermal, clk_ratios = (np.array(x, np.float64) for x in seen[name])
-        clks = clk_ratios[~np.isnan(clk_ratios)]
-        out[name] = WindowCensus(
-            len(caps),
-            int((caps >= cap_frac).sum()),
+    order = sorted(range(len(names)), key=names.__getitem__)
+    for p in order:
+        mine = counted & (partition == p)
+        n = int(mine.sum())
+        if not n:
+            continue
+        clks = clk[mine]
+        clks = clks[~np.isnan(clks)]
+        out[names[p]] = WindowCensus(
+            n,
+            int((cap[mine] >= cap_frac).sum()),
             array_median(clks) if len(clks) else None,
-            int((thermal >= cap_frac).sum()),
+            int((thermal[mine] >= cap_frac).sum()),
         )
     return out
 
@@ -125,9 +183,21 @@ def shift_cause(c: WindowCensus | None, settings: DetectorSettings) -> FindingCa
     return None
 
 
+def set_ratios(windows: Iterable[dict[str, Any]], ratios: dict[str, float]) -> None:
+    """Give each window of a partition in a fleet shift its ``fleet_clk_ratio`` (``ratios``:
+    per partition name, ``""`` for windows without one)."""
+    if not ratios:
+        return
+    for w in windows:
+        ratio = ratios.get(str(w.get("partition") or ""))
+        if ratio is not None:
+            w["fleet_clk_ratio"] = ratio
+
+
 class FleetWatch:
     """See the module docstring. Feed it every closed window of one window start at a time,
-    window starts in increasing order (:meth:`observe`)."""
+    window starts in increasing order: as the aggregator's columns (:meth:`observe_closed`, the
+    live hot stage and replay) or as GpuWindow dicts (:meth:`observe`)."""
 
     def __init__(self, settings: DetectorSettings) -> None:
         self.settings = settings
@@ -138,16 +208,55 @@ class FleetWatch:
     def observe(
         self, window_start_ms: int, window_end_ms: int, windows: Iterable[GpuWindow]
     ) -> list[StragglerFinding]:
-        """The fleet findings of one window start (FLEET_WIDE when a shift starts, CLEARED when
-        it ended); each window of a partition in a shift gets its ``fleet_clk_ratio``. An older
-        or repeated window start changes nothing."""
-        if self.last_start_ms is not None and window_start_ms <= self.last_start_ms:
+        """The fleet findings of one window start from its GpuWindow dicts (FLEET_WIDE when a
+        shift starts, CLEARED when it ended); each window of a partition in a shift gets its
+        ``fleet_clk_ratio``. An older or repeated window start changes nothing."""
+        if not self._fresh(window_start_ms):
             return []
+        windows = list(windows)
+        seen = census(windows, self.settings.fleet_cap_frac)
+        found, ratios = self._judge(window_start_ms, window_end_ms, seen)
+        set_ratios(cast(list[dict[str, Any]], windows), ratios)
+        return found
+
+    def observe_closed(
+        self, parts: Sequence[ClosedWindows]
+    ) -> tuple[list[StragglerFinding], dict[int, dict[str, float]]]:
+        """:meth:`observe` of closed windows as the aggregator's columns (any number of window
+        starts, each in one or more parts), before their dicts are made: the findings, and the
+        ``fleet_clk_ratio`` of each partition in a shift per window start, for
+        :func:`set_ratios` to give the windows once they are dicts."""
+        by_start: dict[int, list[ClosedWindows]] = {}
+        for part in parts:
+            if len(part.node):  # a start without windows is not judged (as with no dicts)
+                by_start.setdefault(part.start_ms, []).append(part)
+        found: list[StragglerFinding] = []
+        ratios: dict[int, dict[str, float]] = {}
+        for start in sorted(by_start):
+            if not self._fresh(start):
+                continue
+            group = by_start[start]
+            seen = census_closed(group, self.settings.fleet_cap_frac)
+            out, shifted = self._judge(start, group[0].end_ms, seen)
+            found += out
+            if shifted:
+                ratios[start] = shifted
+        return found, ratios
+
+    def _fresh(self, window_start_ms: int) -> bool:
+        """Whether a window start is newer than every one judged (it is then the latest)."""
+        if self.last_start_ms is not None and window_start_ms <= self.last_start_ms:
+            return False
         self.last_start_ms = window_start_ms
+        return True
+
+    def _judge(
+        self, window_start_ms: int, window_end_ms: int, seen: dict[str, WindowCensus]
+    ) -> tuple[list[StragglerFinding], dict[str, float]]:
+        """One window start's census against each partition's memory: the findings, and the
+        clock ratio of each partition in a shift."""
         s = self.settings
         out: list[StragglerFinding] = []
-        windows = list(windows)
-        seen = census(windows, s.fleet_cap_frac)
         ratios: dict[str, float] = {}
         for name in sorted(set(seen) | set(self.partitions)):
             part = self.partitions.setdefault(name, _Partition())
@@ -183,13 +292,8 @@ class FleetWatch:
                     out.append(self._finding(part, name, CLEARED, window_end_ms, c))
                     part.finding_id = None
                     part.quiet_windows = 0
-        if ratios:
-            for w in windows:
-                ratio = ratios.get(str(w.get("partition") or ""))
-                if ratio is not None:
-                    w["fleet_clk_ratio"] = ratio
         self.findings += len(out)
-        return out
+        return out, ratios
 
     def _finding(
         self,

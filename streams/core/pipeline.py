@@ -35,9 +35,9 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 
 from peerwatch.schemas.columns import Table, slice_rows, tables_from_records
-from peerwatch.schemas.records import DrainRecommendation, GpuWindow, StragglerFinding
+from peerwatch.schemas.records import DrainRecommendation, StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.fleet import FleetWatch
+from peerwatch.streams.core.fleet import FleetWatch, set_ratios
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.model import InvalidRecordError
@@ -47,7 +47,7 @@ from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, St
 from peerwatch.streams.core.silence import SilenceWatch
 from peerwatch.streams.core.windows import (
     SAMPLE_SPEC,
-    JobWindowBatch,
+    ClosedWindows,
     WindowAggregator,
 )
 
@@ -203,7 +203,7 @@ class Pipeline:
     def finish(self) -> list[Output]:
         """End of input: close every open window and release every held job window."""
         out = self._drain()
-        out += self._detect(self.aggregator.flush(), _FAR_FUTURE_MS)
+        out += self._detect(self.aggregator.pop_all(), _FAR_FUTURE_MS)
         return out
 
     # -- stages ---------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ class Pipeline:
         watermark = self.aggregator.watermark_ms
         if watermark is None:
             return out
-        out += self._detect(self.aggregator.close_ready(watermark), watermark)
+        out += self._detect(self.aggregator.pop_ready(watermark), watermark)
         self._closed_to(watermark)
         return out
 
@@ -343,11 +343,17 @@ class Pipeline:
     def _allocations_changed(self) -> None:
         """Hook: the allocation table changed (events applied or pruned)."""
 
-    def _detect(self, batches: list[JobWindowBatch], watermark_ms: int) -> list[Output]:
-        """Stage 3 offline: one source (every node) on one channel, its watermark the
-        aggregator's."""
+    def _detect(self, closed: list[ClosedWindows], watermark_ms: int) -> list[Output]:
+        """Stage 3 offline on closed windows: one source (every node) on one channel, its
+        watermark the aggregator's. The fleet watch reads the columns first (a window of a
+        partition in a fleet shift gets its ratio), then the windows become dicts per job."""
+        found, ratios = self.fleet.observe_closed(closed)
+        batches = self.aggregator.group(closed)
+        for b in batches:
+            if b.window_start_ms in ratios:
+                set_ratios(b.windows, ratios[b.window_start_ms])
+        fleet = [Output(FINDING, str(f["job_id"]), dict(f), self._stream_ms) for f in found]
         out: list[Output] = []
-        fleet = self._fleet(batches)  # first: it gives windows of a fleet shift their ratio
         for b in batches:
             self.jobs.add(b, src=0)
         try:
@@ -366,21 +372,6 @@ class Pipeline:
                 for copy in copies:
                     out += self._recommend(copy)
         return out + fleet
-
-    def _fleet(self, batches: list[JobWindowBatch]) -> list[Output]:
-        """The fleet watch over every closed window, one window start at a time (batches come
-        sorted by window start)."""
-        out: list[Output] = []
-        i = 0
-        while i < len(batches):
-            start, end = batches[i].window_start_ms, batches[i].window_end_ms
-            windows: list[GpuWindow] = []
-            while i < len(batches) and batches[i].window_start_ms == start:
-                windows += cast(list[GpuWindow], batches[i].windows)
-                i += 1
-            found = self.fleet.observe(start, end, windows)
-            out += [Output(FINDING, str(f["job_id"]), dict(f), self._stream_ms) for f in found]
-        return out
 
     def _recommend(self, record: Mapping[str, Any], stream_ms: int | None = None) -> list[Output]:
         try:

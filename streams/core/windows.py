@@ -150,6 +150,17 @@ class ClosedWindows(NamedTuple):
         ``len(aggregator.names())`` at the time it was closed)."""
         return self._replace(names=())
 
+    def ratio(self, total: str, count: str) -> tuple[np.ndarray, np.ndarray]:
+        """The mean of one accumulator per slot (``total / count``; 0.0 where ``count`` is 0),
+        and where it is known: the values of a GpuWindow's mean field (e.g. ``clk_ratio``)."""
+        return _ratios(self.accs[total], self.accs[count])
+
+    def shares(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """One throttle reason's share of each slot's time (0.0 where unknown), and where it is
+        known: the values of a GpuWindow's ``*_frac`` field (``thr``, ``cap``, ``thm``,
+        ``brk``)."""
+        return _share_arrays(self.accs, name)
+
     def by_job(self) -> list[tuple[str, list[dict[str, Any]]]]:
         """``(job id, its GpuWindow dicts)`` of every job with a slot, each job's windows
         sorted by (node, GPU index), slot order among equals (fields the hot path cannot know:
@@ -338,21 +349,34 @@ def _present(values: np.ndarray, present: np.ndarray) -> list[Any]:
 
 def _ratio(total: np.ndarray, count: np.ndarray, scale: float | None = None) -> list[Any]:
     """``total / count`` (then ``/ scale``) per slot, None where ``count`` is 0."""
+    return _present(*_ratios(total, count, scale))
+
+
+def _ratios(
+    total: np.ndarray, count: np.ndarray, scale: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``total / count`` (then ``/ scale``) per slot (0.0 where ``count`` is 0), and where
+    ``count`` is not 0."""
     some = count != 0
     mean = np.divide(total, count, out=np.zeros(len(total)), where=some)
     if scale is not None:
         mean = mean / scale
-    return _present(mean, some)
+    return mean, some
 
 
 def _shares(a: Mapping[str, np.ndarray], name: str) -> list[Any]:
     """Share of each slot's time under one throttle reason: from its counter when the counter
     moved time on, else from the reason bits sampled each tick, else None."""
+    return _present(*_share_arrays(a, name))
+
+
+def _share_arrays(a: Mapping[str, np.ndarray], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_shares` as values (0.0 where unknown) and where they are known."""
     timed = a[f"{name}_dt"] != 0
     sampled = a["bits_n"] != 0
     by_time = np.divide(a[f"{name}_ns"], a[f"{name}_dt"], out=np.zeros(len(timed)), where=timed)
     by_bits = np.divide(a[f"{name}_bits"], a["bits_n"], out=np.zeros(len(timed)), where=sampled)
-    return _present(np.where(timed, by_time, by_bits), timed | sampled)
+    return np.where(timed, by_time, by_bits), timed | sampled
 
 
 class WindowAggregator:

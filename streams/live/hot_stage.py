@@ -61,7 +61,7 @@ from peerwatch.settings import Settings
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.clock_offset import ClockOffsets
-from peerwatch.streams.core.fleet import FleetWatch
+from peerwatch.streams.core.fleet import FleetWatch, set_ratios
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.silence import SilenceWatch
@@ -488,15 +488,18 @@ class HotStage:
             self._dead(batch[rows[r]], "invalid", "sample time outside [0, 2**53) ms")
         closed_before = agg.closed_until_ms
         closed_wall_ms = time.time() * 1000.0
-        closed = agg.close_ready()
-        # Fleet context first: windows of a partition in a fleet shift get its clock ratio.
-        by_start: dict[tuple[int, int], list[Any]] = {}
+        watermark = agg.watermark_ms
+        ready = agg.pop_ready(watermark) if watermark is not None else []
+        # Fleet context first, on the columns: windows of a partition in a fleet shift get its
+        # clock ratio once they are dicts.
+        found, ratios = part.fleet.observe_closed(ready)
+        for f in found:
+            self.counters.fleet_findings += 1
+            self._publish_finding(f)
+        closed = agg.group(ready)
         for b in closed:
-            by_start.setdefault((b.window_start_ms, b.window_end_ms), []).extend(b.windows)
-        for (start, end), windows in sorted(by_start.items()):
-            for f in part.fleet.observe(start, end, windows):
-                self.counters.fleet_findings += 1
-                self._publish_finding(f)
+            if b.window_start_ms in ratios:
+                set_ratios(b.windows, ratios[b.window_start_ms])
         for b in closed:  # sent after the whole batch, one message per job and window
             key = (b.job_id, b.window_start_ms, b.window_end_ms)
             parts = self._out[key][0] if key in self._out else {}

@@ -127,7 +127,7 @@ class BackPipeline(Pipeline):
                 self._stream_ms = max(self._stream_ms, max_ts_ms)
             if watermark is None:
                 return out
-            out += self._detect(self.aggregator.group(closed), watermark)
+            out += self._detect(closed, watermark)
             self._closed_to(watermark)
             return out
         if kind == "hot":
@@ -136,7 +136,7 @@ class BackPipeline(Pipeline):
             _, closed, names, counters = message
             closed = self._named(closed, names)
             self.front_counters = dict(counters)
-            return self._detect(self.aggregator.group(closed), _FAR_FUTURE_MS)
+            return self._detect(closed, _FAR_FUTURE_MS)
         raise ValueError(f"unknown message {kind!r}")
 
     def counters(self) -> dict[str, int]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from peerwatch.streams.core.fleet import FLEET_JOB, FleetWatch, census
+from peerwatch.streams.core.fleet import FLEET_JOB, FleetWatch, census, census_closed, set_ratios
 from peerwatch.streams.core.settings import DetectorSettings
 
 W_MS = 5_000
@@ -160,3 +160,75 @@ def test_a_cap_during_an_open_cooling_episode_closes_it_and_opens_its_own() -> N
     ]  # fmt: skip
     assert found[1]["window_end_ms"] == found[2]["detected_ms"] == 17 * W_MS
     assert [w["fleet_clk_ratio"] for w in capped[-1]] == pytest.approx([0.88 / 0.98] * 64)
+
+
+def _closed_windows() -> tuple[list[Any], list[dict[str, Any]]]:
+    """Two aggregators (as two hot-stage partitions) over one window start: jobs in two Slurm
+    partitions, idle GPUs, a lost GPU, GPUs at the power cap, in thermal slowdown, without a
+    clock reading. Their closed windows as columns, and the same windows as dicts."""
+    from peerwatch.streams.core.allocation import AllocationTable
+    from peerwatch.streams.core.windows import POWER_CAP_BIT, THERMAL_BITS, WindowAggregator
+
+    t0 = 1_767_225_600_000
+    table = AllocationTable()
+    for job, part, nodes in (("1", "a", ["n0", "n1"]), ("2", "b", ["n2"]), ("3", None, ["n3"])):
+        allocs = [{"node": n, "gpu_indices": [0, 1, 2, 3]} for n in nodes]
+        table.apply_event({"job_id": job, "kind": "STARTED", "ts_ms": t0 - 60_000,
+                           "start_ms": t0 - 60_000, "user": "u", "partition": part,
+                           "account": "x", "allocations": allocs})  # fmt: skip
+    thermal = THERMAL_BITS & 0x40
+    aggs = [WindowAggregator(table, 5, 1, idle_jobs=True) for _ in range(2)]
+    for k in range(5):
+        for n in range(4):
+            gpus = []
+            for i in range(8):  # GPUs 4-7 belong to no job: idle windows
+                r: dict[str, Any] = {"index": i, "uuid": f"GPU-{n}-{i}", "state": "OK",
+                                     "sm_clock_max_mhz": 2000, "clocks_event_reasons": 0}  # fmt: skip
+                if (n, i) != (1, 3):  # one GPU without a clock reading
+                    r["sm_clock_mhz"] = 1900 - 37 * i - 11 * n
+                if (n, i) == (2, 1):
+                    r["state"] = "LOST"
+                if i in (0, 5) or n == 0:
+                    r["clocks_event_reasons"] |= POWER_CAP_BIT
+                if i in (1, 2) and k > 1:
+                    r["clocks_event_reasons"] |= thermal
+                gpus.append(r)
+            sample = {"node": f"n{n}", "ts_ms": t0 + k * 1000, "gpus": gpus, "xids": []}
+            aggs[n % 2].add_batch([sample])
+    parts = [p for a in aggs for p in a.pop_all()]
+    dicts = [w for a, p in zip(aggs, parts, strict=True) for b in a.group([p]) for w in b.windows]
+    return parts, dicts
+
+
+@pytest.mark.parametrize("cap_frac", [0.0, 0.5, 1.0])
+def test_the_census_of_columns_is_the_census_of_their_dicts(cap_frac: float) -> None:
+    parts, dicts = _closed_windows()
+    assert len(parts) == 2 and {p.start_ms for p in parts} == {parts[0].start_ms}
+    expected = census(dicts, cap_frac)
+    assert set(expected) == {"a", "b", ""}  # job 3 has no partition; idle GPUs do not count
+    # the GPU without a clock reading counts (without a clock); lost GPU 1 of n2 does not
+    assert (expected["a"].gpus, expected["b"].gpus, expected[""].gpus) == (8, 3, 4)
+    assert census_closed(parts, cap_frac) == expected
+
+
+def test_the_fleet_watch_on_columns_finds_and_marks_what_it_finds_on_dicts() -> None:
+    parts, dicts = _closed_windows()
+    settings = DetectorSettings(fleet_min_gpus=3, clear_after_s=30, fleet_cap_share=0.5)
+    on_dicts, on_columns = FleetWatch(settings), FleetWatch(settings)
+    # a window start before, nothing capped or hot: each partition's reference clock 0.95
+    before = [{**w, "clk_ratio": 0.95, "power_cap_frac": 0.0, "thermal_frac": 0.0} for w in dicts]
+    on_dicts.observe(parts[0].start_ms - W_MS, parts[0].start_ms, before)
+    on_columns.observe(parts[0].start_ms - W_MS, parts[0].start_ms, before)
+    marked = [dict(w) for w in dicts]
+    found = on_dicts.observe(parts[0].start_ms, parts[0].end_ms, marked)
+    got, ratios = on_columns.observe_closed(parts)
+    # job 3 (no partition): 2 of 4 GPUs hot; partition a: 5 of 8 at the power cap
+    assert [(f["cause"], f["windows_considered"]) for f in found] == [("THERMAL", 4), ("POWER", 8)]
+    assert got == found
+    assert set(ratios[parts[0].start_ms]) == {"", "a"}
+    for w in dicts:
+        set_ratios([w], ratios[parts[0].start_ms])
+    assert dicts == marked
+    # partition a's 8 windows, job 3's 4 and the 16 idle ones (no partition either)
+    assert sum(w.get("fleet_clk_ratio") is not None for w in marked) == 8 + 4 + 16
+    assert on_columns.observe_closed(parts) == ([], {})  # a repeated window start: nothing
