@@ -179,7 +179,7 @@ class ClosedWindows(NamedTuple):
         # Every field in order: a list per window, one value for all (None: per job or sparse)
         columns: dict[str, Any] = {
             "job_id": None,
-            "node": [names[c] for c in self.node.tolist()],
+            "node": list(map(names.__getitem__, self.node.tolist())),
             "gpu_index": self.gpu_index.tolist(),
             "gpu_uuid": [names[u] if u >= 0 else None for u in uuids],
             "window_start_ms": self.start_ms,
@@ -204,7 +204,7 @@ class ClosedWindows(NamedTuple):
             "remap_pending": None,
             "remap_failed": None,
             "lost": None,
-            "xids": [sorted(set(self.xids[i])) if i in self.xids else [] for i in range(n)],
+            "xids": [[] for _ in range(n)],  # a list of its own each; the few with XIDs below
             "step_ms": None,
             "score": None,
             "gated": None,
@@ -249,6 +249,9 @@ class ClosedWindows(NamedTuple):
         for code in set(job_codes):
             t = templates[code] = base.copy()
             t["job_id"], t["user"], t["partition"], t["account"] = metas[code]
+        xids = columns["xids"]
+        for i, seen in self.xids.items():
+            xids[i] = sorted(set(seen))
         listed_columns = [(k, v) for k, v in columns.items() if isinstance(v, list)]
         windows: list[dict[str, Any]] = []
         # w[name] = v for each window, the loop in C; a chunk of windows at a time, so the

@@ -11,7 +11,11 @@ Pure except :func:`read_proc` (two small file reads). The measurements come from
   (pre-encoded, faster than the worker reads);
 - *CPU-seconds per 1,000 GPU samples*: the worker's CPU time over the same interval;
 - *floor*: a plain confluent-kafka consume + fastavro decode loop over the same records, in the
-  benchmark process; *processor / floor* is the ratio of the GPU-sample rates;
+  benchmark process, run twice: just before the worker starts (over a copy of its samples on a
+  topic of their own) and after the worker's run (over its samples topic). The floor rate is the
+  mean of the two: they bracket the worker's run in time, so a machine whose speed drifts
+  between the phases (this one's moves by a third from one minute to the next) moves both sides
+  of the ratio alike. *processor / floor* is the ratio of the GPU-sample rates;
 - *peak RSS*: ``VmHWM`` of the worker process (the high-water mark of its resident set);
 - *finding latency*: wall time from the hot stage closing a window (the last samples partition
   to close it) to the broker acknowledging a StragglerFinding of that window. Measured twice:
@@ -32,7 +36,7 @@ Pure except :func:`read_proc` (two small file reads). The measurements come from
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +62,46 @@ class ProcSnapshot:
 
     cpu_s: float
     peak_rss_bytes: int
+
+
+@dataclass(frozen=True)
+class FloorResult:
+    """One run of the plain consume + decode loop over a samples topic."""
+
+    node_records: int
+    gpu_samples: int
+    wall_s: float
+    cpu_s: float
+
+
+def floor_summary(before: FloorResult | None, after: FloorResult) -> dict[str, Any]:
+    """The floor of a report: the mean rate of the runs before and after the worker (``after``
+    alone when there is no ``before``), each run's rate beside it. The rates are None where a
+    run took no time."""
+    runs = [f for f in (before, after) if f is not None]
+    timed = all(f.wall_s > 0 for f in runs)
+    cpu_s = sum(f.cpu_s for f in runs) / len(runs)
+
+    def rate(f: FloorResult | None) -> float | None:
+        return f.gpu_samples / f.wall_s if f is not None and f.wall_s > 0 else None
+
+    def mean_rate(count: Callable[[FloorResult], int]) -> float | None:
+        return sum(count(f) / f.wall_s for f in runs) / len(runs) if timed else None
+
+    return {
+        "runs": len(runs),
+        "node_records": after.node_records,
+        "gpu_samples": after.gpu_samples,
+        "wall_s": sum(f.wall_s for f in runs) / len(runs),
+        "cpu_s": cpu_s,
+        "gpu_samples_per_s": mean_rate(lambda f: f.gpu_samples),
+        "node_records_per_s": mean_rate(lambda f: f.node_records),
+        "before_gpu_samples_per_s": rate(before),
+        "after_gpu_samples_per_s": rate(after),
+        "cpu_s_per_1000_gpu_samples": 1000 * cpu_s / after.gpu_samples
+        if after.gpu_samples
+        else None,
+    }
 
 
 def parse_stat_cpu_s(stat: str, clk_tck: int) -> float:
@@ -262,7 +306,9 @@ def format_table(report: Mapping[str, Any]) -> str:
         ("worker node records/s", _fmt(w["node_records_per_s"]), "", ""),
         ("worker CPU-s / 1,000 GPU samples", _fmt(w["cpu_s_per_1000_gpu_samples"], ".4f"), "", ""),
         ("worker peak RSS (MiB)", _fmt(report["worker_peak_rss_bytes"] / mib), "", ""),
-        ("floor GPU samples/s", _fmt(f["gpu_samples_per_s"]), "", ""),
+        ("floor GPU samples/s, mean (before / after the worker)",
+         f"{_fmt(f['gpu_samples_per_s'])} ({_fmt(f.get('before_gpu_samples_per_s'), ',.0f')} / "
+         f"{_fmt(f.get('after_gpu_samples_per_s'), ',.0f')})", "", ""),
         ("floor CPU-s / 1,000 GPU samples", _fmt(f["cpu_s_per_1000_gpu_samples"], ".4f"), "", ""),
         ("processor / floor", _fmt(report["processor_over_floor"], ".3f"), ">= 2",
          v["processor_over_floor"]),

@@ -24,7 +24,7 @@ from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import STREAM_TOPICS, PublishStats, publish_to_kafka
 from peerwatch.schemas.codec import AvroCodec, decode_any
 from peerwatch.settings import KafkaSettings
-from peerwatch.streams.tools.bench import ProcSnapshot, read_proc_tree
+from peerwatch.streams.tools.bench import FloorResult, ProcSnapshot, read_proc_tree
 from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import RECOMMENDATIONS, SAMPLES, catalogue
 
@@ -276,16 +276,6 @@ class WorkerProcess:
         self.kill()
 
 
-@dataclass(frozen=True)
-class FloorResult:
-    """The plain consume + decode loop over the samples topic."""
-
-    node_records: int
-    gpu_samples: int
-    wall_s: float
-    cpu_s: float
-
-
 def measure_floor(
     kafka: KafkaSettings, topic: str, expected: int, timeout_s: float = 600.0
 ) -> FloorResult:
@@ -479,6 +469,30 @@ class WorkerRun:
     #: window batch, and that batch's wall time (None if it never took one).
     burst_cpu_s: float | None = None
     burst_done_wall_s: float | None = None
+    #: The floor measured just before the worker started, over a copy of its samples topic
+    #: (None unless asked for).
+    floor_before: FloorResult | None = None
+
+
+#: Where the floor measured before the worker reads its copy of the samples (under the run's
+#: prefix, so the run's clean-up removes it too).
+FLOOR_PREFIX = "floor."
+
+
+def floor_before(
+    kafka: KafkaSettings, records: Sequence[Raw], prefix: str, log: Callable[[str], None]
+) -> FloorResult:
+    """The floor over a copy of the samples of ``records`` (published to a topic of its own
+    under ``prefix`` + :data:`FLOOR_PREFIX`, with the samples topic's partitions), measured
+    before the worker starts: with the floor measured after it, it brackets the worker's run
+    in time, so a machine whose speed drifts moves both sides of the ratio alike."""
+    copy_prefix = prefix + FLOOR_PREFIX
+    ensure_topics(kafka, [t for t in catalogue(copy_prefix) if t.name.endswith(SAMPLES.name)])
+    topic = copy_prefix + SAMPLES.name
+    samples = [(topic, *r[1:]) for r in records if _is_sample(r)]
+    log(f"floor over a copy of the {len(samples):,} sample records, before the worker ...")
+    produce_raw(kafka, samples)
+    return measure_floor(kafka, topic, len(samples))
 
 
 def archive_raw(records: Sequence[Raw], root: Path, topic_prefix: str) -> int:
@@ -599,6 +613,7 @@ def run_worker_over(
     timeout_s: float = 900.0,
     log: Callable[[str], None] = lambda _m: None,
     archive: Path | None = None,
+    floor_first: bool = False,
 ) -> WorkerRun:
     """Publish the fleet's first tick under a fresh prefix, start one worker and wait until it
     processed it (start-up and group join are then behind it), then publish the rest as fast as
@@ -606,7 +621,8 @@ def run_worker_over(
     last ``paced_s`` seconds of event time are then published paced, one tick per second of
     wall time, as agents would (the finding latencies of that phase are kept apart).
     Snapshots /proc, kills the worker. ``archive``: also write every record there as archive
-    files (before the worker starts), for the replay phase. Raises TimeoutError."""
+    files (before the worker starts), for the replay phase. ``floor_first``: measure the floor
+    over a copy of the samples first (:func:`floor_before`). Raises TimeoutError."""
     import uuid
 
     prefix = f"bench{uuid.uuid4().hex[:8]}."
@@ -621,6 +637,7 @@ def run_worker_over(
     rest = [r for r in rest if paced_from_ms is None or (r[3] or 0) < paced_from_ms]
     paced_samples = sum(t.endswith(SAMPLES.name) for t, *_ in paced)
     first_samples = sum(t.endswith(SAMPLES.name) for t, *_ in first)
+    floor = floor_before(kafka, [*first, *rest, *paced], prefix, log) if floor_first else None
     produce_raw(kafka, first)
     app_id = f"bench-{uuid.uuid4().hex[:8]}"
     with WorkerProcess(
@@ -663,7 +680,7 @@ def run_worker_over(
         snapshot = worker.proc_snapshot()
         return WorkerRun(
             worker.counters(), snapshot, since, prefix, total, paced_latency, paced_samples,
-            hard[0], hard[1], burst_cpu_s, burst_done,
+            hard[0], hard[1], burst_cpu_s, burst_done, floor,
         )  # fmt: skip
 
 
@@ -683,7 +700,12 @@ def run_stream_bench(
 ) -> dict[str, Any]:
     """The whole benchmark (see :mod:`peerwatch.streams.tools.bench`); returns the report dict.
     ``rss_nodes`` = 0 skips the RSS-at-scale run; ``replay`` False skips the replay phase."""
-    from peerwatch.streams.tools.bench import latency_summary, verdicts, worker_metrics
+    from peerwatch.streams.tools.bench import (
+        floor_summary,
+        latency_summary,
+        verdicts,
+        worker_metrics,
+    )
 
     fleet = bench_fleet(nodes, gpus_per_node, duration_s, paced_s=paced_s)
     log(
@@ -691,8 +713,9 @@ def run_stream_bench(
     )
     archive = workdir / "archive" if replay else None
     run = run_worker_over(
-        kafka, fleet, workdir, worker_args, paced_s=paced_s, log=log, archive=archive
-    )
+        kafka, fleet, workdir, worker_args, paced_s=paced_s, log=log, archive=archive,
+        floor_first=True,
+    )  # fmt: skip
     # Rates over the burst only (the paced phase is idle most of the time).
     worker = worker_metrics(
         run.counters, run.timed_since_wall_s, run.node_records - run.paced_records,
@@ -701,11 +724,12 @@ def run_stream_bench(
     every = list(run.counters.get("finding_latency_ms") or [])
     worker["finding_latency_ms"] = latency_summary(every[: len(every) - len(run.paced_latency_ms)])
     prefix = run.topic_prefix
-    log("floor over the same samples topic ...")
-    floor = measure_floor(kafka, prefix + SAMPLES.name, run.node_records)
+    log("floor over the same samples topic, after the worker ...")
+    after = measure_floor(kafka, prefix + SAMPLES.name, run.node_records)
     if not keep_topics:
         delete_prefixed_topics(kafka, prefix)
-    floor_rate = floor.gpu_samples / floor.wall_s if floor.wall_s else None
+    floor = floor_summary(run.floor_before, after)
+    floor_rate = floor["gpu_samples_per_s"]
     report: dict[str, Any] = {
         "nodes": nodes,
         "gpus_per_node": gpus_per_node,
@@ -714,17 +738,7 @@ def run_stream_bench(
         "worker": worker,
         "worker_cpu_s_total": run.proc.cpu_s,
         "worker_peak_rss_bytes": run.proc.peak_rss_bytes,
-        "floor": {
-            "node_records": floor.node_records,
-            "gpu_samples": floor.gpu_samples,
-            "wall_s": floor.wall_s,
-            "cpu_s": floor.cpu_s,
-            "gpu_samples_per_s": floor_rate,
-            "node_records_per_s": floor.node_records / floor.wall_s if floor.wall_s else None,
-            "cpu_s_per_1000_gpu_samples": 1000 * floor.cpu_s / floor.gpu_samples
-            if floor.gpu_samples
-            else None,
-        },
+        "floor": floor,
         "processor_over_floor": worker["gpu_samples_per_s"] / floor_rate
         if worker["gpu_samples_per_s"] and floor_rate
         else None,

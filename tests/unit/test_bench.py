@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from peerwatch.streams.tools.bench import (
+    FloorResult,
+    floor_summary,
     format_table,
     latency_summary,
     parse_stat_cpu_s,
@@ -191,3 +193,26 @@ def test_hard_fault_latency_is_publish_to_the_first_hard_drain_and_judged_on_p99
     rep["paced"]["hard_faults_without_recommendation"] = 0
     rep["paced"]["hard_to_recommendation_ms"] = latency_summary([400.0] * 98 + [6000.0] * 2)
     assert verdicts(rep)["hard_latency"] == "FAIL"
+
+
+def test_the_floor_is_the_mean_rate_of_the_runs_before_and_after_the_worker() -> None:
+    before = FloorResult(node_records=1000, gpu_samples=8000, wall_s=0.2, cpu_s=0.3)
+    after = FloorResult(node_records=1000, gpu_samples=8000, wall_s=0.4, cpu_s=0.5)
+    f = floor_summary(before, after)
+    assert f["runs"] == 2
+    assert (f["before_gpu_samples_per_s"], f["after_gpu_samples_per_s"]) == (40_000, 20_000)
+    assert f["gpu_samples_per_s"] == 30_000  # the mean of the rates, not of the times
+    assert f["node_records_per_s"] == 3_750
+    assert f["cpu_s_per_1000_gpu_samples"] == pytest.approx(0.05)
+    alone = floor_summary(None, after)
+    assert alone["runs"] == 1 and alone["gpu_samples_per_s"] == 20_000
+    assert alone["before_gpu_samples_per_s"] is None
+    # a run that took no time gives no rate (and no ratio), never a division by zero
+    assert floor_summary(FloorResult(0, 0, 0.0, 0.0), after)["gpu_samples_per_s"] is None
+
+
+def test_the_table_shows_both_floors() -> None:
+    r = report(30_000.0, 2.6, 700 << 20, 100_000, 900.0)
+    r["floor"].update(before_gpu_samples_per_s=12_000.0, after_gpu_samples_per_s=11_000.0)
+    line = next(x for x in format_table(r).splitlines() if x.startswith("floor GPU samples/s"))
+    assert "11,538.5 (12,000 / 11,000)" in line
