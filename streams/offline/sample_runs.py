@@ -69,6 +69,8 @@ class _Part:
     seq: np.ndarray
     lo: int
     hi: int
+    #: whether its samples are in time order (then a cut is a slice: views, no copy)
+    ordered: bool = False
 
 
 class SampleRuns:
@@ -98,7 +100,8 @@ class SampleRuns:
                 needed_ms=newest - lo,
             )
         seq = np.arange(self._seq, self._seq + n, dtype=np.int64)
-        self._parts.append(_Part(dict(tables), seq, lo, hi))
+        ordered = n < 2 or bool(np.all(ts[1:] >= ts[:-1]))
+        self._parts.append(_Part(dict(tables), seq, lo, hi, ordered))
         self._seq += n
         self.newest = hi if self.newest is None else max(self.newest, hi)
 
@@ -113,6 +116,12 @@ class SampleRuns:
                 out.append(part)
             elif part.lo >= below_ms:
                 kept.append(part)
+            elif part.ordered:  # a block written in time order (the usual case): two slices
+                ts = part.tables[""].values["ts_ms"]
+                cut, n = int(np.searchsorted(ts, below_ms, side="left")), len(ts)
+                kept.append(_Part(slice_rows(part.tables, cut, n), part.seq[cut:], int(ts[cut]),
+                                  part.hi, True))  # fmt: skip
+                out.append(_Part(slice_rows(part.tables, 0, cut), part.seq[:cut], part.lo, 0))
             else:
                 before = part.tables[""].values["ts_ms"] < below_ms
                 after = ~before

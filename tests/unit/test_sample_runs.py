@@ -163,3 +163,47 @@ def test_the_replay_command_widens_its_window_to_what_the_archive_needs(
 )
 def test_wider_window(current_ms: int, needed_ms: int, wider_ms: int | None) -> None:
     assert wider_window_ms(current_ms, needed_ms) == wider_ms
+
+
+def _block(times_ms: list[int], strings: dict[str, int]) -> Any:
+    """A block of samples (one per time, node n<i % 3>, GPUs as many as i % 3 + 1) as tables."""
+    from peerwatch.schemas.columns import tables_from_records
+    from peerwatch.streams.core.windows import SAMPLE_SPEC
+
+    records = [{"node": f"n{i % 3}", "ts_ms": t, "xids": [],
+                "gpus": [{"index": g, "uuid": f"GPU-{i}-{g}", "state": "OK",
+                          "sm_clock_mhz": 1000 + 10 * i + g} for g in range(i % 3 + 1)]}
+               for i, t in enumerate(times_ms)]  # fmt: skip
+    return tables_from_records(SAMPLE_SPEC, records, strings)
+
+
+def _rows(tables: Any) -> list[tuple[int, int, list[int]]]:
+    """(time, node code, SM clocks of its GPUs) of each sample, from the tables."""
+    top, gpus = tables[""], tables["gpus."]
+    clocks: dict[int, list[int]] = {}
+    for parent, clk in zip(gpus.parent.tolist(), gpus.values["sm_clock_mhz"].tolist(), strict=True):
+        clocks.setdefault(parent, []).append(clk)
+    ts, nodes = top.values["ts_ms"].tolist(), top.values["node"].tolist()
+    return [(t, n, clocks.get(i, [])) for i, (t, n) in enumerate(zip(ts, nodes, strict=True))]
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_block_cut_by_a_release_keeps_every_sample_once_with_its_gpus(shuffled: bool) -> None:
+    from peerwatch.streams.offline.sample_runs import SampleRuns
+
+    strings: dict[str, int] = {}
+    times = [T0 + 100 * k for k in range(12)]
+    if shuffled:  # a block out of time order: cut by a mask, not by slices
+        times = [times[k] for k in (3, 0, 1, 7, 2, 11, 4, 5, 10, 6, 8, 9)]
+    whole = _rows(_block(times, strings))
+    runs = SampleRuns(strings)
+    runs.add(_block(times, strings))
+    first = runs.release(T0 + 450)  # straddles the block: times 0..400 go, 500.. stay
+    rest = runs.release(FAR_FUTURE)
+    got = _rows(first) + _rows(rest)
+    assert [r[0] for r in _rows(first)] == [T0 + 100 * k for k in range(5)]
+    assert sorted(got) == sorted(whole) and len(got) == len(whole)
+    assert [r[0] for r in got] == sorted(times)  # replay order: by time
+
+
+FAR_FUTURE = 1 << 62
