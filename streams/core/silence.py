@@ -70,22 +70,41 @@ class SilenceWatch:
         self.fleet_min_nodes = fleet_min_nodes
         self.window_ms = window_ms
         self.hex_chars = hex_chars
-        self.last_ms: dict[str, int] = {}
+        self._last_ms: dict[str, int] = {}
+        #: latest times of column batches not yet noted in ``_last_ms``: per names table (by
+        #: its id; the table itself held, so the id stays its own), one entry per code
+        self._pending: dict[int, tuple[Sequence[str], np.ndarray]] = {}
         self.watched_since: dict[str, int] = {}
         self.silent: dict[str, str] = {}  # node -> finding id of its open event
         self.events: dict[str, _Event] = {}
         self.findings = 0
+
+    @property
+    def last_ms(self) -> dict[str, int]:
+        """Each node's latest sample time (ms) seen."""
+        if self._pending:
+            self._note_pending()
+        return self._last_ms
 
     def saw(self, node: str, ts_ms: int) -> None:
         """A sample of ``node`` at ``ts_ms``."""
         self._saw_all(((node, ts_ms),))
 
     def _saw_all(self, samples: Iterable[tuple[str, int]]) -> None:
-        """A sample of each ``(node, ts_ms)`` (one loop for a batch's thousands of nodes)."""
-        last = self.last_ms
+        """A sample of each ``(node, ts_ms)`` (one loop for thousands of nodes)."""
+        last = self._last_ms
         for node, ts_ms in samples:
             if ts_ms > last.get(node, _FAR_PAST):
                 last[node] = ts_ms
+
+    def _note_pending(self) -> None:
+        """The latest times of the column batches seen since the last call, noted by node name
+        (one loop over the nodes that sent samples: once per check, not per batch)."""
+        pending, self._pending = self._pending, {}
+        for names, latest in pending.values():
+            codes = np.flatnonzero(latest > _FAR_PAST)
+            self._saw_all(zip(map(names.__getitem__, codes.tolist()), latest[codes].tolist(),
+                              strict=True))  # fmt: skip
 
     def saw_columns(
         self, node_codes: np.ndarray, ts_ms: np.ndarray, names: Sequence[str]
@@ -98,16 +117,20 @@ class SilenceWatch:
             return None
         if not ok.all():
             node_codes, ts_ms = node_codes[ok], ts_ms[ok]
-        if len(ts_ms) < 2 or bool(np.all(ts_ms[1:] >= ts_ms[:-1])):
-            # in time order (replay's batches, most live ones): a node's last is its latest
-            latest = dict(zip(node_codes.tolist(), ts_ms.tolist(), strict=True))
-        else:
-            codes, inverse = np.unique(node_codes, return_inverse=True)
-            top = np.full(len(codes), _FAR_PAST, np.int64)
-            np.maximum.at(top, inverse, ts_ms)
-            latest = dict(zip(codes.tolist(), top.tolist(), strict=True))
-        self._saw_all(zip(map(names.__getitem__, latest), latest.values(), strict=True))
-        return min(latest.values()), max(latest.values())
+        codes, inverse = np.unique(node_codes, return_inverse=True)
+        top = np.full(len(codes), _FAR_PAST, np.int64)
+        np.maximum.at(top, inverse, ts_ms)  # each node's latest time in the batch
+        # kept by code until a check needs them by name (:meth:`_note_pending`)
+        held = self._pending.get(id(names))
+        size = int(codes[-1]) + 1
+        if held is None or len(held[1]) < size:
+            grown = np.full(max(size, len(names)), _FAR_PAST, np.int64)
+            if held is not None:
+                grown[: len(held[1])] = held[1]
+            held = self._pending[id(names)] = (names, grown)
+        latest = held[1]
+        latest[codes] = np.maximum(latest[codes], top)
+        return int(top.min()), int(top.max())
 
     def check(
         self,
@@ -123,6 +146,7 @@ class SilenceWatch:
         time, since when the driver has read its samples (live: the first sample time of its
         partition since the assignment); default: the node's clock now."""
         out = self._clear(watched, now_ms)
+        last = self.last_ms
         crossed: list[str] = []
         near: list[str] = []
         for node, (_job, start_ms) in watched.items():
@@ -135,16 +159,16 @@ class SilenceWatch:
                 since = self.watched_since[node] = at if begun is None else min(begun, at)
             if node in self.silent:
                 continue
-            quiet = at - max(self.last_ms.get(node, _FAR_PAST), start_ms, since)
+            quiet = at - max(last.get(node, _FAR_PAST), start_ms, since)
             if quiet >= self.silent_after_ms:
                 crossed.append(node)
             elif quiet >= self.silent_after_ms - self.group_ms:
                 near.append(node)
         for node in [n for n in self.watched_since if n not in watched]:
             del self.watched_since[node]  # left its job: watched afresh if allocated again
-        for node in [n for n in self.last_ms if n not in watched and n not in self.silent]:
-            if now_ms - self.last_ms[node] > 2 * self.silent_after_ms:
-                del self.last_ms[node]  # bounded: only nodes that matter lately
+        for node in [n for n in last if n not in watched and n not in self.silent]:
+            if now_ms - last[node] > 2 * self.silent_after_ms:
+                del last[node]  # bounded: only nodes that matter lately
         if crossed:
             out += self._open(sorted(crossed + near), crossed, watched, now_ms)
         self.findings += len(out)

@@ -276,6 +276,25 @@ def test_a_column_batch_gives_each_node_its_latest_valid_time() -> None:
     assert sw.last_ms == {"n1": 7_000}
 
 
+def test_batches_of_two_string_tables_are_noted_by_node_name_at_their_latest() -> None:
+    """Two aggregators (live: two partitions) code the same node differently; their batches,
+    noted by name when a check needs them, give each node its latest time across both, and a
+    later batch of a table grown meanwhile is noted too."""
+    a, b = ["n0", "n1"], ["n1", "n0"]
+    sw = SilenceWatch(silent_after_ms=30_000, group_ms=0)
+    sw.saw_columns(np.array([0, 1]), np.array([4_000, 1_000]), a)
+    sw.saw_columns(np.array([0, 1]), np.array([2_000, 3_000]), b)  # n1 at 2 s, n0 at 3 s
+    sw.saw("n1", 1_500)
+    a.append("n2")
+    assert sw.saw_columns(np.array([2, 0]), np.array([6_000, 3_500]), a) == (3_500, 6_000)
+    assert sw.last_ms == {"n0": 4_000, "n1": 2_000, "n2": 6_000}
+    # watched from 1 s: the node silent since 2 s is found at 35 s, the one seen at 6 s not yet
+    watched = {"n1": ("9", 0), "n2": ("8", 0)}
+    assert sw.check(watched, 1_000) == []
+    found = sw.check(watched, 35_000)
+    assert [(f["status"], f["node"]) for f in found] == [("SILENT", "n1")]
+
+
 def test_per_node_clocks_and_the_start_of_reading_decide_silence() -> None:
     sw = SilenceWatch(silent_after_ms=30_000, group_ms=0)
     nodes = watched(j=["a", "b", "c"])
