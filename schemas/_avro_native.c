@@ -263,6 +263,7 @@ static int buf_reserve(Buf *b, Py_ssize_t more) {
 
 typedef struct {
     Py_ssize_t rows, cap; /* every buffer below holds cap rows, zero past rows */
+    Py_ssize_t first_cap; /* the capacity of the first allocation (a hint, or 64) */
     Py_ssize_t ncols;
     Buf parent;
     Buf *values; /* 8 bytes a row */
@@ -395,7 +396,7 @@ static int grow_to(Buf *b, Py_ssize_t bytes) {
 
 static int add_row(Tab *t, int64_t parent) {
     if (t->rows == t->cap) {
-        Py_ssize_t cap = t->cap ? 2 * t->cap : 64;
+        Py_ssize_t cap = t->cap ? 2 * t->cap : t->first_cap;
         if (grow_to(&t->parent, cap * 8) < 0) return -1;
         for (Py_ssize_t c = 0; c < t->ncols; c++)
             if (grow_to(&t->values[c], cap * 8) < 0) return -1;
@@ -757,11 +758,42 @@ static void cols_free(Cols *cols) {
     cols->tabs = NULL;
 }
 
+/* The first capacity of each table from ``hints`` (a tuple of row counts, one per table: what
+   the caller expects, e.g. the rows of its last call), so a block's columns are allocated once
+   instead of grown by doubling from 64 rows. A hint only sizes the first allocation (the
+   tables still grow past it), and is bounded by the input's bytes (a row takes at least one
+   unless its record holds no value) and by MAX_HINT_ROWS: a hint can cost memory, never a
+   result. */
+#define MAX_HINT_ROWS ((Py_ssize_t)1 << 22)
+static int hint_capacities(Cols *cols, PyObject *hints, PyObject *source) {
+    if (!PyTuple_Check(hints) || PyTuple_GET_SIZE(hints) != cols->ntabs) {
+        PyErr_SetString(PyExc_TypeError, "decode_columns: hints, one row count per table");
+        return -1;
+    }
+    Py_ssize_t bound = 0;
+    if (PyBytes_Check(source)) {
+        bound = PyBytes_GET_SIZE(source);
+    } else if (PyList_Check(source)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(source); i++) {
+            PyObject *item = PyList_GET_ITEM(source, i);
+            bound += PyBytes_Check(item) ? PyBytes_GET_SIZE(item) : 0;
+        }
+    }
+    if (bound > MAX_HINT_ROWS) bound = MAX_HINT_ROWS;
+    for (Py_ssize_t k = 0; k < cols->ntabs; k++) {
+        Py_ssize_t want = PyLong_AsSsize_t(PyTuple_GET_ITEM(hints, k));
+        if (want == -1 && PyErr_Occurred()) return -1;
+        if (want > bound) want = bound;
+        if (want > cols->tabs[k].first_cap) cols->tabs[k].first_cap = want;
+    }
+    return 0;
+}
+
 static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6 && nargs != 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "decode_columns(program, ncols, source, offset, count, strings[, cache])");
+    if (nargs < 6 || nargs > 8) {
+        PyErr_SetString(PyExc_TypeError, "decode_columns(program, ncols, source, offset, count, "
+                                         "strings[, cache[, hints]])");
         return NULL;
     }
     PyObject *program = args[0], *ncols = args[1], *source = args[2], *strings = args[5];
@@ -778,7 +810,7 @@ static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssi
     Py_ssize_t *saved = NULL, end = offset;
     cols.tabs = PyMem_Calloc((size_t)cols.ntabs, sizeof(Tab));
     StringCache *own_cache = NULL;
-    if (nargs == 7 && args[6] != Py_None) {
+    if (nargs >= 7 && args[6] != Py_None) {
         cols.cache = PyCapsule_GetPointer(args[6], CACHE_CAPSULE);
         if (cols.cache == NULL) goto done;
         if (cols.cache->strings != strings) {
@@ -809,7 +841,10 @@ static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssi
             PyErr_NoMemory();
             goto done;
         }
+        t->first_cap = 64;
     }
+    if (nargs == 8 && args[7] != Py_None && hint_capacities(&cols, args[7], source) < 0)
+        goto done;
     prog = prog_compile(program, &cols, 0, 0);
     if (prog == NULL) goto done;
     bad_list = PyList_New(0);

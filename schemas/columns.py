@@ -192,6 +192,9 @@ class ColumnDecoder:
         self._tables = spec.tables()
         self._program, self._ncols = native.column_program(spec, wire_schema)
         self._cache: Any = None  # the C string cache of the last ``strings`` dict given
+        #: rows expected per table in the next call: the C module allocates its columns for
+        #: that many at once (it grows them past it if needed; None: from 64 rows, doubling)
+        self._hints: tuple[int, ...] | None = None
 
     def _cache_of(self, strings: dict[str, int]) -> Any:
         """The C module's cache of string codes for ``strings``, kept across calls (a node's
@@ -207,9 +210,8 @@ class ColumnDecoder:
     ) -> tuple[dict[str, Table], list[tuple[int, str]]]:
         """One record per buffer, at ``offset`` and ending the buffer (Kafka message values).
         Returns the tables and ``(position in bodies, reason)`` of each record not read."""
-        raw, bad, _ = self._decode(
-            self._program, self._ncols, bodies, offset, 0, strings, self._cache_of(strings)
-        )
+        raw, bad, _ = self._decode(self._program, self._ncols, bodies, offset, 0, strings,
+                                   self._cache_of(strings), self._hints)  # fmt: skip
         return self._wrap(raw), bad
 
     def block(
@@ -219,12 +221,14 @@ class ColumnDecoder:
         tables, ``(record number, reason)`` of each record not read (a record with invalid
         UTF-8 is skipped and the next read; any other fault ends the block there: the last
         entry) and the offset after the last record read."""
-        raw, bad, end = self._decode(
-            self._program, self._ncols, data, offset, count, strings, self._cache_of(strings)
-        )
+        raw, bad, end = self._decode(self._program, self._ncols, data, offset, count, strings,
+                                     self._cache_of(strings), self._hints)  # fmt: skip
         return self._wrap(raw), bad, end
 
     def _wrap(self, raw: Sequence[Any]) -> dict[str, Table]:
+        # the next call's first capacities: this call's rows and an eighth more (archive blocks
+        # and Kafka batches of one stream are about the same size each time)
+        self._hints = tuple(r[0] + r[0] // 8 + 64 for r in raw)
         out: dict[str, Table] = {}
         for spec, (rows, parent, values, valid) in zip(self._tables, raw, strict=True):
             table = Table(rows, {}, {}, None if not spec.path else np.frombuffer(parent, np.int64))

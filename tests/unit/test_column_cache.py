@@ -152,3 +152,45 @@ def test_guessed_codes_are_checked_whole(messages: tuple[list, list]) -> None:
         assert sorted(strings.values()) == list(range(len(strings)))
     # four changed UUIDs are new strings: of records 2 and 5, then (reversed) of records 3 and 0
     assert len(strings) == 6 + 6 * 8 + 4
+
+
+@pytest.mark.parametrize("hints", [None, (1, 1, 1), (3, 20, 0), (1 << 40, 1 << 40, 1 << 40)])
+def test_capacity_hints_change_no_table_and_bad_hints_are_refused(
+    messages: tuple[list, list], hints: tuple[int, ...] | None
+) -> None:
+    """A hint only sizes the first allocation of each table (too small: the columns grow past
+    it; absurd: bounded by the input's bytes): the tables are the same as without one."""
+    _, bodies = messages
+    c = decoder()
+    program, ncols = c._program, c._ncols
+    assert len(ncols) == 3  # the samples, their GPUs, their XIDs
+    block = b"".join(b[HEADER_LEN:] for b in bodies[:9])
+    plain: dict[str, int] = {}
+    hinted: dict[str, int] = {}
+    want = native.native.decode_columns(program, ncols, block, 0, 9, plain)
+    got = native.native.decode_columns(program, ncols, block, 0, 9, hinted, None, hints)
+    assert got == want and hinted == plain
+    listed = native.native.decode_columns(program, ncols, bodies[:9], HEADER_LEN, 0, hinted,
+                                          None, hints)  # fmt: skip
+    assert listed[0] == want[0]
+
+
+def test_bad_capacity_hints_are_refused(messages: tuple[list, list]) -> None:
+    _, bodies = messages
+    c = decoder()
+    for hints in ((1, 2), [1, 2, 3], ("a", 1, 1)):
+        with pytest.raises(TypeError):
+            native.native.decode_columns(c._program, c._ncols, bodies[:1], HEADER_LEN, 0, {},
+                                         None, hints)  # fmt: skip
+
+
+def test_the_decoder_hints_each_call_with_the_rows_of_the_last(
+    messages: tuple[list, list],
+) -> None:
+    _, bodies = messages
+    c, strings = decoder(), {}
+    assert c._hints is None
+    tables, _ = c.messages(bodies[:6], HEADER_LEN, strings)
+    assert c._hints == tuple(t.n + t.n // 8 + 64 for t in tables.values())
+    again, _ = c.messages(bodies[:6], HEADER_LEN, strings)  # with the hints: the same tables
+    same(again, strings, tables, strings)
