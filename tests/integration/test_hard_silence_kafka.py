@@ -7,6 +7,8 @@ worker (subprocess).
   topic is printed (the benchmark measures it; no wall-clock assert here but a generous bound).
 - An agent that stops while its node's GPUs are allocated: a SILENT finding (cause NO_SAMPLES)
   and an ALERT, in event time (the other nodes go on); when its samples return, CLEARED.
+- A facility power cap over a whole Slurm partition: FLEET_WIDE findings of one episode from the
+  hot stage's fleet watch, nobody blamed, CLEARED after the cap.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from peerwatch.streams.tools.bench_run import produce_raw, read_topic, wait_stab
 from peerwatch.topics import RECOMMENDATIONS, STRAGGLERS
 from tests.integration.test_stream_app import (
     INTERVAL_S,
+    RUN_TIMEOUT_S,
     WINDOW_S,
     Scenario,
     fresh_topics,
@@ -152,3 +155,48 @@ def test_a_stopped_agent_is_silent_and_its_return_clears_it(
         done = wait_stable(silence, lambda s: len(s) >= 2, BOUND_S, settle_s=3)
         assert done == [("SILENT", "gpu00002", "NO_SAMPLES"), ("CLEARED", "gpu00002", "NO_SAMPLES")]
         assert int(w.counters().get("samples", 0)) == samples_in(sc, sc.start_ms, 1 << 62)
+
+
+def test_a_partition_wide_power_cap_is_one_fleet_finding_from_the_live_worker(
+    kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    """A facility power cap over every busy GPU, through a real broker and worker: the hot
+    stage's fleet watch (one per samples partition, judging the closed windows' columns) gives
+    FLEET_WIDE findings of one episode (one finding id, cause POWER, no GPU blamed), and no
+    straggler finding or drain; CLEARED once the cap is lifted."""
+    doc = {
+        "fleet": {"nodes": 48, "gpus_per_node": 8, "seed": 23},
+        "jobs": [{"job_id": "4003", "gpus": 384, "first_node": 0, "warmup_s": 0,
+                  "duration_s": 7200}],
+        "confounders": [{"name": "cluster_power_cap", "start_s": 60, "end_s": 120,
+                         "params": {"limit_w": 450}}],
+    }  # fmt: skip
+    sc = build(doc, 480)  # the episode clears after detector.clear_after_s (300 s) of no cap
+    prefix = fresh_topics(kafka_settings)
+    topic = prefix + STRAGGLERS.name
+
+    def fleet() -> list[tuple[str, str, str]]:
+        assert w.alive(), w.log_tail()
+        return sorted(
+            {(f["status"], f["finding_id"], f["cause"])
+             for f, _ in decoded(kafka_settings, topic) if f["job_id"] == "fleet"}
+        )  # fmt: skip
+
+    with new_worker(kafka_settings, prefix, tmp_path, "fleet", f"app-{uuid.uuid4().hex[:6]}") as w:
+        produce_raw(kafka_settings, sc.raw(prefix))
+        found = wait_stable(fleet, lambda s: len(s) >= 2, RUN_TIMEOUT_S, settle_s=5)
+        findings = [f for f, _ in decoded(kafka_settings, topic)]
+        recs = [r for r, _ in decoded(kafka_settings, prefix + RECOMMENDATIONS.name)]
+        log, counters = w.log_tail(), w.counters()
+    print(f"fleet findings: {found}; published {counters['fleet_findings']}")
+    statuses = [s for s, _, _ in found]
+    assert statuses == ["CLEARED", "FLEET_WIDE"], (found, log)
+    assert {c for _, _, c in found} == {"POWER"}
+    shift = [f for f in findings if f["status"] == "FLEET_WIDE"]
+    # every samples partition whose nodes saw it names the same episode
+    assert len({f["finding_id"] for f in shift}) == 1 and counters["fleet_findings"] >= 2
+    assert all(f["node"] is None and f["gpu_index"] is None for f in shift)
+    assert shift[0]["window_start_ms"] >= sc.start_ms + 60_000
+    # nobody blamed: the cap moved every GPU of the job together
+    assert [f for f in findings if f["job_id"] != "fleet"] == [], findings
+    assert not [r for r in recs if r["action"] == "DRAIN"], recs
