@@ -29,7 +29,7 @@ episode's first window, so workers that see the same shift start publish the sam
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -47,7 +47,7 @@ from peerwatch.streams.core.robust import array_median
 from peerwatch.streams.core.settings import DetectorSettings
 
 if TYPE_CHECKING:
-    from peerwatch.streams.core.windows import ClosedWindows
+    from peerwatch.streams.core.windows import ClosedWindows, JobWindowBatch
 
 #: The job id of a fleet-level finding (it spans every job of the partition).
 FLEET_JOB = "fleet"
@@ -242,6 +242,21 @@ class FleetWatch:
             if shifted:
                 ratios[start] = shifted
         return found, ratios
+
+    def judge_and_group(
+        self,
+        parts: Sequence[ClosedWindows],
+        group: Callable[[Sequence[ClosedWindows]], list[JobWindowBatch]],
+    ) -> tuple[list[StragglerFinding], list[JobWindowBatch]]:
+        """:meth:`observe_closed`, then the windows as dicts per job (``group``: the
+        aggregator's), those of a partition in a fleet shift with their ``fleet_clk_ratio``:
+        what the live hot stage and replay do with each batch of closed windows."""
+        found, ratios = self.observe_closed(parts)
+        batches = group(parts)
+        for b in batches:
+            if b.window_start_ms in ratios:
+                set_ratios(b.windows, ratios[b.window_start_ms])
+        return found, batches
 
     def _fresh(self, window_start_ms: int) -> bool:
         """Whether a window start is newer than every one judged (it is then the latest)."""

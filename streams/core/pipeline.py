@@ -37,7 +37,7 @@ import numpy as np
 from peerwatch.schemas.columns import Table, slice_rows, tables_from_records
 from peerwatch.schemas.records import DrainRecommendation, StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.fleet import FleetWatch, set_ratios
+from peerwatch.streams.core.fleet import FleetWatch
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.model import InvalidRecordError
@@ -347,11 +347,7 @@ class Pipeline:
         """Stage 3 offline on closed windows: one source (every node) on one channel, its
         watermark the aggregator's. The fleet watch reads the columns first (a window of a
         partition in a fleet shift gets its ratio), then the windows become dicts per job."""
-        found, ratios = self.fleet.observe_closed(closed)
-        batches = self.aggregator.group(closed)
-        for b in batches:
-            if b.window_start_ms in ratios:
-                set_ratios(b.windows, ratios[b.window_start_ms])
+        found, batches = self.fleet.judge_and_group(closed, self.aggregator.group)
         fleet = [Output(FINDING, str(f["job_id"]), dict(f), self._stream_ms) for f in found]
         out: list[Output] = []
         for b in batches:

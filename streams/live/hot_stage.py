@@ -61,7 +61,7 @@ from peerwatch.settings import Settings
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.clock_offset import ClockOffsets
-from peerwatch.streams.core.fleet import FleetWatch, set_ratios
+from peerwatch.streams.core.fleet import FleetWatch
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.silence import SilenceWatch
@@ -492,14 +492,10 @@ class HotStage:
         ready = agg.pop_ready(watermark) if watermark is not None else []
         # Fleet context first, on the columns: windows of a partition in a fleet shift get its
         # clock ratio once they are dicts.
-        found, ratios = part.fleet.observe_closed(ready)
+        found, closed = part.fleet.judge_and_group(ready, agg.group)
         for f in found:
             self.counters.fleet_findings += 1
             self._publish_finding(f)
-        closed = agg.group(ready)
-        for b in closed:
-            if b.window_start_ms in ratios:
-                set_ratios(b.windows, ratios[b.window_start_ms])
         for b in closed:  # sent after the whole batch, one message per job and window
             key = (b.job_id, b.window_start_ms, b.window_end_ms)
             parts = self._out[key][0] if key in self._out else {}
