@@ -28,11 +28,13 @@ from itertools import compress, islice
 from operator import eq, lt
 from typing import Any, Literal, cast
 
+import numpy as np
+
 from peerwatch.schemas.records import FindingCause, FindingStatus, GpuWindow, StragglerFinding
 from peerwatch.streams.core.causes import UNKNOWN, majority_cause, straggler_cause
 from peerwatch.streams.core.detector_state import GpuDetectorState, JobDetectorState
 from peerwatch.streams.core.findings import job_wide_finding, make_finding, straggler_reason
-from peerwatch.streams.core.hard_rules import RecordedXid, hard_rules, may_fire, recorded_xids
+from peerwatch.streams.core.hard_rules import RecordedXid, hard_rules, recorded_xids
 from peerwatch.streams.core.model import (
     CLEARED,
     CONFIRMED,
@@ -48,6 +50,7 @@ from peerwatch.streams.core.model import (
 from peerwatch.streams.core.peers import GpuVerdict, PeerComparison, baseline_verdict
 from peerwatch.streams.core.robust import median
 from peerwatch.streams.core.settings import DetectorSettings
+from peerwatch.streams.core.window_columns import FLOAT_FIELDS, WindowColumns, of_windows
 
 DEFAULT_SETTINGS = DetectorSettings()
 
@@ -99,6 +102,7 @@ def detect_job_window(
     state: JobDetectorState,
     settings: DetectorSettings = DEFAULT_SETTINGS,
     scored_windows: ScoredWindows = "copies",
+    columns: WindowColumns | None = None,
 ) -> DetectionResult:
     """Run the detector on one window of one job; ``state`` is updated in place.
 
@@ -106,7 +110,10 @@ def detect_job_window(
     ``scored_windows``: ``"copies"`` (result.windows are copies), ``"in_place"`` (the input
     dicts themselves get ``score`` and ``gated``: a caller that owns them saves a copy of each)
     or ``"none"`` (``result.windows`` stays empty: nothing to publish). Findings and state are
-    the same either way.
+    the same either way. ``columns``: what the detector reads of every window, made by the
+    window aggregator with the windows (:mod:`~peerwatch.streams.core.window_columns`); the
+    caller vouches that ``windows`` are then valid (one job and start, sorted by GPU, each
+    once), as the aggregator makes them. Without it, the windows are checked and read.
     Windows must arrive in increasing ``window_start_ms``; an older or repeated window is
     skipped (``result.skipped``), so redelivery after a restart emits nothing twice.
     Raises InvalidRecordError when a window lacks a key field, belongs to another job, mixes
@@ -116,7 +123,11 @@ def detect_job_window(
         raise InvalidRecordError(f"state of job {state.job_id!r} given for job {job.job_id!r}")
     if not windows:
         return DetectionResult(skipped="empty")
-    ordered, keys, rows = _validated(job, windows)
+    if columns is None:
+        ordered, keys, rows = _validated(job, windows)
+        columns = of_windows(ordered, keys, [r[5] for r in rows], [r[6] for r in rows])
+    else:
+        ordered, keys = list(windows), columns.keys
     start_ms = int(ordered[0]["window_start_ms"])
     end_ms = int(ordered[0]["window_end_ms"])
     if state.last_window_start_ms is not None and start_ms <= state.last_window_start_ms:
@@ -129,29 +140,31 @@ def detect_job_window(
 
     result = DetectionResult()
     # whether each window holds readings of a GPU that is not lost
-    reports = [not lost and int(samples or 0) > 0 for *_, lost, samples in rows]
-    groups = _groups(job, [(k, w) for k, w, r in zip(keys, ordered, reports, strict=True) if r])
+    reports: list[bool] = columns.reports.tolist()
+    groups = _groups(job, keys, np.flatnonzero(columns.reports).tolist())
     group_size: dict[str, int] | None = None  # made when a hard rule may fire (rare)
     gpus = state.gpus
-    for key, window, fires in zip(keys, ordered, may_fire(ordered), strict=True):
-        gpu_state = gpus.get(key) or state.gpu(key)
-        gpu_state.last_seen_ms = start_ms
-        if not fires:  # no hard rule, no XID
-            continue
+    for key in keys:
+        (gpus.get(key) or state.gpu(key)).last_seen_ms = start_ms
+    for i in np.flatnonzero(columns.fires).tolist():  # a hard rule may fire, or an XID came
+        key, window = keys[i], ordered[i]
+        gpu_state = gpus[key]
         if window.get("xids"):
             result.recorded_xids.extend(recorded_xids(window, settings))
         if group_size is None:
-            group_size = {k: len(g) for g in groups.values() for k, _ in g}
+            group_size = {keys[p]: len(g) for g in groups.values() for p in g}
         finding = _hard_finding(job, window, gpu_state, group_size.get(key, 0), settings)
         if finding is not None:
             result.findings.append(finding)
 
-    gate = _gate(job, ordered, groups, state, settings)
+    gate = _gate(job, ordered, columns, groups, state, settings)
     result.gated = gate
     scores: dict[str, float | None] = {}
     gpu_gate: dict[str, str] = {}
     if gate is None:
-        job_wide_groups = _evaluate(job, groups, state, settings, result, scores, gpu_gate)
+        job_wide_groups = _evaluate(
+            job, keys, ordered, columns, groups, state, settings, result, scores, gpu_gate
+        )
         result.findings.extend(_job_wide(job, start_ms, end_ms, job_wide_groups, state, settings))
         result.job_wide = bool(job_wide_groups)
 
@@ -168,7 +181,10 @@ def detect_job_window(
 
 def _evaluate(
     job: JobContext,
-    groups: dict[str, list[tuple[str, GpuWindow]]],
+    keys: list[str],
+    ordered: list[GpuWindow],
+    columns: WindowColumns,
+    groups: dict[str, list[int]],
     state: JobDetectorState,
     settings: DetectorSettings,
     result: DetectionResult,
@@ -184,9 +200,14 @@ def _evaluate(
     """
     job_wide_groups: list[_JobWideGroup] = []
     for role in sorted(groups):
-        members = groups[role]
+        positions = groups[role]
+        members = [(keys[p], ordered[p]) for p in positions]
         group = [w for _, w in members]
-        cmp = PeerComparison(group, settings) if len(group) >= settings.min_peers else None
+        cmp = None
+        if len(group) >= settings.min_peers:
+            rows = np.array(positions, np.int64)
+            floats = {f: columns.column(f).take(rows) for f in FLOAT_FIELDS}
+            cmp = PeerComparison(group, settings, floats)
         if cmp is not None:
             flagged = cmp.flagged.tolist()
             evaluated = cmp.evaluated.tolist()
@@ -303,22 +324,22 @@ def _follow_requeue(job: JobContext, state: JobDetectorState) -> None:
     state.anchor_ms = anchor
 
 
-def _groups(
-    job: JobContext, reporting: list[tuple[str, GpuWindow]]
-) -> dict[str, list[tuple[str, GpuWindow]]]:
-    """The reporting (key, window) pairs per role (peers are compared within one role)."""
+def _groups(job: JobContext, keys: list[str], reporting: list[int]) -> dict[str, list[int]]:
+    """The positions of the reporting windows per role (peers are compared within one role)."""
     if not job.roles:
         return {"": reporting} if reporting else {}
-    groups: dict[str, list[tuple[str, GpuWindow]]] = {}
-    for key, w in reporting:
-        groups.setdefault(job.roles.get(key, ""), []).append((key, w))
+    groups: dict[str, list[int]] = {}
+    roles = job.roles
+    for p in reporting:
+        groups.setdefault(roles.get(keys[p], ""), []).append(p)
     return groups
 
 
 def _gate(
     job: JobContext,
     ordered: list[GpuWindow],
-    groups: dict[str, list[tuple[str, GpuWindow]]],
+    columns: WindowColumns,
+    groups: dict[str, list[int]],
     state: JobDetectorState,
     settings: DetectorSettings,
 ) -> str | None:
@@ -333,15 +354,14 @@ def _gate(
         anchor is not None and start_ms < anchor + settings.warmup_windows * settings.window_ms
     ):
         return GATE_WARMUP
-    reporting = [w for g in groups.values() for _, w in g]
-    if not reporting:
+    reporting = np.array([p for g in groups.values() for p in g], np.int64)
+    if not len(reporting):
         return GATE_NO_DATA
     expected = job.expected_gpus or state.max_gpus_seen
     if len(reporting) < settings.min_reported_frac * expected:
         return GATE_INCOMPLETE
-    values = field_rows(reporting, "sm_frac", "throttle_frac")
-    job_sm = _job_median([sm for sm, _ in values])
-    job_thr = _job_median([thr for _, thr in values])
+    job_sm = _job_median(columns.column("sm_frac").take(reporting).present())
+    job_thr = _job_median(columns.column("throttle_frac").take(reporting).present())
     # A job-wide phase change (checkpoint, eval, restart; a power cap or cooling event starting
     # or ending) inside or next to this window: a node whose clock is a second or two off
     # straddles it differently from its peers.
@@ -357,10 +377,9 @@ def _gate(
     return GATE_PHASE_CHANGE if changed else None
 
 
-def _job_median(values: list[Any]) -> float | None:
-    """The job's median of one window field (its value of each reporting GPU) over the GPUs
-    that have it (None: none has it)."""
-    present = [float(v) for v in values if v is not None]
+def _job_median(present: list[float]) -> float | None:
+    """The job's median of one window field over the reporting GPUs that have it (None: none
+    has it)."""
     return median(present) if present else None
 
 

@@ -7,11 +7,9 @@ default) are recorded and never blamed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TypedDict
 
 from peerwatch.schemas.records import GpuWindow
-from peerwatch.streams.core.model import field_rows
 from peerwatch.streams.core.settings import DetectorSettings
 
 XID_HARD = "hard"
@@ -67,24 +65,6 @@ def hard_rules(window: GpuWindow, settings: DetectorSettings) -> list[str]:
     if window.get("lost"):
         rules.add("gpu_lost")
     return sorted(rules)
-
-
-def may_fire(windows: Sequence[GpuWindow]) -> list[bool]:
-    """For each window, False when no hard rule can fire on it (most windows): none of the
-    fields :func:`hard_rules` reads holds anything. A cheap test the detector runs first."""
-    return [
-        bool(xids or ecc or nvlink or remap_failed or remap_pending or lost)
-        or (width_min is not None and width_max is not None and width_min < width_max)
-        for xids, ecc, nvlink, remap_failed, remap_pending, lost, width_min, width_max
-        in field_rows(windows, *_MAY_FIRE_FIELDS)
-    ]  # fmt: skip
-
-
-#: What :func:`may_fire` reads, in the order it unpacks them.
-_MAY_FIRE_FIELDS = (
-    "xids", "ecc_uncorrected_delta", "nvlink_errors_delta", "remap_failed", "remap_pending",
-    "lost", "pcie_link_width_min", "pcie_link_width_max",
-)  # fmt: skip
 
 
 def recorded_xids(window: GpuWindow, settings: DetectorSettings) -> list[RecordedXid]:

@@ -64,6 +64,9 @@ class JobStage:
         #: job -> window start -> (node, GPU index) -> [sum of step ms, steps] (StepTime).
         self.steps: dict[str, dict[int, dict[tuple[str, int], list[float]]]] = {}
         self.steps_late = 0
+        #: (job, window start) -> the one batch held for it, when it came with its columns
+        #: (the aggregator's: released as it is, the detector reading its columns)
+        self.whole: dict[tuple[str, int], JobWindowBatch] = {}
 
     def add(self, batch: JobWindowBatch) -> bool:
         """Hold the windows of ``batch`` (one job, one window, some nodes). A batch for a window
@@ -71,11 +74,34 @@ class JobStage:
         if batch.window_start_ms <= self.released.get(batch.job_id, NEVER_MS):
             self.dropped += 1
             return False
-        slot = self.pending.setdefault(batch.job_id, {}).setdefault(batch.window_start_ms, {})
-        ws = batch.windows  # slot[(str(w["node"]), int(w["gpu_index"]))] = w, the loop in C
-        keys = zip(map(str, map(_NODE, ws)), map(int, map(_GPU_INDEX, ws)), strict=True)
-        slot.update(zip(keys, ws, strict=True))
+        starts = self.pending.setdefault(batch.job_id, {})
+        slot = starts.get(batch.window_start_ms)
+        if slot is None:
+            slot = starts[batch.window_start_ms] = {}
+            if batch.columns is not None:  # held whole, its dicts keyed only if another comes
+                self.whole[(batch.job_id, batch.window_start_ms)] = batch
+                return True
+        else:
+            self._slot(batch.job_id, batch.window_start_ms)
+        _fill(slot, batch.windows)
         return True
+
+    def _held(self, job_id: str, start: int) -> list[dict[str, Any]]:
+        """The held windows of a job's window, one per GPU (as :meth:`_slot` would key them)."""
+        whole = self.whole.get((job_id, start))
+        if whole is None:
+            return list(self.pending[job_id][start].values())
+        keyed: dict[tuple[str, int], dict[str, Any]] = {}
+        _fill(keyed, whole.windows)
+        return list(keyed.values())
+
+    def _slot(self, job_id: str, start: int) -> dict[tuple[str, int], dict[str, Any]]:
+        """The held windows of a job's window by GPU (those of a batch held whole keyed now)."""
+        slot = self.pending[job_id][start]
+        whole = self.whole.pop((job_id, start), None)
+        if whole is not None:
+            _fill(slot, whole.windows)
+        return slot
 
     def add_step(self, record: Mapping[str, Any]) -> bool:
         """Hold one StepTime for the window of its ``ts_ms``; its GPU's window then gets the
@@ -96,20 +122,24 @@ class JobStage:
         acc[1] += 1
         return True
 
-    def _with_steps(self, job_id: str, start: int, windows: list[dict[str, Any]]) -> None:
+    def _with_steps(self, job_id: str, start: int, windows: list[dict[str, Any]]) -> bool:
+        """Give the windows their ``step_ms``; whether any got one."""
         starts = self.steps.get(job_id)
         if not starts:
-            return
+            return False
         for old in [s for s in starts if s < start]:
             del starts[old]  # windows released without their own samples
         got = starts.pop(start, None)
         if not starts:
             del self.steps[job_id]
+        changed = False
         if got:
             for w in windows:
                 acc = got.get((str(w["node"]), int(w["gpu_index"])))
                 if acc and acc[1]:
                     w["step_ms"] = acc[0] / acc[1]
+                    changed = True
+        return changed
 
     def release(
         self, watermark_ms: int, context_of: Callable[[str], JobContext]
@@ -134,22 +164,37 @@ class JobStage:
         wms = self.settings.window_ms
         while starts:
             start = min(starts)
-            have = starts[start]
-            complete = ctx.expected_gpus is not None and len(have) >= ctx.expected_gpus
+            whole = self.whole.get((job_id, start))
+            if whole is not None:
+                keys = whole.columns.keys if whole.columns is not None else []
+                if len(set(keys)) != len(whole.windows):  # a GPU twice: held by GPU instead
+                    self._slot(job_id, start)
+                    whole = None
+            have = starts[start]  # empty while a batch is held whole
+            count = len(whole.windows) if whole is not None else len(have)
+            complete = ctx.expected_gpus is not None and count >= ctx.expected_gpus
             if not complete and start + wms + self.grace_ms > watermark_ms:
                 break
             del starts[start]
+            self.whole.pop((job_id, start), None)
             self.released[job_id] = max(self.released.get(job_id, start), start)
             state = self.states.get(job_id)
             if state is None:
                 state = self.states[job_id] = JobDetectorState(job_id=job_id)
-            windows = [have[k] for k in sorted(have)]
-            self._with_steps(job_id, start, windows)
+            columns = None
+            if whole is not None:  # the aggregator's batch, sorted by GPU, each GPU once
+                windows, columns = whole.windows, whole.columns
+            else:
+                windows = [have[k] for k in sorted(have)]
             # the aggregator's dicts are GpuWindow records (typed at the detector's door)
             typed = cast(list[GpuWindow], windows)
+            if self._with_steps(job_id, start, windows) and columns is not None:
+                columns.set_float("step_ms", typed)
             # the held windows are this stage's own: scored in place, or not at all
             scored: ScoredWindows = "in_place" if self.scored_windows else "none"
-            out.append((start, detect_job_window(ctx, typed, state, self.settings, scored)))
+            out.append(
+                (start, detect_job_window(ctx, typed, state, self.settings, scored, columns))
+            )
         if not starts:
             del self.pending[job_id]
         return out
@@ -175,7 +220,7 @@ class JobStage:
     def to_dict(self) -> dict[str, Any]:
         return {
             "pending": {
-                j: {str(s): list(ws.values()) for s, ws in sorted(starts.items())}
+                j: {str(s): self._held(j, s) for s in sorted(starts)}
                 for j, starts in sorted(self.pending.items())
             },
             "states": {j: s.to_dict() for j, s in sorted(self.states.items())},
@@ -467,3 +512,9 @@ class JobReleaser:
                 if not self._hold(batch, src):
                     stale.append(PendingEntry(batch.job_id, batch.window_start_ms, src))
         return stale
+
+
+def _fill(slot: dict[tuple[str, int], dict[str, Any]], ws: list[dict[str, Any]]) -> None:
+    """Hold windows by GPU: ``slot[(str(w["node"]), int(w["gpu_index"]))] = w``, the loop in C."""
+    keys = zip(map(str, map(_NODE, ws)), map(int, map(_GPU_INDEX, ws)), strict=True)
+    slot.update(zip(keys, ws, strict=True))

@@ -8,7 +8,7 @@ context and identity that are not records themselves.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, Final
@@ -64,9 +64,17 @@ def field_rows(records: Sequence[Mapping[str, Any]], *names: str) -> list[Any]:
         return [tuple(r.get(name) for name in names) for r in records]
 
 
+_KEY = "{}/{}".format
+
+
 def gpu_key(node: str, gpu_index: int) -> str:
     """Key of one GPU inside a job's state: ``node/index`` (a JSON-friendly dict key)."""
-    return f"{node}/{gpu_index}"
+    return _KEY(node, gpu_index)
+
+
+def gpu_keys(nodes: Iterable[str], gpu_indexes: Iterable[int]) -> list[str]:
+    """:func:`gpu_key` of each (node, GPU index) pair, the loop in C."""
+    return list(map(_KEY, nodes, gpu_indexes))
 
 
 def require(record: Mapping[str, object], *names: str, what: str) -> None:

@@ -14,7 +14,7 @@ the GPU).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -25,6 +25,7 @@ from peerwatch.streams.core.detector_state import GpuDetectorState
 from peerwatch.streams.core.model import field_rows, gpu_key
 from peerwatch.streams.core.robust import median, robust_stats, robust_z
 from peerwatch.streams.core.settings import DetectorSettings
+from peerwatch.streams.core.window_columns import FloatColumn, float_column
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,14 @@ class PeerComparison:
     A z that is NaN (infinite values on both sides) is no candidate and no score.
     """
 
-    def __init__(self, group: Sequence[GpuWindow], settings: DetectorSettings) -> None:
+    def __init__(
+        self,
+        group: Sequence[GpuWindow],
+        settings: DetectorSettings,
+        floats: Mapping[str, FloatColumn] | None = None,
+    ) -> None:
+        """``floats``: the group's compared fields as columns (read from ``group`` when not
+        given)."""
         self.group = group
         self.settings = settings
         n = len(group)
@@ -147,16 +155,15 @@ class PeerComparison:
         #: (feature, median, mad, z_scale, confirming, values with NaN where absent, z)
         self.active: list[tuple[_Feature, float, float, float, bool, np.ndarray, np.ndarray]] = []
         for feat in FEATURES:
-            raw = field_rows(group, feat.field)
-            x = np.array(raw, dtype=np.float64)
-            absent = np.isnan(x)
-            # a NaN given, not a None: more NaNs than Nones (then the values looked at)
-            if (
-                absent.any()
-                and int(absent.sum()) != raw.count(None)
-                and any(v is not None and v != v for v in raw)
-            ):
+            col = (
+                floats[feat.field]
+                if floats is not None
+                else float_column(field_rows(group, feat.field))
+            )
+            if col.nan_given is not None and col.nan_given.any():
                 raise ValueError("median of a group holding NaN")
+            x = col.values
+            absent = np.isnan(x)
             present = x[~absent]
             if len(present) < settings.min_peers:
                 continue

@@ -32,7 +32,7 @@ window is the same to the last bit whether its readings came in one batch or man
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import setitem
@@ -61,8 +61,15 @@ from peerwatch.streams.core.loops import (
     counter_deltas,
     warm,
 )
-from peerwatch.streams.core.model import IDLE_JOB_PREFIX
+from peerwatch.streams.core.model import IDLE_JOB_PREFIX, gpu_keys
 from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
+from peerwatch.streams.core.window_columns import (
+    FloatColumn,
+    WindowColumns,
+    from_arrays,
+    may_fire_columns,
+    reporting,
+)
 
 __all__ = [
     "NVLINK_FIELDS",
@@ -111,6 +118,9 @@ class JobWindowBatch:
     window_start_ms: int
     window_end_ms: int
     windows: list[dict[str, Any]]
+    #: what the detector reads of every window, made with them by the aggregator (None: the
+    #: detector reads the dicts; windows decoded from Kafka, merged from several parts)
+    columns: WindowColumns | None = None
 
 
 @dataclass
@@ -161,10 +171,11 @@ class ClosedWindows(NamedTuple):
         ``brk``)."""
         return _share_arrays(self.accs, name)
 
-    def by_job(self) -> list[tuple[str, list[dict[str, Any]]]]:
-        """``(job id, its GpuWindow dicts)`` of every job with a slot, each job's windows
-        sorted by (node, GPU index), slot order among equals (fields the hot path cannot know:
-        null).
+    def by_job(self) -> list[tuple[str, list[dict[str, Any]], WindowColumns]]:
+        """``(job id, its GpuWindow dicts, their columns)`` of every job with a slot, each
+        job's windows sorted by (node, GPU index), slot order among equals (fields the hot path
+        cannot know: null). The columns (:class:`WindowColumns`: what the detector reads of
+        every window) come from the same arrays as the dicts' values.
 
         Every derived value is computed per column (the same float operations, in the same
         order, as one window at a time would do); only building the dicts is per window. The
@@ -277,10 +288,45 @@ class ClosedWindows(NamedTuple):
         ordered = [windows[i] for i in order]
         jobs = [job_codes[i] for i in order]
         cuts = [i for i in range(1, n) if jobs[i] != jobs[i - 1]]
+        cols = self._columns(np.array(order, np.int64), columns["node"], columns["gpu_index"])
         return [
-            (metas[jobs[lo]][0], ordered[lo:hi])
+            (metas[jobs[lo]][0], ordered[lo:hi], cols(lo, hi))
             for lo, hi in zip([0, *cuts], [*cuts, n], strict=True)
         ]
+
+    def _columns(
+        self, order: np.ndarray, nodes: list[str], indexes: list[int]
+    ) -> Callable[[int, int], WindowColumns]:
+        """The detector's columns of the windows in ``order`` (``nodes``, ``indexes``: of each
+        slot), as a function of a range of that order."""
+        a = self.accs
+        has_xids = np.zeros(len(order), np.bool_)
+        has_xids[list(self.xids)] = True
+        flags = [has_xids, a["ecc"] != 0, a["nvl"] != 0, a["remap_f"] > 0, a["remap_p"] > 0,
+                 a["lost"] > 0]  # fmt: skip
+        wmin = np.where(a["wmin"] == _NONE_MIN, np.nan, a["wmin"])
+        wmax = np.where(a["wmax"] == _NONE_MAX, np.nan, a["wmax"])
+        fires = may_fire_columns(flags, wmin, wmax)[order]
+        reports = reporting(a["lost"] > 0, a["n"])[order]
+        floats = {
+            "clk_ratio": from_arrays(*self.ratio("clk_s", "clk_n")),
+            "throttle_frac": from_arrays(*self.shares("thr")),
+            "sm_frac": from_arrays(*_ratios(a["sm_s"], a["sm_n"], 100.0)),
+            "power_ratio": from_arrays(*_ratios(a["pr_s"], a["pr_n"])),
+        }
+        floats = {k: c.take(order) for k, c in floats.items()}
+        at = order.tolist()
+        keys = gpu_keys(map(nodes.__getitem__, at), map(indexes.__getitem__, at))
+
+        def cols(lo: int, hi: int) -> WindowColumns:
+            sliced = {
+                k: FloatColumn(c.values[lo:hi], None if c.nan_given is None else c.nan_given[lo:hi])
+                for k, c in floats.items()
+            }
+            sliced["step_ms"] = FloatColumn(np.full(hi - lo, np.nan), None)
+            return WindowColumns(keys[lo:hi], reports[lo:hi], fires[lo:hi], sliced)
+
+        return cols
 
 
 class _Bucket:
@@ -693,19 +739,23 @@ class WindowAggregator:
         """Closed windows as GpuWindow dicts grouped per (job, window), sorted by (window start,
         job id), each group by (node, GPU)."""
         grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        columns: dict[tuple[int, str], WindowColumns] = {}
         merged: set[tuple[int, str]] = set()  # windows of more than one part: sorted again
         for part in closed:
             start = part.start_ms
-            for job, windows in part.by_job():
+            for job, windows, cols in part.by_job():
                 have = grouped.setdefault((start, job), windows)
                 if have is not windows:
                     have += windows
                     merged.add((start, job))
+                else:
+                    columns[(start, job)] = cols
         wms = self.window_ms
         for key in merged:
             grouped[key].sort(key=lambda w: (w["node"], w["gpu_index"]))
+            del columns[key]  # the detector reads the merged windows themselves
         return [
-            JobWindowBatch(job, start, start + wms, ws)
+            JobWindowBatch(job, start, start + wms, ws, columns.get((start, job)))
             for (start, job), ws in sorted(grouped.items())
         ]
 
