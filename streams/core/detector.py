@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress, islice
 from operator import eq, lt
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, overload
 
 import numpy as np
 
@@ -67,7 +67,7 @@ GATE_PHASE_CHANGE = "phase_change"
 #: History codes of a GPU's evaluated windows (GpuDetectorState.history).
 _CLEAN, _CONFIRMING, _FLAGGED = 0, 1, 2
 
-_JobWideGroup = tuple[str, list[GpuWindow], list[GpuVerdict]]
+_JobWideGroup = tuple[str, Sequence[GpuWindow], list[GpuVerdict]]
 #: What :func:`detect_job_window` returns as scored windows.
 ScoredWindows = Literal["copies", "in_place", "none"]
 #: The fields every GpuWindow given to the detector must hold.
@@ -123,11 +123,12 @@ def detect_job_window(
         raise InvalidRecordError(f"state of job {state.job_id!r} given for job {job.job_id!r}")
     if not windows:
         return DetectionResult(skipped="empty")
+    ordered: Sequence[GpuWindow]
     if columns is None:
         ordered, keys, rows = _validated(job, windows)
         columns = of_windows(ordered, keys, [r[5] for r in rows], [r[6] for r in rows])
     else:
-        ordered, keys = list(windows), columns.keys
+        ordered, keys = windows, columns.keys
     start_ms = int(ordered[0]["window_start_ms"])
     end_ms = int(ordered[0]["window_end_ms"])
     if state.last_window_start_ms is not None and start_ms <= state.last_window_start_ms:
@@ -182,7 +183,7 @@ def detect_job_window(
 def _evaluate(
     job: JobContext,
     keys: list[str],
-    ordered: list[GpuWindow],
+    ordered: Sequence[GpuWindow],
     columns: WindowColumns,
     groups: dict[str, list[int]],
     state: JobDetectorState,
@@ -201,8 +202,8 @@ def _evaluate(
     job_wide_groups: list[_JobWideGroup] = []
     for role in sorted(groups):
         positions = groups[role]
-        members = [(keys[p], ordered[p]) for p in positions]
-        group = [w for _, w in members]
+        member_keys = [keys[p] for p in positions]
+        group = _Take(ordered, positions)  # a window's dict is read only where needed
         cmp = None
         if len(group) >= settings.min_peers:
             rows = np.array(positions, np.int64)
@@ -213,7 +214,10 @@ def _evaluate(
             evaluated = cmp.evaluated.tolist()
             baseline: list[GpuVerdict] = []
         else:
-            baseline = [baseline_verdict(w, state.gpu(k), settings) for k, w in members]
+            baseline = [
+                baseline_verdict(group[i], state.gpu(k), settings)
+                for i, k in enumerate(member_keys)
+            ]
             flagged = [bool(v.flags) for v in baseline]
             evaluated = [v.evaluated for v in baseline]
         n_candidates = sum(flagged)
@@ -222,7 +226,7 @@ def _evaluate(
             and n_candidates >= settings.job_wide_min_gpus
         ):
             whole = (
-                [cmp.verdict(i, k) for i, (k, _) in enumerate(members)]
+                [cmp.verdict(i, k) for i, k in enumerate(member_keys)]
                 if cmp is not None
                 else baseline
             )
@@ -231,10 +235,10 @@ def _evaluate(
                 gpu_gate[v.key] = GATE_JOB_WIDE
                 scores[v.key] = v.score
             continue
-        per_node = Counter(w["node"] for _, w in compress(members, flagged))
+        per_node = Counter(group[i]["node"] for i in compress(range(len(group)), flagged))
         node_wide = {n for n, count in per_node.items() if count >= settings.node_wide_min_gpus}
         gpus = state.gpus
-        for i, (key, window) in enumerate(members):
+        for i, key in enumerate(member_keys):
             gpu_state = gpus.get(key) or state.gpu(key)
             if cmp is not None:
                 scores[key] = cmp.score[i]
@@ -248,15 +252,38 @@ def _evaluate(
             else:
                 verdict = baseline[i]
                 scores[key] = verdict.score
-                _learn_baseline(gpu_state, window, verdict, settings)
+                _learn_baseline(gpu_state, group[i], verdict, settings)
                 if not verdict.evaluated:
                     gpu_gate[key] = GATE_NO_BASELINE
                     continue
+            window = group[i]
             fast = window["node"] not in node_wide
             result.findings.extend(
                 _advance(job, window, verdict, gpu_state, len(group), settings, fast)
             )
     return job_wide_groups
+
+
+class _Take(Sequence[GpuWindow]):
+    """The windows at ``positions`` of ``windows``, each read when asked for (the windows of
+    an aggregator's batch are made into dicts on first access)."""
+
+    def __init__(self, windows: Sequence[GpuWindow], positions: list[int]) -> None:
+        self.windows, self.positions = windows, positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @overload
+    def __getitem__(self, i: int) -> GpuWindow: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[GpuWindow]: ...
+
+    def __getitem__(self, i: int | slice) -> GpuWindow | list[GpuWindow]:
+        if isinstance(i, slice):
+            return [self.windows[p] for p in self.positions[i]]
+        return self.windows[self.positions[i]]
 
 
 def _validated(
@@ -337,7 +364,7 @@ def _groups(job: JobContext, keys: list[str], reporting: list[int]) -> dict[str,
 
 def _gate(
     job: JobContext,
-    ordered: list[GpuWindow],
+    ordered: Sequence[GpuWindow],
     columns: WindowColumns,
     groups: dict[str, list[int]],
     state: JobDetectorState,

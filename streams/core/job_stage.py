@@ -21,7 +21,7 @@ consumed before this channel's batches and would release them early.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from operator import itemgetter
@@ -122,7 +122,7 @@ class JobStage:
         acc[1] += 1
         return True
 
-    def _with_steps(self, job_id: str, start: int, windows: list[dict[str, Any]]) -> bool:
+    def _with_steps(self, job_id: str, start: int, windows: Sequence[dict[str, Any]]) -> bool:
         """Give the windows their ``step_ms``; whether any got one."""
         starts = self.steps.get(job_id)
         if not starts:
@@ -514,7 +514,7 @@ class JobReleaser:
         return stale
 
 
-def _fill(slot: dict[tuple[str, int], dict[str, Any]], ws: list[dict[str, Any]]) -> None:
+def _fill(slot: dict[tuple[str, int], dict[str, Any]], ws: Sequence[dict[str, Any]]) -> None:
     """Hold windows by GPU: ``slot[(str(w["node"]), int(w["gpu_index"]))] = w``, the loop in C."""
     keys = zip(map(str, map(_NODE, ws)), map(int, map(_GPU_INDEX, ws)), strict=True)
     slot.update(zip(keys, ws, strict=True))

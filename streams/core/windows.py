@@ -31,11 +31,8 @@ window is the same to the last bit whether its readings came in one batch or man
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import setitem
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -70,6 +67,14 @@ from peerwatch.streams.core.window_columns import (
     may_fire_columns,
     reporting,
 )
+from peerwatch.streams.core.window_dicts import (
+    NONE_MAX,
+    NONE_MIN,
+    LazyWindows,
+    WindowDicts,
+    ratios,
+    share_arrays,
+)
 
 __all__ = [
     "NVLINK_FIELDS",
@@ -84,8 +89,7 @@ __all__ = [
 DEFAULT_WINDOW_S = DetectorSettings().window_s
 DEFAULT_LATENESS_S = StreamSettings().lateness_s
 _FAR_PAST = -(1 << 62)
-_NONE_MAX = np.iinfo(np.int64).min  # "no value yet" of running maxima
-_NONE_MIN = np.iinfo(np.int64).max  # of running minima
+_NONE_MAX, _NONE_MIN = NONE_MAX, NONE_MIN  # "no value yet" of running maxima, minima
 
 _GPU_FIELDS = ("index", "uuid", "state", "sm_clock_mhz", "sm_clock_max_mhz", "clocks_event_reasons",
                "power_mw", "power_limit_mw", "temperature_c", "gpu_util_pct", "sm_active_pct",
@@ -117,7 +121,7 @@ class JobWindowBatch:
     job_id: str
     window_start_ms: int
     window_end_ms: int
-    windows: list[dict[str, Any]]
+    windows: Sequence[dict[str, Any]]
     #: what the detector reads of every window, made with them by the aggregator (None: the
     #: detector reads the dicts; windows decoded from Kafka, merged from several parts)
     columns: WindowColumns | None = None
@@ -130,10 +134,6 @@ class BatchResult:
 
     late: np.ndarray
     invalid: np.ndarray
-
-
-#: GpuWindow dicts filled field by field this many at a time (about half a MiB of dicts).
-_DICT_CHUNK = 512
 
 
 class ClosedWindows(NamedTuple):
@@ -163,142 +163,50 @@ class ClosedWindows(NamedTuple):
     def ratio(self, total: str, count: str) -> tuple[np.ndarray, np.ndarray]:
         """The mean of one accumulator per slot (``total / count``; 0.0 where ``count`` is 0),
         and where it is known: the values of a GpuWindow's mean field (e.g. ``clk_ratio``)."""
-        return _ratios(self.accs[total], self.accs[count])
+        return ratios(self.accs[total], self.accs[count])
 
     def shares(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """One throttle reason's share of each slot's time (0.0 where unknown), and where it is
         known: the values of a GpuWindow's ``*_frac`` field (``thr``, ``cap``, ``thm``,
         ``brk``)."""
-        return _share_arrays(self.accs, name)
+        return share_arrays(self.accs, name)
 
-    def by_job(self) -> list[tuple[str, list[dict[str, Any]], WindowColumns]]:
+    def by_job(self) -> list[tuple[str, LazyWindows, WindowColumns]]:
         """``(job id, its GpuWindow dicts, their columns)`` of every job with a slot, each
         job's windows sorted by (node, GPU index), slot order among equals (fields the hot path
-        cannot know: null). The columns (:class:`WindowColumns`: what the detector reads of
-        every window) come from the same arrays as the dicts' values.
+        cannot know: null). The dicts are made when first read (:class:`LazyWindows`); the
+        columns (:class:`WindowColumns`: what the detector reads of every window) come from the
+        same arrays as the dicts' values.
 
         Every derived value is computed per column (the same float operations, in the same
-        order, as one window at a time would do); only building the dicts is per window. The
-        order comes from one sort of the columns, not a key made per window."""
+        order, as one window at a time would do). The order comes from one sort of the columns,
+        not a key made per window."""
         a = self.accs
         n = len(a["gid"])
-        names = self.names
-        job_codes = a["job"].tolist()
-        metas = self.jobs
-        uuids = a["uuid"].tolist()
-        temp, wmin, wmax = a["temp"], a["wmin"], a["wmax"]
-        # Every field in order: a list per window, one value for all (None: per job or sparse)
-        columns: dict[str, Any] = {
-            "job_id": None,
-            "node": list(map(names.__getitem__, self.node.tolist())),
-            "gpu_index": self.gpu_index.tolist(),
-            "gpu_uuid": [names[u] if u >= 0 else None for u in uuids],
-            "window_start_ms": self.start_ms,
-            "window_end_ms": self.end_ms,
-            "samples": None,
-            "user": None,
-            "partition": None,
-            "account": None,
-            "clk_ratio": _ratio(a["clk_s"], a["clk_n"]),
-            "throttle_frac": _shares(a, "thr"),
-            "power_cap_frac": _shares(a, "cap"),
-            "sm_frac": _ratio(a["sm_s"], a["sm_n"], 100.0),
-            "power_ratio": _ratio(a["pr_s"], a["pr_n"]),
-            "power_w": _ratio(a["pw_s"], a["pw_n"], 1000.0),
-            "temperature_c_max": _present(temp, temp != _NONE_MAX),
-            "energy_j": _present(a["energy"] / 1000.0, a["energy_n"] != 0),
-            "ecc_uncorrected_delta": None,
-            "nvlink_errors_delta": None,
-            "pcie_replay_delta": None,
-            "pcie_link_width_min": None,
-            "pcie_link_width_max": None,
-            "remap_pending": None,
-            "remap_failed": None,
-            "lost": None,
-            "xids": [[] for _ in range(n)],  # a list of its own each; the few with XIDs below
-            "step_ms": None,
-            "score": None,
-            "gated": None,
-            "thermal_frac": _shares(a, "thm"),
-            "power_brake_frac": _shares(a, "brk"),
-            "fleet_clk_ratio": None,
-        }
-        # Fields most windows share a value of: that value in the template, the others set
-        # window by window (few: a lost GPU, an ECC error, a window at a job's edge).
-        sparse: dict[str, tuple[np.ndarray, int | None]] = {  # values, and which means None
-            "samples": (a["n"], None),
-            "ecc_uncorrected_delta": (a["ecc"], None),
-            "nvlink_errors_delta": (a["nvl"], None),
-            "pcie_replay_delta": (a["pcie"], None),
-            "pcie_link_width_min": (wmin, _NONE_MIN),
-            "pcie_link_width_max": (wmax, _NONE_MAX),
-            "remap_pending": (a["remap_p"] > 0, None),
-            "remap_failed": (a["remap_f"] > 0, None),
-            "lost": (a["lost"] > 0, None),
-        }
-        common: dict[str, Any] = {}
-        exceptions: list[tuple[str, list[int], list[Any]]] = []
-        for name, (values, absent) in sparse.items():
-            if not n:
-                continue
-            first = values[0]
-            other = np.flatnonzero(values != first)
-            if len(other) * 2 > n:  # the first is not most windows' value: take the commonest
-                uniq, counts = np.unique(values, return_counts=True)
-                first = uniq[int(np.argmax(counts))]
-                other = np.flatnonzero(values != first)
-            listed = values[other].tolist()
-            if absent is None:
-                common[name] = first.item()
-            else:
-                common[name] = None if first == absent else first.item()
-                listed = [None if v == absent else v for v in listed]
-            exceptions.append((name, other.tolist(), listed))
-        base = {k: common.get(k) if v is None else (None if isinstance(v, list) else v)
-                for k, v in columns.items()}  # fmt: skip
-        templates = {}
-        for code in set(job_codes):
-            t = templates[code] = base.copy()
-            t["job_id"], t["user"], t["partition"], t["account"] = metas[code]
-        xids = columns["xids"]
-        for i, seen in self.xids.items():
-            xids[i] = sorted(set(seen))
-        listed_columns = [(k, v) for k, v in columns.items() if isinstance(v, list)]
-        windows: list[dict[str, Any]] = []
-        # w[name] = v for each window, the loop in C; a chunk of windows at a time, so the
-        # dicts being filled stay in the processor's cache from one field to the next
-        for lo in range(0, n, _DICT_CHUNK):
-            chunk = [templates[c].copy() for c in job_codes[lo : lo + _DICT_CHUNK]]
-            m = len(chunk)
-            for name, column in listed_columns:
-                deque(map(setitem, chunk, repeat(name, m), column[lo : lo + m]), 0)
-            windows += chunk
-        for name, rows, listed in exceptions:
-            for i, v in zip(rows, listed, strict=True):
-                windows[i][name] = v
         if not n:
             return []
+        names = self.names
         # by job code, then node name, then GPU index; np.lexsort is stable (slot order stays
         # among equals, as sorting each job's windows would keep it)
         codes, node_of = np.unique(self.node, return_inverse=True)
         by_name = sorted(range(len(codes)), key=[names[c] for c in codes.tolist()].__getitem__)
         rank = np.empty(len(codes), np.int64)
         rank[by_name] = np.arange(len(codes))
-        order = np.lexsort((self.gpu_index, rank[node_of], a["job"])).tolist()
-        ordered = [windows[i] for i in order]
-        jobs = [job_codes[i] for i in order]
-        cuts = [i for i in range(1, n) if jobs[i] != jobs[i - 1]]
-        cols = self._columns(np.array(order, np.int64), columns["node"], columns["gpu_index"])
+        order = np.lexsort((self.gpu_index, rank[node_of], a["job"]))
+        slots = order.tolist()
+        jobs = a["job"][order]
+        cuts = (np.flatnonzero(jobs[1:] != jobs[:-1]) + 1).tolist()
+        dicts = WindowDicts(self)
+        cols = self._columns(order)
+        metas = self.jobs
         return [
-            (metas[jobs[lo]][0], ordered[lo:hi], cols(lo, hi))
+            (metas[int(jobs[lo])][0], LazyWindows(dicts, slots[lo:hi]), cols(lo, hi))
             for lo, hi in zip([0, *cuts], [*cuts, n], strict=True)
         ]
 
-    def _columns(
-        self, order: np.ndarray, nodes: list[str], indexes: list[int]
-    ) -> Callable[[int, int], WindowColumns]:
-        """The detector's columns of the windows in ``order`` (``nodes``, ``indexes``: of each
-        slot), as a function of a range of that order."""
+    def _columns(self, order: np.ndarray) -> Callable[[int, int], WindowColumns]:
+        """The detector's columns of the windows in ``order`` (slots), as a function of a range
+        of that order."""
         a = self.accs
         has_xids = np.zeros(len(order), np.bool_)
         has_xids[list(self.xids)] = True
@@ -311,12 +219,12 @@ class ClosedWindows(NamedTuple):
         floats = {
             "clk_ratio": from_arrays(*self.ratio("clk_s", "clk_n")),
             "throttle_frac": from_arrays(*self.shares("thr")),
-            "sm_frac": from_arrays(*_ratios(a["sm_s"], a["sm_n"], 100.0)),
-            "power_ratio": from_arrays(*_ratios(a["pr_s"], a["pr_n"])),
+            "sm_frac": from_arrays(*ratios(a["sm_s"], a["sm_n"], 100.0)),
+            "power_ratio": from_arrays(*ratios(a["pr_s"], a["pr_n"])),
         }
         floats = {k: c.take(order) for k, c in floats.items()}
-        at = order.tolist()
-        keys = gpu_keys(map(nodes.__getitem__, at), map(indexes.__getitem__, at))
+        keys = gpu_keys(map(self.names.__getitem__, self.node[order].tolist()),
+                        self.gpu_index[order].tolist())  # fmt: skip
 
         def cols(lo: int, hi: int) -> WindowColumns:
             sliced = {
@@ -385,47 +293,6 @@ class _Bucket:
         if a["seq"][s] > seq:
             a["uuid"][s], a["seq"][s] = -1, seq
         return s
-
-
-def _present(values: np.ndarray, present: np.ndarray) -> list[Any]:
-    """``values`` as Python numbers, None where not ``present`` (few, usually: set one by one)."""
-    out: list[Any] = values.tolist()
-    if not present.all():
-        for i in np.flatnonzero(~present).tolist():
-            out[i] = None
-    return out
-
-
-def _ratio(total: np.ndarray, count: np.ndarray, scale: float | None = None) -> list[Any]:
-    """``total / count`` (then ``/ scale``) per slot, None where ``count`` is 0."""
-    return _present(*_ratios(total, count, scale))
-
-
-def _ratios(
-    total: np.ndarray, count: np.ndarray, scale: float | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """``total / count`` (then ``/ scale``) per slot (0.0 where ``count`` is 0), and where
-    ``count`` is not 0."""
-    some = count != 0
-    mean = np.divide(total, count, out=np.zeros(len(total)), where=some)
-    if scale is not None:
-        mean = mean / scale
-    return mean, some
-
-
-def _shares(a: Mapping[str, np.ndarray], name: str) -> list[Any]:
-    """Share of each slot's time under one throttle reason: from its counter when the counter
-    moved time on, else from the reason bits sampled each tick, else None."""
-    return _present(*_share_arrays(a, name))
-
-
-def _share_arrays(a: Mapping[str, np.ndarray], name: str) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_shares` as values (0.0 where unknown) and where they are known."""
-    timed = a[f"{name}_dt"] != 0
-    sampled = a["bits_n"] != 0
-    by_time = np.divide(a[f"{name}_ns"], a[f"{name}_dt"], out=np.zeros(len(timed)), where=timed)
-    by_bits = np.divide(a[f"{name}_bits"], a["bits_n"], out=np.zeros(len(timed)), where=sampled)
-    return np.where(timed, by_time, by_bits), timed | sampled
 
 
 class WindowAggregator:
@@ -738,7 +605,7 @@ class WindowAggregator:
     def group(self, closed: Iterable[ClosedWindows]) -> list[JobWindowBatch]:
         """Closed windows as GpuWindow dicts grouped per (job, window), sorted by (window start,
         job id), each group by (node, GPU)."""
-        grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        grouped: dict[tuple[int, str], Sequence[dict[str, Any]]] = {}
         columns: dict[tuple[int, str], WindowColumns] = {}
         merged: set[tuple[int, str]] = set()  # windows of more than one part: sorted again
         for part in closed:
@@ -746,13 +613,13 @@ class WindowAggregator:
             for job, windows, cols in part.by_job():
                 have = grouped.setdefault((start, job), windows)
                 if have is not windows:
-                    have += windows
+                    grouped[(start, job)] = [*have, *windows]
                     merged.add((start, job))
                 else:
                     columns[(start, job)] = cols
         wms = self.window_ms
         for key in merged:
-            grouped[key].sort(key=lambda w: (w["node"], w["gpu_index"]))
+            grouped[key] = sorted(grouped[key], key=lambda w: (w["node"], w["gpu_index"]))
             del columns[key]  # the detector reads the merged windows themselves
         return [
             JobWindowBatch(job, start, start + wms, ws, columns.get((start, job)))

@@ -499,7 +499,7 @@ class HotStage:
         for b in closed:  # sent after the whole batch, one message per job and window
             key = (b.job_id, b.window_start_ms, b.window_end_ms)
             parts = self._out[key][0] if key in self._out else {}
-            parts[p] = b.windows
+            parts[p] = list(b.windows)
             self._out[key] = (parts, closed_wall_ms)
         if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
             part.progress.closed(agg.closed_until_ms)

@@ -29,7 +29,12 @@ SETTINGS = DetectorSettings(window_s=30)
 
 
 def _aggregated(seconds: int = 30 * 8) -> list[JobWindowBatch]:
-    """Windows of two jobs on two nodes, with the cases the columns must get right: a lost GPU,
+    """The batches of :func:`aggregator`'s windows."""
+    return aggregator(seconds).flush()
+
+
+def aggregator(seconds: int = 30 * 8) -> WindowAggregator:
+    """An aggregator holding windows of two jobs on two nodes, with the cases the columns must get right: a lost GPU,
     a GPU without readings of some fields, a PCIe width drop, an ECC rise, an XID, remap
     pending, a slow clock, throttling, and a sample-less field (step_ms)."""
     gpus = list(range(8))
@@ -39,8 +44,8 @@ def _aggregated(seconds: int = 30 * 8) -> list[JobWindowBatch]:
         30, 10,
     )  # fmt: skip
     normal = {"pcie_link_width": 16, "pcie_link_width_max": 16, "ecc_volatile_uncorrected": 0,
-              "sm_clock_mhz": 1900, "max_sm_clock_mhz": 1980, "sm_active_pct": 90.0,
-              "power_w": 600.0, "power_limit_w": 700.0}  # fmt: skip
+              "sm_clock_mhz": 1900, "sm_clock_max_mhz": 1980, "sm_active_pct": 90.0,
+              "power_mw": 600_000, "power_limit_mw": 700_000}  # fmt: skip
     for k in range(seconds):
         for node in ("n1", "n2"):
             readings = [reading(i, **normal) for i in gpus]
@@ -55,7 +60,7 @@ def _aggregated(seconds: int = 30 * 8) -> list[JobWindowBatch]:
                 readings[7] = reading(7, **{**normal, "remap_pending": int(k > 100)})
             xids = [{"gpu_index": 0, "xid": 79, "ts_ms": T0 + k * S}] if k == 95 else []
             a.add_batch([sample(T0 + k * S, *readings, node=node, xids=xids)])
-    return a.flush()
+    return a
 
 
 def _same(made: WindowColumns, read: WindowColumns) -> None:
@@ -89,6 +94,7 @@ def test_the_detector_reads_the_same_from_columns_and_from_dicts() -> None:
     plain = copy.deepcopy(batches)
     by_columns: dict[str, JobDetectorState] = {}
     by_dicts: dict[str, JobDetectorState] = {}
+    statuses: set[str] = set()
     for b, p in zip(batches, plain, strict=True):
         ctx = JobContext(job_id=b.job_id)
         s1 = by_columns.setdefault(b.job_id, JobDetectorState(job_id=b.job_id))
@@ -97,6 +103,8 @@ def test_the_detector_reads_the_same_from_columns_and_from_dicts() -> None:
         r2 = detect_job_window(ctx, p.windows, s2, SETTINGS, "copies")
         assert r1.findings == r2.findings and r1.windows == r2.windows
         assert r1.gated == r2.gated and r1.recorded_xids == r2.recorded_xids
+        statuses |= {f["status"] for f in r1.findings}
+    assert {"HARD_ERROR", "SUSPECT"} <= statuses  # the hard faults and the slow GPU
     assert {j: s.to_dict() for j, s in by_columns.items()} == {
         j: s.to_dict() for j, s in by_dicts.items()
     }
