@@ -262,11 +262,15 @@ class Pipeline:
     def _saw_columns(self, tables: Mapping[str, Table]) -> None:
         """The silence watch's last sample time of each node of a column batch."""
         top = tables[""]
-        seen = self.silence.saw_columns(
-            top.values["node"], top.values["ts_ms"], self.aggregator.names()
-        )
-        if seen is not None:
-            self._max_sample_ms = max(self._max_sample_ms, seen[1])
+        newest = self._saw(top.values["node"], top.values["ts_ms"])
+        if newest is not None:
+            self._max_sample_ms = max(self._max_sample_ms, newest)
+
+    def _saw(self, node_codes: np.ndarray, ts_ms: np.ndarray) -> int | None:
+        """Samples of these nodes (aggregator string codes) at these times to the silence
+        watch; returns the latest valid time (None: none valid)."""
+        seen = self.silence.saw_columns(node_codes, ts_ms, self.aggregator.names())
+        return None if seen is None else seen[1]
 
     # -- hard rules on arrival, silence ---------------------------------------------------------
     def _arrivals(self, tables: Mapping[str, Table]) -> list[Output]:
@@ -277,6 +281,10 @@ class Pipeline:
     def _check_silence(self) -> list[Output]:
         now = self._max_sample_ms
         self._next_silence_ms = now - now % self._silence_every_ms + self._silence_every_ms
+        return self._silence_check(now)
+
+    def _silence_check(self, now: int) -> list[Output]:
+        """The silence watch's check at sample time ``now``: findings through :meth:`_hot`."""
         if self.allocations.generation != self._open_generation:
             self._open_generation = self.allocations.generation
             self._open_nodes = self.allocations.open_nodes()

@@ -40,6 +40,18 @@ FLEET_JOB = "fleet"
 _FAR_PAST = -(1 << 62)
 
 
+def valid_times(ts_ms: np.ndarray) -> np.ndarray:
+    """Which sample times are times at all (0..VALUE_LIMIT; the aggregator refuses the rest)."""
+    ok: np.ndarray = (ts_ms >= 0) & (ts_ms < VALUE_LIMIT)
+    return ok
+
+
+def newest_valid_ms(ts_ms: np.ndarray) -> int | None:
+    """The latest valid sample time of a batch (None: none is valid)."""
+    ok = valid_times(ts_ms)
+    return int(ts_ms[ok].max()) if ok.any() else None
+
+
 @dataclass
 class _Event:
     """One open silence: its finding's identity and the nodes still silent."""
@@ -112,7 +124,7 @@ class SilenceWatch:
         """The samples of a column batch: their nodes (codes into ``names``) and times. A time
         outside 0..VALUE_LIMIT is no sample (the aggregator refuses it too). Returns the lowest
         and the highest of the nodes' latest times, None when no time is valid."""
-        ok = (ts_ms >= 0) & (ts_ms < VALUE_LIMIT)
+        ok = valid_times(ts_ms)
         if not ok.any():  # none valid, or no sample at all
             return None
         if not ok.all():

@@ -15,8 +15,12 @@ detector) and stage 4 (the policy) exactly where the one-process pipeline runs t
   without their strings) and the strings (node names, UUIDs) the aggregator coded since the
   last message: this process keeps the list of them and makes the GpuWindow dicts, the reading
   process does not;
-* ``("hot", findings)``: findings made beside stage 2 (hard rules on arrival, silence), with
-  the event time of each, for the policy;
+* ``("hot", findings)``: findings made beside stage 2 (hard rules on arrival), with the event
+  time of each, for the policy;
+* ``("saw", node_codes, ts_ms, names)``: the nodes and times of a part of the samples, for the
+  silence watch, which runs in the stages process (it is off the reading process, the busier
+  one); ``("silence", now_ms, names)``: its check, where the one-process pipeline checks;
+  ``names`` as in ``drain``;
 * ``("finish", closed, names, counters)``: end of input, every open window.
 
 Both sides keep an allocation table (the front to attribute readings and fill a window's job
@@ -35,10 +39,13 @@ from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import numpy as np
+
 from peerwatch import gc_tuning
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
+from peerwatch.streams.core.silence import newest_valid_ms
 from peerwatch.streams.core.windows import ClosedWindows
 from peerwatch.streams.offline.replay import Progress, Record, ReplayResult, collect, replay
 
@@ -81,6 +88,15 @@ class FrontPipeline(Pipeline):
 
     def _hot(self, found: list[tuple[Any, int]]) -> list[Output]:
         self.send(("hot", found))  # the back runs them through the policy, in this order
+        return []
+
+    def _saw(self, node_codes: np.ndarray, ts_ms: np.ndarray) -> int | None:
+        # the silence watch is the back's: the part's nodes and times go there
+        self.send(("saw", node_codes, ts_ms, self._new_names()))
+        return newest_valid_ms(ts_ms)
+
+    def _silence_check(self, now: int) -> list[Output]:
+        self.send(("silence", now, self._new_names()))
         return []
 
     def _after_batch(self, out: list[Output]) -> list[Output]:
@@ -132,6 +148,15 @@ class BackPipeline(Pipeline):
             return out
         if kind == "hot":
             return self._hot(message[1])
+        if kind == "saw":
+            _, node_codes, ts_ms, names = message
+            self._names += names
+            self.silence.saw_columns(node_codes, ts_ms, self._names)
+            return []
+        if kind == "silence":
+            _, now, names = message
+            self._names += names
+            return self._silence_check(now)
         if kind == "finish":
             _, closed, names, counters = message
             closed = self._named(closed, names)
@@ -140,8 +165,10 @@ class BackPipeline(Pipeline):
         raise ValueError(f"unknown message {kind!r}")
 
     def counters(self) -> dict[str, int]:
-        """The front's stage-2 counters (after finish) and the step times seen here."""
-        return {**self.front_counters, "step_times": self.step_times}
+        """The front's stage-2 counters (after finish), the silence and fleet watches' (they
+        run here) and the step times seen here."""
+        return {**self.front_counters, **self.silence.counters(), **self.fleet.counters(),
+                "step_times": self.step_times}  # fmt: skip
 
 
 class SplitReplay:

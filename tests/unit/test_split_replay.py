@@ -46,3 +46,9 @@ def test_split_replay_equals_one_process_with_nodes_reporting_late(tmp_path: Pat
     assert two.windows == one.windows and len(one.windows) > 100
     assert {w["node"] for w in one.windows} >= {"gpu00003", "gpu00004"}
     assert two.findings == one.findings and two.recommendations == one.recommendations
+    # the silence watch runs in the stages process: the quiet nodes' SILENT and CLEARED
+    silent = [f for f in two.findings if f["status"] == "SILENT"]
+    assert [f["reason"] for f in silent] == [
+        "no samples from 2 nodes (gpu00003 gpu00004) job 70 for 30 s"
+    ]
+    assert any(f["status"] == "CLEARED" and f["reason"] == "samples again" for f in two.findings)
