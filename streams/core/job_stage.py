@@ -78,9 +78,10 @@ class JobStage:
         slot = starts.get(batch.window_start_ms)
         if slot is None:
             slot = starts[batch.window_start_ms] = {}
-            if batch.columns is not None:  # held whole, its dicts keyed only if another comes
-                self.whole[(batch.job_id, batch.window_start_ms)] = batch
-                return True
+            keys = batch.columns.keys if batch.columns is not None else None
+            if keys is not None and len(set(keys)) == len(keys):  # each GPU once: held whole,
+                self.whole[(batch.job_id, batch.window_start_ms)] = batch  # keyed if another
+                return True  # batch of the window comes
         else:
             self._slot(batch.job_id, batch.window_start_ms)
         _fill(slot, batch.windows)
@@ -165,11 +166,6 @@ class JobStage:
         while starts:
             start = min(starts)
             whole = self.whole.get((job_id, start))
-            if whole is not None:
-                keys = whole.columns.keys if whole.columns is not None else []
-                if len(set(keys)) != len(whole.windows):  # a GPU twice: held by GPU instead
-                    self._slot(job_id, start)
-                    whole = None
             have = starts[start]  # empty while a batch is held whole
             count = len(whole.windows) if whole is not None else len(have)
             complete = ctx.expected_gpus is not None and count >= ctx.expected_gpus

@@ -123,6 +123,10 @@ class WindowDicts:
             ("fleet_clk_ratio", "same", None),
         ]
 
+    def field(self, name: str) -> Any:
+        """What :meth:`values` gives for one field (the arrays the dicts' values come from)."""
+        return next(what for n, _, what in self._fields if n == name)
+
     def one(self, slot: int) -> dict[str, Any]:
         """The GpuWindow dict of one slot (equal to :meth:`every`'s)."""
         names, meta = self.closed.names, self.closed.jobs[self.job_codes[slot]]

@@ -197,32 +197,40 @@ class ClosedWindows(NamedTuple):
         jobs = a["job"][order]
         cuts = (np.flatnonzero(jobs[1:] != jobs[:-1]) + 1).tolist()
         dicts = WindowDicts(self)
-        cols = self._columns(order)
+        cols = self._columns(order, dicts)
         metas = self.jobs
         return [
             (metas[int(jobs[lo])][0], LazyWindows(dicts, slots[lo:hi]), cols(lo, hi))
             for lo, hi in zip([0, *cuts], [*cuts, n], strict=True)
         ]
 
-    def _columns(self, order: np.ndarray) -> Callable[[int, int], WindowColumns]:
-        """The detector's columns of the windows in ``order`` (slots), as a function of a range
-        of that order."""
-        a = self.accs
+    def _columns(
+        self, order: np.ndarray, dicts: WindowDicts
+    ) -> Callable[[int, int], WindowColumns]:
+        """The detector's columns of the windows in ``order`` (slots), from the arrays the
+        dicts' values come from, as a function of a range of that order."""
+
+        def truthy(name: str) -> np.ndarray:  # a sparse int or bool field's truth
+            out: np.ndarray = dicts.field(name)[0] != 0
+            return out
+
+        def widths(name: str) -> np.ndarray:  # NaN where the window holds None
+            values, absent = dicts.field(name)
+            out: np.ndarray = np.where(values == absent, np.nan, values)
+            return out
+
         has_xids = np.zeros(len(order), np.bool_)
         has_xids[list(self.xids)] = True
-        flags = [has_xids, a["ecc"] != 0, a["nvl"] != 0, a["remap_f"] > 0, a["remap_p"] > 0,
-                 a["lost"] > 0]  # fmt: skip
-        wmin = np.where(a["wmin"] == _NONE_MIN, np.nan, a["wmin"])
-        wmax = np.where(a["wmax"] == _NONE_MAX, np.nan, a["wmax"])
-        fires = may_fire_columns(flags, wmin, wmax)[order]
-        reports = reporting(a["lost"] > 0, a["n"])[order]
+        flags = [has_xids, *map(truthy, ("ecc_uncorrected_delta", "nvlink_errors_delta",
+                                         "remap_failed", "remap_pending", "lost"))]  # fmt: skip
+        fires = may_fire_columns(
+            flags, widths("pcie_link_width_min"), widths("pcie_link_width_max")
+        )[order]
+        reports = reporting(truthy("lost"), dicts.field("samples")[0])[order]
         floats = {
-            "clk_ratio": from_arrays(*self.ratio("clk_s", "clk_n")),
-            "throttle_frac": from_arrays(*self.shares("thr")),
-            "sm_frac": from_arrays(*ratios(a["sm_s"], a["sm_n"], 100.0)),
-            "power_ratio": from_arrays(*ratios(a["pr_s"], a["pr_n"])),
+            f: from_arrays(*dicts.field(f)).take(order)
+            for f in ("clk_ratio", "throttle_frac", "sm_frac", "power_ratio")
         }
-        floats = {k: c.take(order) for k, c in floats.items()}
         keys = gpu_keys(map(self.names.__getitem__, self.node[order].tolist()),
                         self.gpu_index[order].tolist())  # fmt: skip
 
