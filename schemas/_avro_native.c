@@ -242,23 +242,45 @@ static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
  */
 enum { OP_SKIP = 0, OP_VALUE = 1, OP_TABLE = 2 };
 
+/* A column's bytes, written in place in the bytes object handed out at the end (no copy):
+   ``cap`` bytes, zero past what was written. */
 typedef struct {
+    PyObject *obj; /* a bytes object of ``cap`` bytes (NULL: none yet) */
     char *data;
-    Py_ssize_t len, cap;
+    Py_ssize_t cap;
 } Buf;
 
-static int buf_reserve(Buf *b, Py_ssize_t more) {
-    if (b->len + more <= b->cap) return 0;
+/* At least ``bytes`` bytes (doubling), the new ones zero. */
+static int grow_to(Buf *b, Py_ssize_t bytes) {
+    if (bytes <= b->cap) return 0;
     Py_ssize_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + more) cap *= 2;
-    char *d = PyMem_Realloc(b->data, (size_t)cap);
-    if (d == NULL) {
-        PyErr_NoMemory();
+    while (cap < bytes) cap *= 2;
+    if (b->obj == NULL) {
+        b->obj = PyBytes_FromStringAndSize(NULL, cap);
+    } else if (_PyBytes_Resize(&b->obj, cap) < 0) {
+        b->obj = NULL; /* freed by the resize */
+    }
+    if (b->obj == NULL) {
+        b->data = NULL;
+        b->cap = 0;
         return -1;
     }
-    b->data = d;
+    b->data = PyBytes_AS_STRING(b->obj);
+    memset(b->data + b->cap, 0, (size_t)(cap - b->cap));
     b->cap = cap;
     return 0;
+}
+
+/* The first ``used`` bytes as a bytes object (the buffer's own, cut to size: new reference);
+   the buffer is empty after. */
+static PyObject *buf_take(Buf *b, Py_ssize_t used) {
+    PyObject *obj = b->obj;
+    b->obj = NULL;
+    b->data = NULL;
+    b->cap = 0;
+    if (obj == NULL) return PyBytes_FromStringAndSize(NULL, 0);
+    if (_PyBytes_Resize(&obj, used) < 0) return NULL;
+    return obj;
 }
 
 typedef struct {
@@ -386,13 +408,6 @@ typedef struct {
     PyObject *strings;
     StringCache *cache;
 } Cols;
-
-static int grow_to(Buf *b, Py_ssize_t bytes) {
-    Py_ssize_t old = b->cap;
-    if (buf_reserve(b, bytes - b->len) < 0) return -1;
-    memset(b->data + old, 0, (size_t)(b->cap - old));
-    return 0;
-}
 
 static int add_row(Tab *t, int64_t parent) {
     if (t->rows == t->cap) {
@@ -722,11 +737,11 @@ static PyObject *tables_out(Cols *cols) {
     for (Py_ssize_t k = 0; k < cols->ntabs; k++) {
         Tab *t = &cols->tabs[k];
         PyObject *values = PyList_New(t->ncols);
-        PyObject *valid = PyBytes_FromStringAndSize(t->valid.data, t->rows * t->ncols);
-        PyObject *parent = PyBytes_FromStringAndSize(t->parent.data, t->rows * 8);
+        PyObject *valid = buf_take(&t->valid, t->rows * t->ncols);
+        PyObject *parent = buf_take(&t->parent, t->rows * 8);
         if (values == NULL || valid == NULL || parent == NULL) goto fail;
         for (Py_ssize_t c = 0; c < t->ncols; c++) {
-            PyObject *v = PyBytes_FromStringAndSize(t->values[c].data, t->rows * 8);
+            PyObject *v = buf_take(&t->values[c], t->rows * 8);
             if (v == NULL) goto fail;
             PyList_SET_ITEM(values, c, v);
         }
@@ -748,11 +763,11 @@ static void cols_free(Cols *cols) {
     if (cols->tabs == NULL) return;
     for (Py_ssize_t k = 0; k < cols->ntabs; k++) {
         Tab *t = &cols->tabs[k];
-        PyMem_Free(t->parent.data);
+        Py_XDECREF(t->parent.obj);
         for (Py_ssize_t c = 0; c < t->ncols && t->values != NULL; c++)
-            PyMem_Free(t->values[c].data);
+            Py_XDECREF(t->values[c].obj);
         PyMem_Free(t->values);
-        PyMem_Free(t->valid.data);
+        Py_XDECREF(t->valid.obj);
     }
     PyMem_Free(cols->tabs);
     cols->tabs = NULL;
@@ -765,19 +780,29 @@ static void cols_free(Cols *cols) {
    unless its record holds no value) and by MAX_HINT_ROWS: a hint can cost memory, never a
    result. */
 #define MAX_HINT_ROWS ((Py_ssize_t)1 << 22)
+/* The bytes of a buffer (bytes, a memoryview of shared memory...); 0 for anything else. */
+static Py_ssize_t buffer_bytes(PyObject *obj) {
+    if (PyBytes_Check(obj)) return PyBytes_GET_SIZE(obj);
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear(); /* not a buffer: the decoding refuses it, not the hint */
+        return 0;
+    }
+    Py_ssize_t n = view.len;
+    PyBuffer_Release(&view);
+    return n;
+}
 static int hint_capacities(Cols *cols, PyObject *hints, PyObject *source) {
     if (!PyTuple_Check(hints) || PyTuple_GET_SIZE(hints) != cols->ntabs) {
         PyErr_SetString(PyExc_TypeError, "decode_columns: hints, one row count per table");
         return -1;
     }
     Py_ssize_t bound = 0;
-    if (PyBytes_Check(source)) {
-        bound = PyBytes_GET_SIZE(source);
-    } else if (PyList_Check(source)) {
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(source); i++) {
-            PyObject *item = PyList_GET_ITEM(source, i);
-            bound += PyBytes_Check(item) ? PyBytes_GET_SIZE(item) : 0;
-        }
+    if (PyList_Check(source)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(source); i++)
+            bound += buffer_bytes(PyList_GET_ITEM(source, i));
+    } else {
+        bound = buffer_bytes(source);
     }
     if (bound > MAX_HINT_ROWS) bound = MAX_HINT_ROWS;
     for (Py_ssize_t k = 0; k < cols->ntabs; k++) {
