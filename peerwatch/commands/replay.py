@@ -242,7 +242,7 @@ def _column_replay(
     (no C module, sample files of another schema version): then the decoded path runs. An
     archive out of order by more than ``--reorder-s`` is replayed again with a window wide enough
     (:func:`~peerwatch.streams.offline.sample_runs.wider_window_ms`), at most whole hours."""
-    from peerwatch.exporters.archive_files import ReadStats
+    from peerwatch.exporters.archive_files import ReadStats, raw_blocks
     from peerwatch.schemas.compiled import Unsupported
     from peerwatch.streams.core.pipeline import Pipeline
     from peerwatch.streams.offline.replay import column_archive_records, replay
@@ -259,8 +259,10 @@ def _column_replay(
         stats = ReadStats()
         try:
             records = column_archive_records(
-                Path(args.archive), span, pipeline.aggregator.strings, prefix, keep, reorder, stats
-            )
+                Path(args.archive), span, pipeline.aggregator.strings, prefix, keep, reorder, stats,
+                raw_blocks if split is None or split.read_ahead is None
+                else split.read_ahead.raw_blocks,
+            )  # fmt: skip
             if split is not None:
                 result = split.run(records, progress)
             else:

@@ -41,6 +41,7 @@ from peerwatch.exporters.archive_files import (
     HOUR_MS,
     ReadStats,
     archive_files,
+    raw_blocks,
     read_container,
     read_file,
     record_time_ms,
@@ -62,6 +63,7 @@ from peerwatch.streams.offline.sample_runs import (
     DEFAULT_REORDER_MS,
     FAR_FUTURE_MS,
     SAMPLE_RUN,
+    BlocksOf,
     SampleRuns,
     file_tables,
     in_scope,
@@ -283,6 +285,7 @@ def column_archive_records(
     keep_nodes: frozenset[str] | None = None,
     reorder_ms: int | None = DEFAULT_REORDER_MS,
     stats: ReadStats | None = None,
+    blocks_of: BlocksOf = raw_blocks,
 ) -> Iterator[Record]:
     """The replay input under ``root`` in ``span``, hour by hour: the other streams' records
     decoded, the samples as ``(SAMPLE_RUN, "", tables)`` runs in between (string codes of
@@ -290,7 +293,8 @@ def column_archive_records(
     ``reorder_ms`` older than the newest read (None: each hour once it is all read). Raises
     ArchiveUnordered (see :mod:`~peerwatch.streams.offline.sample_runs`), and Unsupported
     without the C decoder or for sample files of another schema version. ``stats``: counts
-    what was skipped, as :func:`archive_records` does."""
+    what was skipped, as :func:`archive_records` does; ``blocks_of``: how the sample files'
+    blocks are read (see :func:`~peerwatch.streams.offline.sample_runs.file_tables`)."""
     decoder = sample_decoder()
     for files in (v for _, v in sorted(archive_hours(root, span, topic_prefix).items())):
         decoded = [
@@ -300,7 +304,7 @@ def column_archive_records(
         del decoded
         runs = SampleRuns(strings)
         paths = [p for s, p in files if s == "samples"]
-        for tables in file_tables(paths, decoder, strings, stats):
+        for tables in file_tables(paths, decoder, strings, stats, blocks_of):
             runs.add(in_scope(tables, span.from_ms, span.to_ms, strings, keep_nodes))
             if reorder_ms is not None and runs.newest is not None:
                 below = runs.newest - reorder_ms

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,10 @@ from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.windows import SAMPLE_SPEC
 
 log = logging.getLogger(__name__)
+
+#: How an archive file's blocks are read: ``(path, stats) -> (writer schema, blocks)``, as
+#: :func:`~peerwatch.exporters.archive_files.raw_blocks` (a block: its record count and bytes).
+BlocksOf = Callable[[Path, ReadStats | None], tuple[Any, Iterator[tuple[int, Any]]]]
 
 #: The stream of a record that is a run of sample columns (value: the tables).
 SAMPLE_RUN = "sample-run"
@@ -196,16 +200,18 @@ def sample_decoder() -> ColumnDecoder:
 
 
 def file_tables(paths: Sequence[Path], decoder: ColumnDecoder, strings: dict[str, int],
-                stats: ReadStats | None = None) -> Iterator[dict[str, Table]]:  # fmt: skip
+                stats: ReadStats | None = None,
+                blocks_of: BlocksOf = raw_blocks) -> Iterator[dict[str, Table]]:  # fmt: skip
     """The samples of archive files block by block, as tables. A bad record is skipped with a
     warning (and the rest of its block when its bytes are cut); a file whose header is unreadable
     is skipped with a warning; each counted in ``stats`` (records not read, blocks, files), as
     the decoded path counts them. Raises Unsupported for a file of another schema version (read
-    it through the decoded path)."""
+    it through the decoded path). ``blocks_of``: how a file's blocks are read (:func:`raw_blocks`
+    here, or a :class:`~peerwatch.streams.offline.read_ahead.ReadAhead` process's)."""
     current = to_parsing_canonical_form(strip_logical_types(raw_schema("NodeGpuSample")))
     for path in paths:
         try:
-            writer_schema, blocks = raw_blocks(path, stats)
+            writer_schema, blocks = blocks_of(path, stats)
         except ValueError as exc:
             if "codec" in str(exc):
                 raise Unsupported(str(exc)) from exc

@@ -1,5 +1,6 @@
 """Replay on two cores, the live topology offline: stage 2 in the reading process, stages 3 and
-4 in a forked second one. Same outputs, in the same order, as the one-process
+4 in a forked second one (and the archive's file reads and decompression in a third,
+:mod:`~peerwatch.streams.offline.read_ahead`). Same outputs, in the same order, as the one-process
 :class:`~peerwatch.streams.core.pipeline.Pipeline` (tested equal).
 
 :class:`FrontPipeline` reads and aggregates the samples and, wherever the one-process pipeline
@@ -47,6 +48,7 @@ from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
 from peerwatch.streams.core.silence import newest_valid_ms
 from peerwatch.streams.core.windows import ClosedWindows
+from peerwatch.streams.offline.read_ahead import ReadAhead
 from peerwatch.streams.offline.replay import Progress, Record, ReplayResult, collect, replay
 
 Message = tuple[Any, ...]
@@ -182,10 +184,14 @@ class SplitReplay:
         job: str | None = None,
         node: str | None = None,
         keep_windows: bool = False,
+        read_ahead: bool = True,
     ) -> None:
         self.settings = settings
         self.kept = {"job": job, "node": node, "keep_windows": keep_windows}
         loops.warm()  # before the fork: the stages process inherits the compiled loops
+        #: the archive blocks' reads and decompression in a third process (None: read here);
+        #: forked first, so that it holds no end of the stages process's pipe
+        self.read_ahead = ReadAhead() if read_ahead else None
         ctx = multiprocessing.get_context("fork")
         self._here, there = ctx.Pipe()
         self._proc = ctx.Process(
@@ -230,6 +236,8 @@ class SplitReplay:
         self._proc.join()
         self._writer.join()
         self._here.close()
+        if self.read_ahead is not None:
+            self.read_ahead.close()
 
     def __enter__(self) -> SplitReplay:
         return self

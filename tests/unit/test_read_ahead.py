@@ -1,0 +1,198 @@
+"""The read-ahead process (streams/offline/read_ahead.py) gives what raw_blocks gives, in the
+same order, with the same warnings, counts and refusals, on good and on hostile archive files;
+a read-ahead process that ends early or a file left half read is an error, never a wait."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from peerwatch.exporters.archive_files import ReadStats, block_spans, raw_blocks
+from peerwatch.producers.sim.fleet import Fleet
+from peerwatch.producers.sim.scenario import parse_scenario
+from peerwatch.schemas.compiled import encode_long
+from peerwatch.streams.offline.read_ahead import ReadAhead, ReadAheadError
+from peerwatch.streams.offline.replay import column_archive_records
+from peerwatch.streams.offline.sample_runs import SAMPLE_RUN
+from tests.unit.test_archive_hostile import SAMPLES, SCENARIO, SPAN, _block_at, write_samples
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[dict[str, Any]]:
+    fleet = Fleet(parse_scenario(SCENARIO))
+    return [r.value for _, recs in fleet.timed_ticks() for r in recs if r.stream == "samples"]
+
+
+def blocks_here(path: Path) -> tuple[Any, list[tuple[int, bytes]], ReadStats]:
+    stats = ReadStats()
+    schema, blocks = raw_blocks(path, stats)
+    return schema, [(c, bytes(d)) for c, d in blocks], stats
+
+
+def blocks_ahead(ahead: ReadAhead, path: Path) -> tuple[Any, list[tuple[int, bytes]], ReadStats]:
+    stats = ReadStats()
+    schema, blocks = ahead.raw_blocks(path, stats)
+    return schema, [(c, bytes(d)) for c, d in blocks], stats
+
+
+def corrupt(path: Path) -> None:
+    """Block 2's size varint made negative (that block is stepped over) and the last block cut
+    (a cut tail)."""
+    data = path.read_bytes()
+    _, spans = block_spans(data)
+    size_at, size_end = _block_at(data, spans[1][0])
+    data = data[:size_at] + encode_long(-1) + data[size_end:]
+    path.write_bytes(data[:-40])
+
+
+@pytest.mark.parametrize(("slots", "slot_bytes"), [(8, 2 << 20), (1, 2 << 20), (2, 4096)])
+def test_the_same_blocks_as_raw_blocks(
+    tmp_path: Path, samples: list[dict[str, Any]], slots: int, slot_bytes: int
+) -> None:
+    # (2, 4096): every block is larger than a slot and comes through the pipe
+    path = tmp_path / "s.avro"
+    write_samples(path, samples[:75], per_block=10)
+    want = blocks_here(path)
+    assert len(want[1]) == 8
+    with ReadAhead(slots, slot_bytes) as ahead:
+        for _ in range(2):  # a file read twice, by the same process
+            got = blocks_ahead(ahead, path)
+            assert got[0] == want[0]
+            assert got[1] == want[1]
+            assert got[2].as_dict() == want[2].as_dict()
+
+
+def test_a_corrupt_file_gives_the_same_blocks_warnings_and_counts(
+    tmp_path: Path, samples: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "s.avro"
+    write_samples(path, samples[:60], per_block=10)
+    corrupt(path)
+    with caplog.at_level(logging.WARNING):
+        want = blocks_here(path)
+    warned_here = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+    assert want[2].bad_blocks == 1 and want[2].cut_tails == 1
+    assert len(warned_here) == 2
+    caplog.clear()
+    with ReadAhead() as ahead, caplog.at_level(logging.WARNING):
+        got = blocks_ahead(ahead, path)
+    assert got[1] == want[1] and got[2].as_dict() == want[2].as_dict()
+    # logged here, by the same logger, with the same words
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == warned_here
+
+
+def test_an_unreadable_header_or_a_missing_file_is_the_same_refusal(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    bad = tmp_path / "bad.avro"
+    bad.write_bytes(b"Obj\x01" + encode_long(1) + encode_long(2**62) + b"x" * 100)
+    with pytest.raises(ValueError) as here:
+        raw_blocks(bad)
+    with ReadAhead() as ahead:
+        with pytest.raises(ValueError) as there:
+            ahead.raw_blocks(bad)
+        assert str(there.value) == str(here.value)
+        with pytest.raises(FileNotFoundError):
+            raw_blocks(tmp_path / "missing.avro")
+        with pytest.raises(FileNotFoundError):  # the same refusal, and the process goes on
+            ahead.raw_blocks(tmp_path / "missing.avro")
+        good = tmp_path / "good.avro"
+        write_samples(good, samples[:20], per_block=10)
+        assert blocks_ahead(ahead, good)[1] == blocks_here(good)[1]
+
+
+def test_a_block_view_is_released_once_the_next_is_asked_for(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    path = tmp_path / "s.avro"
+    write_samples(path, samples[:30], per_block=10)
+    with ReadAhead(slots=2) as ahead:
+        _, blocks = ahead.raw_blocks(path)
+        _, first = next(blocks)
+        first_bytes = bytes(first)
+        _, second = next(blocks)
+        with pytest.raises(ValueError):
+            bytes(first)  # never the bytes of a later block in the reused slot
+        assert bytes(second) != first_bytes
+        assert len(list(blocks)) == 1
+
+
+def test_a_file_left_half_read_stops_the_process_and_later_calls_raise(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    path = tmp_path / "s.avro"
+    write_samples(path, samples[:50], per_block=10)
+    ahead = ReadAhead(slots=1)
+    try:
+        _, blocks = ahead.raw_blocks(path)
+        next(blocks)
+        blocks.close()  # e.g. an error while decoding
+        with pytest.raises(ReadAheadError, match="left unread"):
+            ahead.raw_blocks(path)
+    finally:
+        ahead.close()
+
+
+def test_an_iterator_of_a_file_superseded_by_the_next_refuses_to_start(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    one, two = tmp_path / "1.avro", tmp_path / "2.avro"
+    write_samples(one, samples[:20], per_block=10)
+    write_samples(two, samples[20:50], per_block=10)
+    with ReadAhead() as ahead:
+        _, unread = ahead.raw_blocks(one)  # not iterated (e.g. another schema version)
+        assert blocks_ahead(ahead, two)[1] == blocks_here(two)[1]
+        with pytest.raises(ReadAheadError, match="after another was opened"):
+            next(unread)
+
+
+def test_a_killed_process_is_an_error_not_a_wait(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    path = tmp_path / "s.avro"
+    write_samples(path, samples[:50], per_block=10)
+    ahead = ReadAhead(slots=1)
+    try:
+        _, blocks = ahead.raw_blocks(path)
+        next(blocks)
+        pid = ahead._proc.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        ahead._proc.join(timeout=10)
+        with pytest.raises(ReadAheadError, match="ended early"):
+            list(blocks)
+        with pytest.raises(ReadAheadError):
+            ahead.raw_blocks(path)
+    finally:
+        ahead.close()
+
+
+def test_column_replay_input_is_the_same_read_ahead(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    path = tmp_path / SAMPLES / "2026-01-01T00.avro"
+    write_samples(path, samples, per_block=7)
+    corrupt(path)
+
+    def runs(**kw: Any) -> tuple[list[Any], dict[str, int]]:
+        stats = ReadStats()
+        strings: dict[str, int] = {}
+        out = []
+        for stream, _key, value in column_archive_records(
+            tmp_path, SPAN, strings, stats=stats, **kw
+        ):
+            assert stream == SAMPLE_RUN
+            top = value[""]
+            out.append((top.n, top.values["ts_ms"].tolist(), top.values["node"].tolist()))
+        return out, stats.as_dict()
+
+    want = runs()
+    assert want[1]["bad_blocks"] == 1 and want[1]["cut_tails"] == 1
+    assert sum(n for n, _, _ in want[0]) > 0
+    with ReadAhead(slots=2) as ahead:
+        assert runs(blocks_of=ahead.raw_blocks) == want
