@@ -155,8 +155,11 @@ class ReadAhead:
             self._proc.join(timeout=5.0)
         self._stop(self._broken)
         self._conn.close()
-        self._view.release()
-        self._mem.close()
+        # a blocks iterator suspended at a block (an error raised through it) still holds that
+        # block's view: the memory is then freed with the last view, not here
+        with contextlib.suppress(BufferError):
+            self._view.release()
+            self._mem.close()
 
     def __enter__(self) -> ReadAhead:
         return self

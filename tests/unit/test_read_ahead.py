@@ -138,6 +138,22 @@ def test_a_file_left_half_read_stops_the_process_and_later_calls_raise(
         ahead.close()
 
 
+def test_closing_while_a_block_is_held_stops_the_process_and_raises_nothing(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    path = tmp_path / "s.avro"
+    write_samples(path, samples[:30], per_block=10)
+    ahead = ReadAhead(slots=1)
+    _, blocks = ahead.raw_blocks(path)
+    count, view = next(blocks)  # e.g. decoding it raised, the iterator is still referenced
+    assert count == 10 and len(view) > 0
+    ahead.close()
+    assert not ahead._proc.is_alive()
+    with pytest.raises(ReadAheadError):
+        ahead.raw_blocks(path)
+    blocks.close()
+
+
 def test_an_iterator_of_a_file_superseded_by_the_next_refuses_to_start(
     tmp_path: Path, samples: list[dict[str, Any]]
 ) -> None:
