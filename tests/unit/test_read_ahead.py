@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,15 +123,22 @@ def test_a_block_view_is_released_once_the_next_is_asked_for(
         assert len(list(blocks)) == 1
 
 
-def test_a_file_left_half_read_stops_the_process_and_later_calls_raise(
+def one_block_read(
     tmp_path: Path, samples: list[dict[str, Any]]
-) -> None:
+) -> tuple[ReadAhead, Iterator[tuple[int, Any]], Path, tuple[int, Any]]:
+    """A read-ahead process of one slot, a 50-record file's blocks begun: its first block taken."""
     path = tmp_path / "s.avro"
     write_samples(path, samples[:50], per_block=10)
     ahead = ReadAhead(slots=1)
+    _, blocks = ahead.raw_blocks(path)
+    return ahead, blocks, path, next(blocks)
+
+
+def test_a_file_left_half_read_stops_the_process_and_later_calls_raise(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    ahead, blocks, path, _ = one_block_read(tmp_path, samples)
     try:
-        _, blocks = ahead.raw_blocks(path)
-        next(blocks)
         blocks.close()  # e.g. an error while decoding
         with pytest.raises(ReadAheadError, match="left unread"):
             ahead.raw_blocks(path)
@@ -141,11 +149,8 @@ def test_a_file_left_half_read_stops_the_process_and_later_calls_raise(
 def test_closing_while_a_block_is_held_stops_the_process_and_raises_nothing(
     tmp_path: Path, samples: list[dict[str, Any]]
 ) -> None:
-    path = tmp_path / "s.avro"
-    write_samples(path, samples[:30], per_block=10)
-    ahead = ReadAhead(slots=1)
-    _, blocks = ahead.raw_blocks(path)
-    count, view = next(blocks)  # e.g. decoding it raised, the iterator is still referenced
+    # e.g. decoding the block raised, and the iterator is still referenced
+    ahead, blocks, path, (count, view) = one_block_read(tmp_path, samples)
     assert count == 10 and len(view) > 0
     ahead.close()
     assert not ahead._proc.is_alive()
@@ -170,12 +175,8 @@ def test_an_iterator_of_a_file_superseded_by_the_next_refuses_to_start(
 def test_a_killed_process_is_an_error_not_a_wait(
     tmp_path: Path, samples: list[dict[str, Any]]
 ) -> None:
-    path = tmp_path / "s.avro"
-    write_samples(path, samples[:50], per_block=10)
-    ahead = ReadAhead(slots=1)
+    ahead, blocks, path, _ = one_block_read(tmp_path, samples)
     try:
-        _, blocks = ahead.raw_blocks(path)
-        next(blocks)
         pid = ahead._proc.pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
