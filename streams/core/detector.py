@@ -145,8 +145,11 @@ def detect_job_window(
     groups = _groups(job, keys, np.flatnonzero(columns.reports).tolist())
     group_size: dict[str, int] | None = None  # made when a hard rule may fire (rare)
     gpus = state.gpus
+    states: list[GpuDetectorState] = []  # each window's GPU's, in the windows' order
     for key in keys:
-        (gpus.get(key) or state.gpu(key)).last_seen_ms = start_ms
+        gpu_state = gpus.get(key) or state.gpu(key)
+        gpu_state.last_seen_ms = start_ms
+        states.append(gpu_state)
     for i in np.flatnonzero(columns.fires).tolist():  # a hard rule may fire, or an XID came
         key, window = keys[i], ordered[i]
         gpu_state = gpus[key]
@@ -164,7 +167,7 @@ def detect_job_window(
     gpu_gate: dict[str, str] = {}
     if gate is None:
         job_wide_groups = _evaluate(
-            job, keys, ordered, columns, groups, state, settings, result, scores, gpu_gate
+            job, keys, states, ordered, columns, groups, state, settings, result, scores, gpu_gate
         )
         result.findings.extend(_job_wide(job, start_ms, end_ms, job_wide_groups, state, settings))
         result.job_wide = bool(job_wide_groups)
@@ -183,6 +186,7 @@ def detect_job_window(
 def _evaluate(
     job: JobContext,
     keys: list[str],
+    states: list[GpuDetectorState],
     ordered: Sequence[GpuWindow],
     columns: WindowColumns,
     groups: dict[str, list[int]],
@@ -197,7 +201,8 @@ def _evaluate(
     Fills ``scores`` and ``gpu_gate`` and appends straggler findings to ``result``. A peer
     group is compared at once (:class:`PeerComparison`); a GPU's whole verdict is built only
     when it is a candidate or inside an episode: for the others the persistence memory just
-    moves on (:func:`_remember`), which is all :func:`_advance` would do with a clean window.
+    moves on (:func:`_remember_clean`), which is all :func:`_advance` would do with a clean
+    window. ``states``: the GPU state of each of ``keys``.
     """
     job_wide_groups: list[_JobWideGroup] = []
     for role in sorted(groups):
@@ -237,16 +242,21 @@ def _evaluate(
             continue
         per_node = Counter(group[i]["node"] for i in compress(range(len(group)), flagged))
         node_wide = {n for n, count in per_node.items() if count >= settings.node_wide_min_gpus}
-        gpus = state.gpus
+        if cmp is not None:
+            scores.update(zip(member_keys, cmp.score, strict=True))
+        # clean GPUs outside an episode: their memory moves on (each GPU's own state, so apart
+        # from the others' verdicts, which touch only theirs)
+        clean: list[GpuDetectorState] = []
+        clean_z: list[float | None] = []
         for i, key in enumerate(member_keys):
-            gpu_state = gpus.get(key) or state.gpu(key)
+            gpu_state = states[positions[i]]
             if cmp is not None:
-                scores[key] = cmp.score[i]
                 if not evaluated[i]:
                     gpu_gate[key] = GATE_NO_DATA
                     continue
                 if not flagged[i] and gpu_state.status is None:
-                    _remember(gpu_state, _CLEAN, cmp.confirm_score[i], settings)
+                    clean.append(gpu_state)
+                    clean_z.append(cmp.confirm_score[i])
                     continue
                 verdict = cmp.verdict(i, key)
             else:
@@ -261,6 +271,7 @@ def _evaluate(
             result.findings.extend(
                 _advance(job, window, verdict, gpu_state, len(group), settings, fast)
             )
+        _remember_clean(clean, clean_z, settings)
     return job_wide_groups
 
 
@@ -535,6 +546,32 @@ def _remember(
         and not any(history[-settings.suspect_n :])
     ):
         gpu_state.episode_start_ms = None  # an earlier lone candidate window aged out
+
+
+def _remember_clean(
+    gpu_states: list[GpuDetectorState],
+    confirm_scores: list[float | None],
+    settings: DetectorSettings,
+) -> None:
+    """:func:`_remember` of a clean window (``_CLEAN``) for each GPU state and its confirming
+    score, those of a window's peer group at once (the settings read once)."""
+    keep, cap, k, suspect_n = (
+        settings.history_n, settings.cusum_z_cap, settings.cusum_k, settings.suspect_n
+    )  # fmt: skip
+    for gpu_state, confirm_score in zip(gpu_states, confirm_scores, strict=True):
+        history = gpu_state.history
+        history.append(_CLEAN)
+        if len(history) > keep:
+            del history[:-keep]
+        step = 0.0 if confirm_score is None else cap if cap < confirm_score else confirm_score
+        cusum = gpu_state.cusum + step - k
+        gpu_state.cusum = cusum if cusum > 0.0 else 0.0
+        if (
+            gpu_state.episode_start_ms is not None
+            and gpu_state.status is None
+            and not any(history[-suspect_n:])
+        ):
+            gpu_state.episode_start_ms = None
 
 
 def _cause(window: GpuWindow, verdict: GpuVerdict, settings: DetectorSettings) -> FindingCause:
