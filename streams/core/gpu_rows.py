@@ -14,13 +14,34 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GpuKeys", "GrowingRows", "gpu_code_key"]
+from peerwatch.streams.core.model import gpu_keys
+
+__all__ = ["GpuKeys", "GrowingRows", "cached_gpu_keys", "gpu_code_key"]
 
 
 def gpu_code_key(node: np.ndarray, index: np.ndarray) -> np.ndarray:
     """One int64 per GPU: its node's string code above, its GPU index below (32 bits each)."""
     key: np.ndarray = (node.astype(np.int64) << 32) | (index.astype(np.int64) & 0xFFFFFFFF)
     return key
+
+
+def cached_gpu_keys(
+    cache: dict[int, str] | None, names: Sequence[str], node: np.ndarray, index: np.ndarray
+) -> list[str]:
+    """:func:`~peerwatch.streams.core.model.gpu_key` of each GPU (node string codes into
+    ``names``, GPU indexes: Avro ints, so :func:`gpu_code_key` tells every pair apart), made
+    once per GPU into ``cache`` (by GPU code; codes never change meaning, the string table only
+    grows) and looked up after; ``cache`` None: all made afresh."""
+    if cache is None:
+        return gpu_keys(map(names.__getitem__, node.tolist()), index.tolist())
+    codes = gpu_code_key(node, index).tolist()
+    keys = list(map(cache.get, codes))
+    if None in keys:
+        new = [i for i, k in enumerate(keys) if k is None]
+        made = gpu_keys([names[c] for c in node[new].tolist()], index[new].tolist())
+        for i, key in zip(new, made, strict=True):
+            keys[i] = cache[codes[i]] = key
+    return keys  # type: ignore[return-value]  # every None replaced
 
 
 class GpuKeys:

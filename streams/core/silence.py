@@ -161,25 +161,32 @@ class SilenceWatch:
         last = self.last_ms
         crossed: list[str] = []
         near: list[str] = []
+        # one pass over every watched node at each check: names bound once, max() written out
+        watched_since, silent = self.watched_since, self.silent
+        silent_after_ms = self.silent_after_ms
+        near_ms = silent_after_ms - self.group_ms
         for node, (_job, start_ms) in watched.items():
             at = now_ms if clock is None else clock(node)
             if at is None:
                 continue
-            since = self.watched_since.get(node)
+            since = watched_since.get(node)
             if since is None:
                 begun = watch_from(node) if watch_from is not None else None
-                since = self.watched_since[node] = at if begun is None else min(begun, at)
-            if node in self.silent:
+                since = watched_since[node] = at if begun is None else min(begun, at)
+            if node in silent:
                 continue
-            quiet = at - max(last.get(node, _FAR_PAST), start_ms, since)
-            if quiet >= self.silent_after_ms:
+            latest = last.get(node, _FAR_PAST)
+            if start_ms > latest:
+                latest = start_ms
+            quiet = at - (since if since > latest else latest)
+            if quiet >= silent_after_ms:
                 crossed.append(node)
-            elif quiet >= self.silent_after_ms - self.group_ms:
+            elif quiet >= near_ms:
                 near.append(node)
-        for node in [n for n in self.watched_since if n not in watched]:
-            del self.watched_since[node]  # left its job: watched afresh if allocated again
-        for node in [n for n in last if n not in watched and n not in self.silent]:
-            if now_ms - last[node] > 2 * self.silent_after_ms:
+        for node in [n for n in watched_since if n not in watched]:
+            del watched_since[node]  # left its job: watched afresh if allocated again
+        for node in [n for n in last if n not in watched and n not in silent]:
+            if now_ms - last[node] > 2 * silent_after_ms:
                 del last[node]  # bounded: only nodes that matter lately
         if crossed:
             out += self._open(sorted(crossed + near), crossed, watched, now_ms)

@@ -40,7 +40,7 @@ import numpy as np
 from peerwatch.schemas.columns import Table, table_spec, tables_from_records
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, gpu_code_key
+from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, cached_gpu_keys, gpu_code_key
 from peerwatch.streams.core.loops import (
     COLUMNS,
     COUNTER_FIELDS,
@@ -58,7 +58,7 @@ from peerwatch.streams.core.loops import (
     counter_deltas,
     warm,
 )
-from peerwatch.streams.core.model import IDLE_JOB_PREFIX, gpu_keys
+from peerwatch.streams.core.model import IDLE_JOB_PREFIX
 from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
 from peerwatch.streams.core.window_columns import (
     FloatColumn,
@@ -153,12 +153,15 @@ class ClosedWindows(NamedTuple):
     #: job code -> (job id, user, partition, account)
     jobs: Mapping[int, tuple[str, str | None, str | None, str | None]]
     xids: Mapping[int, list[int]]  # slot -> XIDs seen in it
+    #: GPU keys (``node/index``) already made from ``names``, by :func:`gpu_code_key` (the
+    #: owner's, kept across closes; None: made afresh)
+    key_cache: dict[int, str] | None = None
 
     def without_names(self) -> ClosedWindows:
         """The same windows without the aggregator's strings (to send; the receiver gives them
-        back with ``_replace(names=...)``: every code a window uses is below
+        back with ``_replace(names=..., key_cache=...)``: every code a window uses is below
         ``len(aggregator.names())`` at the time it was closed)."""
-        return self._replace(names=())
+        return self._replace(names=(), key_cache=None)
 
     def ratio(self, total: str, count: str) -> tuple[np.ndarray, np.ndarray]:
         """The mean of one accumulator per slot (``total / count``; 0.0 where ``count`` is 0),
@@ -231,8 +234,7 @@ class ClosedWindows(NamedTuple):
             f: from_arrays(*dicts.field(f)).take(order)
             for f in ("clk_ratio", "throttle_frac", "sm_frac", "power_ratio")
         }
-        keys = gpu_keys(map(self.names.__getitem__, self.node[order].tolist()),
-                        self.gpu_index[order].tolist())  # fmt: skip
+        keys = cached_gpu_keys(self.key_cache, self.names, self.node[order], self.gpu_index[order])
 
         def cols(lo: int, hi: int) -> WindowColumns:
             sliced = {
@@ -331,6 +333,8 @@ class WindowAggregator:
         self.closed_until_ms: int | None = None
         #: Codes of the strings in the columns (node names, UUIDs): give it to the decoder.
         self.strings: dict[str, int] = {}
+        #: GPU keys made for closed windows, by GPU code (see ClosedWindows.key_cache)
+        self._key_cache: dict[int, str] = {}
         self._names: list[str] = []
         self._jobs: dict[str, int] = {}
         self._job_names: list[str] = []
@@ -608,7 +612,8 @@ class WindowAggregator:
             jobs[code] = (job_id, *((meta.user, meta.partition, meta.account) if meta else
                                     (None, None, None)))  # fmt: skip
         return ClosedWindows(start, start + self.window_ms, accs, g["node"][gids],
-                             g["index"][gids], self._names, jobs, bucket.xids)  # fmt: skip
+                             g["index"][gids], self._names, jobs, bucket.xids,
+                             self._key_cache)  # fmt: skip
 
     def group(self, closed: Iterable[ClosedWindows]) -> list[JobWindowBatch]:
         """Closed windows as GpuWindow dicts grouped per (job, window), sorted by (window start,

@@ -127,10 +127,11 @@ class BackPipeline(Pipeline):
         super().__init__(settings, emit_windows)
         self.front_counters: dict[str, int] = {}
         self._names: list[str] = []  # the reading process's aggregator's strings, by code
+        self._key_cache: dict[int, str] = {}  # GPU keys made of them (ClosedWindows.key_cache)
 
     def _named(self, closed: list[ClosedWindows], names: list[str]) -> list[ClosedWindows]:
         self._names += names
-        return [c._replace(names=self._names) for c in closed]
+        return [c._replace(names=self._names, key_cache=self._key_cache) for c in closed]
 
     def handle(self, message: Message) -> list[Output]:
         kind = message[0]

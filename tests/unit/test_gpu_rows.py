@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, gpu_code_key
+from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, cached_gpu_keys, gpu_code_key
+from peerwatch.streams.core.model import gpu_key
 
 
 def test_growing_rows_fill_grow_and_keep() -> None:
@@ -51,3 +52,22 @@ def test_wide_rows_have_a_fill_per_column() -> None:
     assert rows.arrays["acc"][:3].tolist() == [[0, -5], [7, 8], [0, -5]]
     rows.keep(np.array([1]))
     assert rows.arrays["acc"].tolist() == [[7, 8]]
+
+
+def test_cached_gpu_keys_equal_fresh_ones_and_are_made_once_per_gpu() -> None:
+    names = ["n1", "uuid-a", "n2"]
+    node = np.array([2, 0, 2, 0], np.int64)
+    index = np.array([1, 7, -1, 2**31 - 1], np.int64)  # Avro ints: the whole range
+    fresh = cached_gpu_keys(None, names, node, index)
+    assert fresh == ["n2/1", "n1/7", "n2/-1", f"n1/{2**31 - 1}"]
+    assert fresh == [
+        gpu_key(names[n], i) for n, i in zip(node.tolist(), index.tolist(), strict=True)
+    ]
+    cache: dict[int, str] = {}
+    assert cached_gpu_keys(cache, names, node, index) == fresh
+    assert sorted(cache) == sorted(gpu_code_key(node, index).tolist())
+    # later: known GPUs come from the cache (the very same strings), a new one is made
+    again = cached_gpu_keys(cache, names, np.array([0, 2, 0]), np.array([7, 1, 3]))
+    assert again == ["n1/7", "n2/1", "n1/3"]
+    assert again[0] is cache[(0 << 32) | 7]  # the string made the first time
+    assert len(cache) == 5
