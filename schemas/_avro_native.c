@@ -243,15 +243,16 @@ static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
 enum { OP_SKIP = 0, OP_VALUE = 1, OP_TABLE = 2 };
 
 /* A column's bytes, written in place in the bytes object handed out at the end (no copy):
-   ``cap`` bytes, zero past what was written. */
+   ``cap`` bytes, cut to the rows written when handed out. */
 typedef struct {
     PyObject *obj; /* a bytes object of ``cap`` bytes (NULL: none yet) */
     char *data;
     Py_ssize_t cap;
 } Buf;
 
-/* At least ``bytes`` bytes (doubling), the new ones zero. */
-static int grow_to(Buf *b, Py_ssize_t bytes) {
+/* At least ``bytes`` bytes (doubling), the new ones zero when ``zero`` (else as they come: a
+   value column's cell of a row is always written, its zero for a null included). */
+static int grow_to(Buf *b, Py_ssize_t bytes, int zero) {
     if (bytes <= b->cap) return 0;
     Py_ssize_t cap = b->cap ? b->cap : 256;
     while (cap < bytes) cap *= 2;
@@ -266,7 +267,7 @@ static int grow_to(Buf *b, Py_ssize_t bytes) {
         return -1;
     }
     b->data = PyBytes_AS_STRING(b->obj);
-    memset(b->data + b->cap, 0, (size_t)(cap - b->cap));
+    if (zero) memset(b->data + b->cap, 0, (size_t)(cap - b->cap));
     b->cap = cap;
     return 0;
 }
@@ -284,7 +285,7 @@ static PyObject *buf_take(Buf *b, Py_ssize_t used) {
 }
 
 typedef struct {
-    Py_ssize_t rows, cap; /* every buffer below holds cap rows, zero past rows */
+    Py_ssize_t rows, cap; /* every buffer below holds cap rows (valid: zero past rows) */
     Py_ssize_t first_cap; /* the capacity of the first allocation (a hint, or 64) */
     Py_ssize_t ncols;
     Buf parent;
@@ -412,10 +413,10 @@ typedef struct {
 static int add_row(Tab *t, int64_t parent) {
     if (t->rows == t->cap) {
         Py_ssize_t cap = t->cap ? 2 * t->cap : t->first_cap;
-        if (grow_to(&t->parent, cap * 8) < 0) return -1;
+        if (grow_to(&t->parent, cap * 8, 0) < 0) return -1;
         for (Py_ssize_t c = 0; c < t->ncols; c++)
-            if (grow_to(&t->values[c], cap * 8) < 0) return -1;
-        if (grow_to(&t->valid, cap * t->ncols) < 0) return -1;
+            if (grow_to(&t->values[c], cap * 8, 0) < 0) return -1;
+        if (grow_to(&t->valid, cap * t->ncols, 1) < 0) return -1;
         t->cap = cap;
     }
     memcpy(t->parent.data + t->rows * 8, &parent, 8);
@@ -606,7 +607,10 @@ static int read_op(Cols *cols, Reader *r, Op *op, Tab *t, Py_ssize_t row, int de
         if (r->pos >= r->len) return bad("truncated union branch");
         unsigned char c = r->buf[r->pos++];
         if (c != 0 && c != 2) return bad("bad union branch");
-        if ((c >> 1) == op->null_branch) return 0;
+        if ((c >> 1) == op->null_branch) { /* valid stays 0; the value is 0 */
+            if (op->what == OP_VALUE) memset(t->values[op->arg].data + row * 8, 0, 8);
+            return 0;
+        }
     }
     int64_t iv = 0;
     double dv;
@@ -692,11 +696,8 @@ static void rollback(Cols *cols, const Py_ssize_t *saved) {
         Tab *t = &cols->tabs[k];
         Py_ssize_t from = saved[k], n = t->rows - saved[k];
         if (n <= 0) continue;
-        memset(t->parent.data + from * 8, 0, (size_t)n * 8);
+        /* the flags past ``rows`` stay zero (the next rows' values are all written anew) */
         if (t->ncols > 0) memset(t->valid.data + from * t->ncols, 0, (size_t)(n * t->ncols));
-        for (Py_ssize_t c = 0; c < t->ncols; c++) { /* rows past ``rows`` stay zero */
-            memset(t->values[c].data + from * 8, 0, (size_t)n * 8);
-        }
         t->rows = from;
     }
 }

@@ -38,6 +38,14 @@ typedef struct {
 static int utf8_ok(const unsigned char *s, Py_ssize_t n) {
     Py_ssize_t i = 0;
     while (i < n) {
+        if (n - i >= 8) { /* eight ASCII bytes at once (each is valid on its own) */
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (!(w & 0x8080808080808080ull)) {
+                i += 8;
+                continue;
+            }
+        }
         unsigned char c = s[i];
         if (c < 0x80) {
             i++;
@@ -71,6 +79,23 @@ static inline const char *varint_at(const unsigned char *buf, Py_ssize_t *pos, P
                                     int64_t *out) {
     Py_ssize_t p = *pos, lim = len - p < 10 ? len - p : 10;
     uint64_t acc = 0;
+    if (lim == 10) { /* ten bytes left: no varint can run past the end (the same values) */
+#pragma GCC unroll 9
+        for (int k = 0; k < 9; k++) {
+            unsigned char b = buf[p + k];
+            acc |= (uint64_t)(b & 0x7F) << (7 * k);
+            if (b < 0x80) {
+                *pos = p + k + 1;
+                *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
+                return NULL;
+            }
+        }
+        if (buf[p + 9] > 1) return "varint does not fit 64 bits";
+        acc |= (uint64_t)buf[p + 9] << 63;
+        *pos = p + 10;
+        *out = (int64_t)(acc >> 1) ^ -(int64_t)(acc & 1);
+        return NULL;
+    }
     for (int k = 0;; k++) {
         if (k >= lim) return lim < 10 ? "truncated varint" : "varint does not fit 64 bits";
         unsigned char b = buf[p + k];
