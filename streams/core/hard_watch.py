@@ -140,17 +140,23 @@ class HardWatch:
     def _readings(self, gpus: Table, node: np.ndarray, ts: np.ndarray, ok_sample: np.ndarray,
                   hits: dict[tuple[int, int], list[Any]]) -> None:  # fmt: skip
         assert gpus.parent is not None
-        rows = np.flatnonzero(ok_sample[gpus.parent])
+        ok = ok_sample[gpus.parent]
+        # every reading valid (the usual batch): the columns themselves, not copies of them
+        whole = bool(ok.all())
+        rows = np.arange(gpus.n) if whole else np.flatnonzero(ok)
         m = len(rows)
         if not m:
             return
         self.readings += m
-        parent = gpus.parent[rows]
-        index = gpus.values["index"][rows].astype(np.int64)
+        parent = gpus.parent if whole else gpus.parent[rows]
+        index = (gpus.values["index"] if whole else gpus.values["index"][rows]).astype(
+            np.int64, copy=False
+        )
+        state = gpus.values["state"] if whole else gpus.values["state"][rows]
         gid = self._rows(node[parent], index)
         g = self._gpu.arrays
         bits, bad = hard_rules(
-            gid, ts[parent], rows, gpus.values["state"][rows] == _LOST,
+            gid, ts[parent], rows, state == _LOST,
             [gpus.values[c] for c in HARD_COLUMNS], [_valid(gpus, c) for c in HARD_COLUMNS],
             [g[k] for k in ("ts", "flags", "ecc", "ecc_ok", "nvl", "nvl_ok")])  # fmt: skip
         self.bad_values += bad

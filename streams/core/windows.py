@@ -470,9 +470,12 @@ class WindowAggregator:
         cached = keep & (a["version"][node] >= 0) & (ts >= a["lo"][node]) & (ts < a["hi"][node])
 
         assert gpus.parent is not None
-        rows = np.flatnonzero(keep[gpus.parent]) if gpus.n else np.empty(0, np.int64)
-        parent = gpus.parent[rows] if gpus.n else rows
-        index = gpus.values["index"][rows]
+        kept = keep[gpus.parent]
+        # every reading kept (the usual batch): the columns themselves, not copies of them
+        whole = bool(kept.all())
+        rows = np.arange(gpus.n) if whole else np.flatnonzero(kept)
+        parent = gpus.parent if whole else gpus.parent[rows]
+        index = gpus.values["index"] if whole else gpus.values["index"][rows]
         gid = self._gids(node[parent], index)
         job = self._gpu.arrays["owner"][gid]  # under each node's segment as cached before
         for s in np.flatnonzero(keep & ~cached).tolist():  # new segment: look up, in order
@@ -485,16 +488,17 @@ class WindowAggregator:
         self.readings += len(rows)
         self.unattributed += int((job < 0).sum())
 
-        self._aggregate(gpus, rows, parent, gid, job, ts, seq)
+        self._aggregate(gpus, rows, whole, parent, gid, job, ts, seq)
         if xids.n:
             self._add_xids(xids, keep, node, ts, seq, closed)
         return result
 
-    def _aggregate(self, gpus: Table, rows: np.ndarray, parent: np.ndarray, gid: np.ndarray,
-                   job: np.ndarray, ts: np.ndarray, seq: np.ndarray) -> None:  # fmt: skip
-        """Counter deltas and window sums of the kept readings ``rows`` of ``gpus``."""
+    def _aggregate(self, gpus: Table, rows: np.ndarray, whole: bool, parent: np.ndarray,
+                   gid: np.ndarray, job: np.ndarray, ts: np.ndarray, seq: np.ndarray) -> None:  # fmt: skip
+        """Counter deltas and window sums of the kept readings ``rows`` of ``gpus`` (``whole``:
+        all of them)."""
         v, ok = gpus.values, gpus.valid
-        lost = v["state"][rows] == _LOST
+        lost = (v["state"] if whole else v["state"][rows]) == _LOST
         t = ts[parent]
         g = self._gpu.arrays
         deltas, bad = counter_deltas(
@@ -505,7 +509,7 @@ class WindowAggregator:
         attributed = job >= 0
         wstart = t - t % self.window_ms
         n_gids = self._gpu.size
-        uuid = v["uuid"][rows]
+        uuid = v["uuid"] if whole else v["uuid"][rows]
         values = [v[c] for c in COLUMNS if c != "sm_active_pct"]
         valid = [ok[c] for c in COLUMNS if c != "sm_active_pct"]
         sm_active, sm_active_ok = v["sm_active_pct"], ok["sm_active_pct"]
