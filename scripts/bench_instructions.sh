@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Instructions of one part of a split replay (see scripts/bench_instructions.py), printed alone.
+# Usage: bash scripts/bench_instructions.sh decoder|front|stages ARCHIVE --from MS --to MS
+# Compare two commits: run it from a folder outside both checkouts, the older with PYTHONPATH.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+PYTHONHASHSEED=0 UNDER_CALLGRIND=1 valgrind --tool=callgrind --instr-atstart=no \
+    --collect-atstart=no --toggle-collect=sys_call_tracing \
+    --callgrind-out-file="$out/callgrind.out" \
+    "$here/.venv/bin/python" "$here/scripts/bench_instructions.py" "$@" 2>"$out/log" \
+    || { tail -20 "$out/log" >&2; exit 1; }
+grep -o 'Collected : [0-9]*' "$out/log" | awk '{print $3 " instructions"}'
