@@ -201,7 +201,7 @@ def _evaluate(
     Fills ``scores`` and ``gpu_gate`` and appends straggler findings to ``result``. A peer
     group is compared at once (:class:`PeerComparison`); a GPU's whole verdict is built only
     when it is a candidate or inside an episode: for the others the persistence memory just
-    moves on (:func:`_remember_clean`), which is all :func:`_advance` would do with a clean
+    moves on (:func:`_remember_each`), which is all :func:`_advance` would do with a clean
     window. ``states``: the GPU state of each of ``keys``.
     """
     job_wide_groups: list[_JobWideGroup] = []
@@ -271,7 +271,7 @@ def _evaluate(
             result.findings.extend(
                 _advance(job, window, verdict, gpu_state, len(group), settings, fast)
             )
-        _remember_clean(clean, clean_z, settings)
+        _remember_each(clean, _CLEAN, clean_z, settings)
     return job_wide_groups
 
 
@@ -526,52 +526,39 @@ def _remember(
     confirm_score: float | None,
     settings: DetectorSettings,
 ) -> None:
-    """The memory of one evaluated window: its history code, the CUSUM step, and the end of
-    a lone candidate's episode once it aged out. (Run for every clean GPU of every window: the
-    built-in ``min``/``max`` written as comparisons, which give the same values.)"""
-    history = gpu_state.history
-    history.append(code)
-    keep = settings.history_n
-    if len(history) > keep:
-        del history[:-keep]
-    step = 0.0
-    if confirm_score is not None:
-        cap = settings.cusum_z_cap
-        step = cap if cap < confirm_score else confirm_score  # min(confirm_score, cap)
-    cusum = gpu_state.cusum + step - settings.cusum_k
-    gpu_state.cusum = cusum if cusum > 0.0 else 0.0  # max(0.0, cusum)
-    if (
-        gpu_state.episode_start_ms is not None
-        and gpu_state.status is None
-        and not any(history[-settings.suspect_n :])
-    ):
-        gpu_state.episode_start_ms = None  # an earlier lone candidate window aged out
+    """The memory of one evaluated window of one GPU (:func:`_remember_each`)."""
+    _remember_each([gpu_state], code, [confirm_score], settings)
 
 
-def _remember_clean(
+def _remember_each(
     gpu_states: list[GpuDetectorState],
+    code: int,
     confirm_scores: list[float | None],
     settings: DetectorSettings,
 ) -> None:
-    """:func:`_remember` of a clean window (``_CLEAN``) for each GPU state and its confirming
-    score, those of a window's peer group at once (the settings read once)."""
+    """The memory of one evaluated window with history code ``code`` for each GPU state and
+    its confirming score: the code in its history, the CUSUM step, and the end of a lone
+    candidate's episode once it aged out. Run for every clean GPU of every window (a peer
+    group's at once): the settings are read once and the built-in ``min``/``max`` are written
+    as comparisons, which give the same values."""
     keep, cap, k, suspect_n = (
         settings.history_n, settings.cusum_z_cap, settings.cusum_k, settings.suspect_n
     )  # fmt: skip
     for gpu_state, confirm_score in zip(gpu_states, confirm_scores, strict=True):
         history = gpu_state.history
-        history.append(_CLEAN)
+        history.append(code)
         if len(history) > keep:
             del history[:-keep]
+        # min(confirm_score, cap), or no step without a score
         step = 0.0 if confirm_score is None else cap if cap < confirm_score else confirm_score
         cusum = gpu_state.cusum + step - k
-        gpu_state.cusum = cusum if cusum > 0.0 else 0.0
+        gpu_state.cusum = cusum if cusum > 0.0 else 0.0  # max(0.0, cusum)
         if (
             gpu_state.episode_start_ms is not None
             and gpu_state.status is None
             and not any(history[-suspect_n:])
         ):
-            gpu_state.episode_start_ms = None
+            gpu_state.episode_start_ms = None  # an earlier lone candidate window aged out
 
 
 def _cause(window: GpuWindow, verdict: GpuVerdict, settings: DetectorSettings) -> FindingCause:
