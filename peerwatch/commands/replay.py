@@ -254,15 +254,20 @@ def _column_replay(
     reorder: int | None = int(args.reorder_s * 1000)
     two = not args.one_process and (os.cpu_count() or 1) >= 2
     while True:
-        split = SplitReplay(settings, **kept) if two else None
+        split = SplitReplay(settings, **kept, read_ahead=True) if two else None
         pipeline = split.front if split is not None else Pipeline(settings, kept["keep_windows"])
         stats = ReadStats()
         try:
             records = column_archive_records(
-                Path(args.archive), span, pipeline.aggregator.strings, prefix, keep, reorder, stats,
-                raw_blocks if split is None or split.read_ahead is None
-                else split.read_ahead.raw_blocks,
-            )  # fmt: skip
+                Path(args.archive),
+                span,
+                pipeline.aggregator.strings,
+                prefix,
+                keep,
+                reorder,
+                stats,
+                raw_blocks if split is None else split.blocks_of,
+            )
             if split is not None:
                 result = split.run(records, progress)
             else:

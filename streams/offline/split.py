@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from peerwatch import gc_tuning
+from peerwatch.exporters.archive_files import raw_blocks
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
@@ -50,6 +51,7 @@ from peerwatch.streams.core.silence import newest_valid_ms
 from peerwatch.streams.core.windows import ClosedWindows
 from peerwatch.streams.offline.read_ahead import ReadAhead
 from peerwatch.streams.offline.replay import Progress, Record, ReplayResult, collect, replay
+from peerwatch.streams.offline.sample_runs import BlocksOf
 
 Message = tuple[Any, ...]
 _FAR_FUTURE_MS = 1 << 62
@@ -185,14 +187,19 @@ class SplitReplay:
         job: str | None = None,
         node: str | None = None,
         keep_windows: bool = False,
-        read_ahead: bool = True,
+        read_ahead: bool = False,
     ) -> None:
         self.settings = settings
         self.kept = {"job": job, "node": node, "keep_windows": keep_windows}
         loops.warm()  # before the fork: the stages process inherits the compiled loops
-        #: the archive blocks' reads and decompression in a third process (None: read here);
-        #: forked first, so that it holds no end of the stages process's pipe
+        #: ``read_ahead``: the archive blocks' reads and decompression in a third process
+        #: (None: read here), for a caller that reads an archive; forked first, so that it
+        #: holds no end of the stages process's pipe
         self.read_ahead = ReadAhead() if read_ahead else None
+        #: how this replay reads an archive's sample blocks (for ``column_archive_records``)
+        self.blocks_of: BlocksOf = (
+            raw_blocks if self.read_ahead is None else self.read_ahead.raw_blocks
+        )
         ctx = multiprocessing.get_context("fork")
         self._here, there = ctx.Pipe()
         self._proc = ctx.Process(
