@@ -28,7 +28,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from peerwatch.streams.offline.replay import (
     replay,
 )
 from peerwatch.streams.offline.sample_runs import sample_decoder
-from peerwatch.streams.offline.split import BackPipeline, FrontPipeline
+from peerwatch.streams.offline.split import BackPipeline, FrontPipeline, pickled
 
 
 def measured(part: Callable[[], Any]) -> Any:
@@ -94,12 +93,12 @@ def main() -> None:
         loops.warm()
 
         def part() -> Any:
-            return front_messages(ForkingPickler.dumps)
+            return front_messages(pickled)
 
     else:
         loops.warm()
         sent: list[bytes] = []
-        front_messages(lambda m: sent.append(bytes(ForkingPickler.dumps(m))))
+        front_messages(lambda m: sent.append(pickled(m)))
         messages = [pickle.loads(b) for b in sent]  # noqa: S301 - bytes pickled just above
         back = BackPipeline(settings, emit_windows=False)
 

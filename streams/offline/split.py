@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import pickle
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -254,6 +254,14 @@ class SplitReplay:
         self.close()
 
 
+def pickled(message: Message) -> bytes:
+    """A message as the pipe carries it (``Connection.recv`` reads it back). Plain pickle:
+    the messages hold arrays, numbers and strings, never a handle that only
+    ``multiprocessing``'s own pickler can pass (its pickler also copies a dispatch table at
+    each call)."""
+    return pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+
+
 class PipeClosed(OSError):
     """The stages process no longer reads (it ended)."""
 
@@ -279,7 +287,7 @@ class PipeWriter:
         self._thread.start()
 
     def send(self, message: Message) -> None:
-        data = ForkingPickler.dumps(message)
+        data = pickled(message)
         with self._cond:
             while self._waiting and self._waiting + len(data) > self._limit and not self._error:
                 self._cond.wait()
