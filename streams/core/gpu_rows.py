@@ -45,16 +45,46 @@ def cached_gpu_keys(
 
 
 class GpuKeys:
-    """The row of each GPU (:func:`gpu_code_key`) in its owner's per-GPU arrays: keys sorted, with
-    their rows, looked up a batch at a time."""
+    """The row of each GPU (:func:`gpu_code_key`) in its owner's per-GPU arrays, looked up a
+    batch at a time: keys sorted with their rows (every GPU), and a dense table by node code
+    and GPU index for the usual GPUs (index below :attr:`DENSE_INDEXES`, node code below
+    :attr:`DENSE_NODES`), which answers a batch with one gather where a sorted search took a
+    dozen probes a reading. The sorted keys decide; the table only repeats what they hold."""
+
+    #: GPU indexes ``0 .. DENSE_INDEXES - 1`` are in the dense table (others: sorted keys only)
+    DENSE_INDEXES = 16
+    #: node string codes below this are in the dense table (bounds it: 32 MiB at most)
+    DENSE_NODES = 1 << 18
 
     def __init__(self) -> None:
         self.keys = np.empty(0, np.int64)  # sorted ...
         self.rows = np.empty(0, np.int64)  # ... and the row of each
+        self._dense = np.full((0, self.DENSE_INDEXES), -1, np.int64)  # row, -1: ask the keys
 
-    def lookup(self, key: np.ndarray, add: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """The row of each key; ``add`` makes rows for the keys not seen before (given once each,
-        sorted) and returns them."""
+    def lookup(
+        self, node: np.ndarray, index: np.ndarray, add: Callable[[np.ndarray], np.ndarray]
+    ) -> np.ndarray:
+        """The row of each GPU (node string code, GPU index); ``add`` makes rows for the GPUs
+        not seen before (given as :func:`gpu_code_key` keys, once each, sorted) and returns
+        them."""
+        if not len(node):
+            return np.empty(0, np.int64)
+        dense = self._dense
+        if (
+            int(index.min()) >= 0
+            and int(index.max()) < self.DENSE_INDEXES
+            and int(node.min()) >= 0
+            and int(node.max()) < len(dense)
+        ):
+            rows: np.ndarray = dense[node, index]
+            if int(rows.min()) >= 0:
+                return rows
+        return self._sorted_lookup(node, index, add)
+
+    def _sorted_lookup(
+        self, node: np.ndarray, index: np.ndarray, add: Callable[[np.ndarray], np.ndarray]
+    ) -> np.ndarray:
+        key = gpu_code_key(node, index)
         pos = np.searchsorted(self.keys, key)
         n = len(self.keys)
         if n:
@@ -69,12 +99,35 @@ class GpuKeys:
             self.rows = np.concatenate([self.rows, add(new)])[order]
             pos = np.searchsorted(self.keys, key)
         out: np.ndarray = self.rows[pos]
+        self._note_dense(node.astype(np.int64, copy=False), index.astype(np.int64, copy=False),
+                         out)  # fmt: skip
         return out
+
+    def _note_dense(self, node: np.ndarray, index: np.ndarray, rows: np.ndarray) -> None:
+        """Rows of GPUs inside the dense table's bounds into it (grown to the codes seen)."""
+        inside = (node >= 0) & (node < self.DENSE_NODES) & (index >= 0)
+        inside &= index < self.DENSE_INDEXES
+        if not inside.any():
+            return
+        node, index, rows = node[inside], index[inside], rows[inside]
+        need = int(node.max()) + 1
+        if need > len(self._dense):
+            grown = np.full((max(need, 2 * len(self._dense), 64), self.DENSE_INDEXES), -1,
+                            np.int64)  # fmt: skip
+            grown = grown[: min(len(grown), self.DENSE_NODES)]
+            grown[: len(self._dense)] = self._dense
+            self._dense = grown
+        self._dense[node, index] = rows
 
     def reset(self, keys: np.ndarray) -> None:
         """The rows are now ``0 .. len(keys) - 1``, row ``r`` for ``keys[r]`` (after a prune)."""
         order = np.argsort(keys, kind="stable")
         self.keys, self.rows = keys[order], order.astype(np.int64)
+        self._dense[:] = -1
+        node = keys >> 32
+        low = keys & 0xFFFFFFFF
+        index = np.where(low >= 1 << 31, low - (1 << 32), low)
+        self._note_dense(node, index, np.arange(len(keys), dtype=np.int64))
 
 
 class GrowingRows:

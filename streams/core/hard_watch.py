@@ -39,7 +39,7 @@ import numpy as np
 from peerwatch.schemas.columns import Table
 from peerwatch.schemas.records import StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, gpu_code_key
+from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows
 from peerwatch.streams.core.loops import HARD_COLUMNS, hard_rules, warm
 from peerwatch.streams.core.model import HARD_ERROR, IDLE_JOB_PREFIX, stable_id
 from peerwatch.streams.core.settings import DetectorSettings
@@ -90,7 +90,7 @@ class HardWatch:
 
     # -- per-GPU rows ---------------------------------------------------------------------------
     def _rows(self, node: np.ndarray, index: np.ndarray) -> np.ndarray:
-        return self._row_of.lookup(gpu_code_key(node, index), self._new_rows)
+        return self._row_of.lookup(node, index, self._new_rows)
 
     def _new_rows(self, new_keys: np.ndarray) -> np.ndarray:
         first = self._gpu.add(len(new_keys))

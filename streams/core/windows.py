@@ -40,7 +40,7 @@ import numpy as np
 from peerwatch.schemas.columns import Table, table_spec, tables_from_records
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, cached_gpu_keys, gpu_code_key
+from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, cached_gpu_keys
 from peerwatch.streams.core.loops import (
     COLUMNS,
     COUNTER_FIELDS,
@@ -398,7 +398,7 @@ class WindowAggregator:
 
     def _gids(self, node: np.ndarray, index: np.ndarray) -> np.ndarray:
         """The GPU id of each (node code, GPU index), new ids made for GPUs not seen before."""
-        return self._gid_of.lookup(gpu_code_key(node, index), self._new_gids)
+        return self._gid_of.lookup(node, index, self._new_gids)
 
     def _new_gids(self, new_keys: np.ndarray) -> np.ndarray:
         """Ids for GPUs not seen before (their keys, sorted): node, index and owner set."""

@@ -29,18 +29,52 @@ def test_gpu_keys_give_each_gpu_one_row_and_ask_for_new_ones_once() -> None:
         return np.arange(sum(map(len, made)) - len(new), sum(map(len, made)))
 
     node, index = np.array([5, 2, 5, 2]), np.array([1, 0, 1, 7])
-    first = keys.lookup(gpu_code_key(node, index), add)
+    first = keys.lookup(node, index, add)
     assert made == [sorted({(5 << 32) | 1, 2 << 32, (2 << 32) | 7})]  # once each, sorted
     assert first[0] == first[2] and len(set(first.tolist())) == 3
-    again = keys.lookup(gpu_code_key(np.array([2, 9, 5]), np.array([0, 3, 1])), add)
+    again = keys.lookup(np.array([2, 9, 5]), np.array([0, 3, 1]), add)
     assert made[1:] == [[(9 << 32) | 3]] and again[0] == first[1] and again[2] == first[0]
     assert again[1] == 3  # the row add gave
     # a negative index keeps its own key (32 low bits), apart from every other GPU of the node
     assert gpu_code_key(np.array([1]), np.array([-1]))[0] == (1 << 32) | 0xFFFFFFFF
     # after a prune the owner keeps some GPUs as rows 0.. in that order
     keys.reset(gpu_code_key(np.array([9, 2]), np.array([3, 0])))
-    assert keys.lookup(gpu_code_key(np.array([2, 9]), np.array([0, 3])), add).tolist() == [1, 0]
+    assert keys.lookup(np.array([2, 9]), np.array([0, 3]), add).tolist() == [1, 0]
     assert len(made) == 2
+
+
+def test_gpu_keys_dense_table_answers_as_the_sorted_keys_do() -> None:
+    """GPUs inside the dense table's bounds and outside it (negative and large indexes, large
+    node codes), mixed in one batch, before and after a prune: the same rows as a search of
+    the sorted keys alone, and each GPU asked for once."""
+    rng = np.random.default_rng(7)
+    big_node = GpuKeys.DENSE_NODES + 3
+    nodes = np.array([0, 1, 5, 40, 300, big_node], np.int64)
+    indexes = np.array([0, 1, 7, 15, 16, -1, 2**31 - 1, -(2**31)], np.int64)
+    keys, reference = GpuKeys(), {}
+
+    def add(new: np.ndarray) -> np.ndarray:
+        assert not set(new.tolist()) & set(reference), "a GPU asked for twice"
+        rows = np.arange(len(reference), len(reference) + len(new))
+        reference.update(zip(new.tolist(), rows.tolist(), strict=True))
+        return rows
+
+    for _ in range(30):
+        node = rng.choice(nodes, size=int(rng.integers(1, 40)))
+        index = rng.choice(indexes, size=len(node))
+        got = keys.lookup(node, index, add).tolist()
+        assert got == [reference[k] for k in gpu_code_key(node, index).tolist()]
+    # a prune keeps some GPUs, renumbered 0..; the dropped ones are new again when they return
+    kept = np.array(sorted(reference)[::2], np.int64)
+    keys.reset(kept)
+    reference.clear()
+    reference.update((k, r) for r, k in enumerate(kept.tolist()))
+    for _ in range(30):
+        node = rng.choice(nodes, size=int(rng.integers(1, 40)))
+        index = rng.choice(indexes, size=len(node))
+        got = keys.lookup(node, index, add).tolist()
+        assert got == [reference[k] for k in gpu_code_key(node, index).tolist()]
+    assert keys.lookup(np.empty(0, np.int64), np.empty(0, np.int64), add).tolist() == []
 
 
 def test_wide_rows_have_a_fill_per_column() -> None:
