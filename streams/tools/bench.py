@@ -337,7 +337,9 @@ def format_table(report: Mapping[str, Any]) -> str:
         rows.append(
             (
                 f"replay node records/s ({replay['node_records']:,} from the archive, "
-                f"{replay.get('path', '?')})",
+                f"{replay.get('path', '?')}; median of "
+                + ", ".join(_fmt(r, ",.0f") for r in replay.get("runs_node_records_per_s") or [])
+                + ")",
                 _fmt(replay["node_records_per_s"]),
                 "",
                 "",

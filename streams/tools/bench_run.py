@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -528,6 +528,19 @@ def measure_replay(archive: Path, from_ms: int, to_ms: int) -> dict[str, Any]:
     return summary
 
 
+#: Replays of the benchmark's archive; the report gives the median run's figures.
+REPLAY_RUNS = 3
+
+
+def median_run(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The run of median ``node_records_per_s`` (the lower middle of an even count; a run
+    without a rate counts as the slowest)."""
+    if not runs:
+        raise ValueError("no replay runs")
+    ranked = sorted(runs, key=lambda r: r.get("node_records_per_s") or 0.0)
+    return dict(ranked[(len(ranked) - 1) // 2])
+
+
 def delete_prefixed_topics(kafka: KafkaSettings, prefix: str) -> int:
     """Delete every topic named ``prefix…`` (a benchmark's input, outputs and the worker's
     internal topics): a long-lived broker would otherwise collect thousands of partitions, one
@@ -755,11 +768,18 @@ def run_stream_bench(
     if archive is not None:
         log("replay of the same records from the archive ...")
         start_ms = fleet.spec.start_ms
-        summary = measure_replay(archive, start_ms, start_ms + fleet.spec.duration_ms + 60_000)
+        # A replay of these records takes about a second, the worker's burst several: one
+        # second of this machine is too easily a slow one. The median of REPLAY_RUNS runs.
+        runs = [
+            measure_replay(archive, start_ms, start_ms + fleet.spec.duration_ms + 60_000)
+            for _ in range(REPLAY_RUNS)
+        ]
         shutil.rmtree(archive, ignore_errors=True)
+        summary = median_run(runs)
         rate = summary.get("node_records_per_s")
         report["replay"] = {
             **summary,
+            "runs_node_records_per_s": [r.get("node_records_per_s") for r in runs],
             "over_worker": rate / worker["node_records_per_s"]
             if rate and worker.get("node_records_per_s")
             else None,

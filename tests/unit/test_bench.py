@@ -122,6 +122,22 @@ def test_table_names_every_target_and_verdict() -> None:
     assert "12.00" in lines["replay / worker (node records/s)"]
 
 
+def test_the_replay_figure_is_the_median_run_and_the_table_lists_every_run() -> None:
+    from peerwatch.streams.tools.bench_run import median_run
+
+    runs = [{"node_records_per_s": r, "wall_s": w} for r, w in ((90.0, 1), (40.0, 2), (70.0, 3))]
+    assert median_run(runs) == {"node_records_per_s": 70.0, "wall_s": 3}
+    assert median_run(runs[:2])["node_records_per_s"] == 40.0  # even: the lower middle
+    assert (
+        median_run([{"node_records_per_s": None}, runs[0], runs[1]])["node_records_per_s"] == 40.0
+    )
+    with pytest.raises(ValueError):
+        median_run([])
+    rep = report(30_000.0, 2.6, 700 << 20, 100_000, 900.0)
+    rep["replay"]["runs_node_records_per_s"] = [41_000.0, 45_000.0, 52_500.0]
+    assert "median of 41,000, 45,000, 52,500" in format_table(rep)
+
+
 def test_worker_metrics_stop_at_the_burst() -> None:
     # The first two batches make 2010 records; the third (paced input) is left out.
     c = counters()
