@@ -332,11 +332,18 @@ def concat_tables(parts: Sequence[Mapping[str, Table]]) -> dict[str, Table]:
             )
         out[path] = Table(
             sum(t.n for t in tables),
-            {k: np.concatenate([t.values[k] for t in tables]) for k in first.values},
-            {k: np.concatenate([t.valid[k] for t in tables]) for k in first.valid},
+            {k: _read_only(np.concatenate([t.values[k] for t in tables])) for k in first.values},
+            {k: _read_only(np.concatenate([t.valid[k] for t in tables])) for k in first.valid},
             parent,
         )
     return out
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """``a``, no longer writeable: column values are read-only wherever they come from, as the
+    C decoder's are (the loops then take them as they are, without a read-only view each)."""
+    a.flags.writeable = False
+    return a
 
 
 def take_rows(tables: Mapping[str, Table], order: Int64s) -> dict[str, Table]:
