@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Instructions of one part of a split replay (see scripts/bench_instructions.py), printed alone.
 # Usage: bash scripts/bench_instructions.sh decoder|front|stages ARCHIVE --from MS --to MS
-# Compare two commits: run it from a folder outside both checkouts, the older with PYTHONPATH.
+# Compare two commits: run each checkout's own copy of this script from a folder outside both,
+# the older with PYTHONPATH=<its checkout> and a .venv there linked to this one's (ln -s): the
+# script imports what its own commit has.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(mktemp -d)
