@@ -16,13 +16,21 @@ import numpy as np
 
 from peerwatch.streams.core.model import gpu_keys
 
-__all__ = ["GpuKeys", "GrowingRows", "cached_gpu_keys", "gpu_code_key"]
+__all__ = ["GpuKeys", "GrowingRows", "cached_gpu_keys", "gpu_code_key", "gpu_code_parts"]
 
 
 def gpu_code_key(node: np.ndarray, index: np.ndarray) -> np.ndarray:
     """One int64 per GPU: its node's string code above, its GPU index below (32 bits each)."""
     key: np.ndarray = (node.astype(np.int64) << 32) | (index.astype(np.int64) & 0xFFFFFFFF)
     return key
+
+
+def gpu_code_parts(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The node string codes and GPU indexes of :func:`gpu_code_key` keys (its inverse)."""
+    low = key & 0xFFFFFFFF
+    index: np.ndarray = np.where(low >= 1 << 31, low - (1 << 32), low)
+    node: np.ndarray = key >> 32
+    return node, index
 
 
 def cached_gpu_keys(
@@ -112,9 +120,8 @@ class GpuKeys:
         node, index, rows = node[inside], index[inside], rows[inside]
         need = int(node.max()) + 1
         if need > len(self._dense):
-            grown = np.full((max(need, 2 * len(self._dense), 64), self.DENSE_INDEXES), -1,
-                            np.int64)  # fmt: skip
-            grown = grown[: min(len(grown), self.DENSE_NODES)]
+            size = min(max(need, 2 * len(self._dense), 64), self.DENSE_NODES)
+            grown = np.full((size, self.DENSE_INDEXES), -1, np.int64)
             grown[: len(self._dense)] = self._dense
             self._dense = grown
         self._dense[node, index] = rows
@@ -124,10 +131,7 @@ class GpuKeys:
         order = np.argsort(keys, kind="stable")
         self.keys, self.rows = keys[order], order.astype(np.int64)
         self._dense[:] = -1
-        node = keys >> 32
-        low = keys & 0xFFFFFFFF
-        index = np.where(low >= 1 << 31, low - (1 << 32), low)
-        self._note_dense(node, index, np.arange(len(keys), dtype=np.int64))
+        self._note_dense(*gpu_code_parts(keys), np.arange(len(keys), dtype=np.int64))
 
 
 class GrowingRows:

@@ -40,7 +40,7 @@ import numpy as np
 from peerwatch.schemas.columns import Table, table_spec, tables_from_records
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, cached_gpu_keys
+from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, cached_gpu_keys, gpu_code_parts
 from peerwatch.streams.core.loops import (
     COLUMNS,
     COUNTER_FIELDS,
@@ -405,9 +405,7 @@ class WindowAggregator:
         first = self._gpu.add(len(new_keys))
         g = self._gpu.arrays
         ids = np.arange(first, first + len(new_keys))
-        g["node"][ids] = new_keys >> 32
-        idx = (new_keys & 0xFFFFFFFF).astype(np.int64)
-        g["index"][ids] = np.where(idx >= 1 << 31, idx - (1 << 32), idx)
+        g["node"][ids], g["index"][ids] = gpu_code_parts(new_keys)
         for gid, nc, ix in zip(ids.tolist(), g["node"][ids].tolist(), g["index"][ids].tolist(),
                                strict=True):  # fmt: skip
             self._node_gids.setdefault(nc, []).append(gid)

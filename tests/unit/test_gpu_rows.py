@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, cached_gpu_keys, gpu_code_key
+from peerwatch.streams.core.gpu_rows import (
+    GpuKeys,
+    GrowingRows,
+    cached_gpu_keys,
+    gpu_code_key,
+    gpu_code_parts,
+)
 from peerwatch.streams.core.model import gpu_key
 
 
@@ -37,6 +43,10 @@ def test_gpu_keys_give_each_gpu_one_row_and_ask_for_new_ones_once() -> None:
     assert again[1] == 3  # the row add gave
     # a negative index keeps its own key (32 low bits), apart from every other GPU of the node
     assert gpu_code_key(np.array([1]), np.array([-1]))[0] == (1 << 32) | 0xFFFFFFFF
+    # and back: every Avro int index, and the node code
+    node_in, index_in = np.array([0, 7, 3, 9]), np.array([-(2**31), -1, 0, 2**31 - 1])
+    node_out, index_out = gpu_code_parts(gpu_code_key(node_in, index_in))
+    assert node_out.tolist() == node_in.tolist() and index_out.tolist() == index_in.tolist()
     # after a prune the owner keeps some GPUs as rows 0.. in that order
     keys.reset(gpu_code_key(np.array([9, 2]), np.array([3, 0])))
     assert keys.lookup(np.array([2, 9]), np.array([0, 3]), add).tolist() == [1, 0]
