@@ -42,6 +42,10 @@ STRING_CACHE_SLOTS = 131072
 Int64s = npt.NDArray[np.int64]
 Float64s = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
+#: One table as the C module's ``decode_columns`` gives it: its rows, the parent row of each
+#: (int64 bytes), each selected column's values (int64 or float64 bytes, in the spec's order)
+#: and the null flags (one byte per row and column, row by row).
+RawTable = tuple[int, bytes, list[bytes], bytes]
 
 
 @dataclass(frozen=True)
@@ -212,7 +216,8 @@ class ColumnDecoder:
         Returns the tables and ``(position in bodies, reason)`` of each record not read."""
         raw, bad, _ = self._decode(self._program, self._ncols, bodies, offset, 0, strings,
                                    self._cache_of(strings), self._hints)  # fmt: skip
-        return self._wrap(raw), bad
+        self._next_hints(raw)
+        return self.wrap(raw), bad
 
     def block(
         self, data: Any, offset: int, count: int, strings: dict[str, int]
@@ -221,14 +226,26 @@ class ColumnDecoder:
         tables, ``(record number, reason)`` of each record not read (a record with invalid
         UTF-8 is skipped and the next read; any other fault ends the block there: the last
         entry) and the offset after the last record read."""
+        raw, bad, end = self.block_raw(data, offset, count, strings)
+        return self.wrap(raw), bad, end
+
+    def block_raw(
+        self, data: Any, offset: int, count: int, strings: dict[str, int]
+    ) -> tuple[list[RawTable], list[tuple[int, str]], int]:
+        """As :meth:`block`, the tables as the C module gives them (:data:`RawTable`: plain
+        bytes, which a process can pass to another; :meth:`wrap` makes them tables)."""
         raw, bad, end = self._decode(self._program, self._ncols, data, offset, count, strings,
                                      self._cache_of(strings), self._hints)  # fmt: skip
-        return self._wrap(raw), bad, end
+        self._next_hints(raw)
+        return raw, bad, end
 
-    def _wrap(self, raw: Sequence[Any]) -> dict[str, Table]:
+    def _next_hints(self, raw: Sequence[RawTable]) -> None:
         # the next call's first capacities: this call's rows and an eighth more (archive blocks
         # and Kafka batches of one stream are about the same size each time)
         self._hints = tuple(r[0] + r[0] // 8 + 64 for r in raw)
+
+    def wrap(self, raw: Sequence[RawTable]) -> dict[str, Table]:
+        """The tables of the C module's output (arrays over its bytes, no copy)."""
         out: dict[str, Table] = {}
         for spec, (rows, parent, values, valid) in zip(self._tables, raw, strict=True):
             table = Table(rows, {}, {}, None if not spec.path else np.frombuffer(parent, np.int64))

@@ -6,7 +6,9 @@ Needs valgrind (Debian: ``apt-get install valgrind``). Usage: valgrind --tool=ca
        (or ``bash scripts/bench_instructions.sh PART ARCHIVE --from MS --to MS``)
 
 PART is ``decoder`` (the C column decoder over the archive's sample blocks), ``front`` (the
-reading process: decode, stage 2 and the pickling of each message, blocks read beforehand) or
+reading process's work: decode, stage 2 and the pickling of each message, blocks read
+beforehand; since 2026-12-04 (day) a split replay decodes in its read-ahead process, so the
+reading process runs ``front`` less ``decoder``) or
 ``stages`` (the stages process: every message of the front through a BackPipeline, the messages
 made and unpickled beforehand). The measured part runs inside ``sys.call_tracing`` with
 callgrind's instrumentation switched on around it (``callgrind_control``), so the count leaves
@@ -39,7 +41,7 @@ from peerwatch.streams.offline.replay import (
     live_equivalent_settings,
     replay,
 )
-from peerwatch.streams.offline.sample_runs import sample_decoder
+from peerwatch.streams.offline.sample_runs import decoded_here, sample_decoder
 from peerwatch.streams.offline.split import BackPipeline, FrontPipeline, pickled
 
 
@@ -77,7 +79,8 @@ def main() -> None:
     def front_messages(send: Callable[[Any], Any]) -> Any:
         front = FrontPipeline(settings, send)
         records = column_archive_records(args.archive, span, front.aggregator.strings, "", None,
-                                         30_000, ReadStats(), blocks_of)  # fmt: skip
+                                         30_000, ReadStats(),
+                                         decoded_here(sample_decoder(), blocks_of))  # fmt: skip
         return replay(records, settings, pipeline=front)
 
     if args.part == "decoder":

@@ -242,7 +242,7 @@ def _column_replay(
     (no C module, sample files of another schema version): then the decoded path runs. An
     archive out of order by more than ``--reorder-s`` is replayed again with a window wide enough
     (:func:`~peerwatch.streams.offline.sample_runs.wider_window_ms`), at most whole hours."""
-    from peerwatch.exporters.archive_files import ReadStats, raw_blocks
+    from peerwatch.exporters.archive_files import ReadStats
     from peerwatch.schemas.compiled import Unsupported
     from peerwatch.streams.core.pipeline import Pipeline
     from peerwatch.streams.offline.replay import column_archive_records, replay
@@ -266,7 +266,7 @@ def _column_replay(
                 keep,
                 reorder,
                 stats,
-                raw_blocks if split is None else split.blocks_of,
+                None if split is None else split.tables_of,
             )
             if split is not None:
                 result = split.run(records, progress)

@@ -1,21 +1,28 @@
 """Archive blocks read ahead by a process of their own: the file reads and the zstandard
-decompression (a seventh of a split replay's reading process, its largest cost after the
-column decoder) move to a third process, which writes each block's decompressed bytes into a
-slot of memory shared across the fork; the reading process decodes them there, where they are,
-and hands the slot back.
+decompression and, given a column decoder, the decoding of the samples (the reading process's
+largest cost) move to a third process, which writes each block's bytes (or its decoded columns)
+into a slot of memory shared across the fork; the reading process takes them from there and
+hands the slot back.
 
 :meth:`ReadAhead.raw_blocks` is :func:`~peerwatch.exporters.archive_files.raw_blocks` with the
 same results and refusals: the same ``(record count, bytes)`` blocks (a slot's bytes as a
 memoryview, released once the next block is asked for), the same ValueError for an unreadable
 header (OSError for a file that cannot be opened), the same warnings (the read-ahead process sends them; they are logged here, by the same
 logger, in order with the blocks) and the same counts in ``stats``. A block larger than a slot
-comes through the pipe as bytes.
+comes through the pipe as bytes. :meth:`ReadAhead.decoded_blocks` is
+:func:`~peerwatch.streams.offline.sample_runs.decoded_here` over ``raw_blocks`` with the same
+decoder: the same tables (copied out of the slot), the same refusals, string codes of the
+caller's ``strings``. The read-ahead process codes the strings in a dict of its own and sends
+each block's new ones with it; this side adds them to ``strings`` in that order, so the codes
+are the same as a decoder here would give (and mapped where ``strings`` held others before).
 
 Messages to the read-ahead process: ``("open", path)`` (read its header; any file opened before
-is dropped), ``("go",)`` (send the opened file's blocks), ``("free", slot)``, ``("quit",)``.
-From it: ``("header", writer_schema)`` or ``("header_error", exception)``, then ``("slot", slot,
-count, size)`` or ``("bytes", count, data)`` for each block, ``("end", stats)``; ``("log",
-logger, level, message)`` at any point; ``("error", message)`` when it fails (it ends then).
+is dropped), ``("go", decode)`` (send the opened file's blocks, decoded or not), ``("free",
+slot)``, ``("quit",)``. From it: ``("header", writer_schema)`` or ``("header_error",
+exception)``, then for each block ``("slot", slot, count, size)`` or ``("bytes", count, data)``,
+decoded ``("slot_tables", slot, shape, lengths, count, size, bad, end, names)`` or ``("tables",
+raw, count, size, bad, end, names)``, then ``("end", stats)``; ``("log", logger, level,
+message)`` at any point; ``("error", message)`` when it fails (it ends then).
 A read-ahead process that ends early (killed) is an error here at the next message, never a
 wait: this side closed its copy of the other end of the pipe.
 """
@@ -30,11 +37,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from peerwatch.exporters.archive_files import ReadStats, raw_blocks
+import numpy as np
 
-#: Slots of decompressed blocks in flight (the archiver writes blocks of about 1 MiB).
+from peerwatch.exporters.archive_files import ReadStats, raw_blocks
+from peerwatch.schemas.columns import STR, ColumnDecoder, RawTable, Table
+from peerwatch.streams.offline.sample_runs import DecodedBlock
+
+#: Slots of blocks in flight (the archiver writes blocks of about 1 MiB; their samples decoded
+#: into columns take about 1.3 MiB).
 SLOTS = 8
-SLOT_BYTES = 2 << 20
+SLOT_BYTES = 4 << 20
 
 
 class ReadAheadError(RuntimeError):
@@ -47,27 +59,56 @@ class ReadAhead:
     time: a blocks iterator left unfinished (an error while decoding) stops the process, and
     every later call raises ReadAheadError."""
 
-    def __init__(self, slots: int = SLOTS, slot_bytes: int = SLOT_BYTES) -> None:
+    def __init__(
+        self, slots: int = SLOTS, slot_bytes: int = SLOT_BYTES, decoder: ColumnDecoder | None = None
+    ) -> None:
+        """``decoder``: the column decoder of :meth:`decoded_blocks` (None: only
+        :meth:`raw_blocks`)."""
         if slots < 1 or slot_bytes < 1:
             raise ValueError("read-ahead: at least one slot of at least one byte")
         self._slot_bytes = slot_bytes
         self._mem = mmap.mmap(-1, slots * slot_bytes)  # anonymous: shared with the fork
         self._view = memoryview(self._mem)
+        self._decoder = decoder
         ctx = multiprocessing.get_context("fork")
         self._conn, there = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_reader_main, args=(there, self._mem, slots, slot_bytes),
+            target=_reader_main, args=(there, self._mem, slots, slot_bytes, decoder),
             name="peerwatch-replay-read", daemon=True,
         )  # fmt: skip
         self._proc.start()
         there.close()
         self._opened = 0  # files opened; a blocks iterator reads only the latest one
         self._broken: str | None = None
+        #: the read-ahead process's strings, by its code, and each one's code in ``_strings``
+        self._names: list[str] = []
+        self._codes: list[int] = []
+        self._strings: dict[str, int] | None = None
+        self._identity = True  # whether every code there is the same here
+        self._remap = np.empty(0, np.int64)
+        self._str_columns = (
+            {t.path: [c for c in t.columns if c.kind == STR] for t in decoder.spec.tables()}
+            if decoder is not None
+            else {}
+        )
 
     def raw_blocks(
         self, path: Path, stats: ReadStats | None = None
     ) -> tuple[Any, Iterator[tuple[int, Any]]]:
         """As :func:`~peerwatch.exporters.archive_files.raw_blocks` (module docstring)."""
+        return self._open(path), self._blocks(self._opened, stats, None)
+
+    def decoded_blocks(
+        self, path: Path, stats: ReadStats | None, strings: dict[str, int]
+    ) -> tuple[Any, Iterator[DecodedBlock]]:
+        """As :func:`~peerwatch.streams.offline.sample_runs.decoded_here` with this read-ahead's
+        decoder over :func:`~peerwatch.exporters.archive_files.raw_blocks` (module docstring):
+        a :data:`~peerwatch.streams.offline.sample_runs.TablesOf`."""
+        if self._decoder is None:
+            raise ValueError("read-ahead: made without a decoder")
+        return self._open(path), self._blocks(self._opened, stats, strings)
+
+    def _open(self, path: Path) -> Any:
         self._send(("open", str(path)))
         reply = self._recv()
         if reply[0] == "header_error":
@@ -75,12 +116,15 @@ class ReadAhead:
         if reply[0] != "header":
             raise self._fail(f"read-ahead: {reply[0]!r} where a header was due")
         self._opened += 1
-        return reply[1], self._blocks(self._opened, stats)
+        return reply[1]
 
-    def _blocks(self, opened: int, stats: ReadStats | None) -> Iterator[tuple[int, Any]]:
+    def _blocks(
+        self, opened: int, stats: ReadStats | None, strings: dict[str, int] | None
+    ) -> Iterator[Any]:
+        """The opened file's blocks: ``(count, bytes)``, or with ``strings`` DecodedBlocks."""
         if opened != self._opened:
             raise self._fail("read-ahead: the blocks of a file asked for after another was opened")
-        self._send(("go",))
+        self._send(("go", strings is not None))
         done = False
         try:
             while True:
@@ -93,6 +137,16 @@ class ReadAhead:
                     return
                 if kind == "bytes":
                     yield message[1], message[2]
+                    continue
+                if strings is not None and kind == "tables":
+                    _, raw, count, size, bad, end, names = message
+                    yield DecodedBlock(count, size, self._tables(raw, names, strings), bad, end)
+                    continue
+                if strings is not None and kind == "slot_tables":
+                    _, slot, shape, lengths, count, size, bad, end, names = message
+                    raw = self._copied(slot, shape, lengths)
+                    self._send(("free", slot))
+                    yield DecodedBlock(count, size, self._tables(raw, names, strings), bad, end)
                     continue
                 if kind != "slot":
                     raise self._fail(f"read-ahead: {kind!r} where a block was due")
@@ -107,6 +161,58 @@ class ReadAhead:
         finally:
             if not done:  # left unfinished: the process is still sending this file's blocks
                 self._stop("read-ahead: a file's blocks were left unread")
+
+    def _copied(
+        self, slot: int, shape: list[tuple[int, int]], lengths: list[int]
+    ) -> list[RawTable]:
+        """A slot's decoded tables, copied out of it (the slot is free again after this)."""
+        view, pos = self._view, slot * self._slot_bytes
+        parts = []
+        for n in lengths:
+            parts.append(bytes(view[pos : pos + n]))
+            pos += n
+        raw: list[RawTable] = []
+        i = 0
+        for rows, n_values in shape:
+            raw.append((rows, parts[i], parts[i + 1 : i + 1 + n_values], parts[i + 1 + n_values]))
+            i += n_values + 2
+        return raw
+
+    def _tables(
+        self, raw: list[RawTable], names: list[str], strings: dict[str, int]
+    ) -> dict[str, Table]:
+        """The tables of the read-ahead process's output, string codes those of ``strings``."""
+        assert self._decoder is not None
+        if strings is not self._strings:  # another dict: every string coded again in it
+            self._strings, self._codes, self._identity = strings, [], True
+            self._learn(self._names, strings)
+        self._names += names
+        self._learn(names, strings)
+        tables = self._decoder.wrap(raw)
+        if self._identity:
+            return tables
+        if len(self._remap) != len(self._codes):
+            self._remap = np.array(self._codes, np.int64)
+        for path, columns in self._str_columns.items():
+            table = tables[path]
+            for col in columns:
+                codes = table.values[col.name]
+                if not len(codes):
+                    continue
+                if col.nullable:  # a null's code is 0, there may be no string at all
+                    codes = np.where(table.valid[col.name], codes, 0)
+                    mapped = np.where(table.valid[col.name], self._remap[codes], 0)
+                else:
+                    mapped = self._remap[codes]
+                mapped.flags.writeable = False  # as the decoder's columns
+                table.values[col.name] = mapped
+        return tables
+
+    def _learn(self, names: list[str], strings: dict[str, int]) -> None:
+        for name in names:
+            code = strings.setdefault(name, len(strings))
+            self._identity = self._identity and code == len(self._codes)
+            self._codes.append(code)
 
     def _send(self, message: tuple[Any, ...]) -> None:
         if self._broken is not None:
@@ -179,57 +285,103 @@ class _Forward(logging.Handler):
         self._conn.send(("log", record.name, record.levelno, record.getMessage()))
 
 
-def _reader_main(conn: Any, mem: mmap.mmap, slots: int, slot_bytes: int) -> None:
+def _reader_main(
+    conn: Any, mem: mmap.mmap, slots: int, slot_bytes: int, decoder: ColumnDecoder | None
+) -> None:
     """The read-ahead process: each opened file's header, then on ``go`` its blocks."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.addHandler(_Forward(conn))
     try:
-        _serve(conn, mem, slots, slot_bytes)
+        _Server(conn, mem, slots, slot_bytes, decoder).serve()
     except (EOFError, BrokenPipeError):
         return  # the reading process ended or closed the pipe: nothing to tell
     except Exception as exc:  # told to the reading process, which raises it
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _serve(conn: Any, mem: mmap.mmap, slots: int, slot_bytes: int) -> None:
-    free = list(range(slots))
-    blocks: Iterator[tuple[int, bytes]] | None = None
-    stats = ReadStats()
-    while True:
-        message = conn.recv()
-        kind = message[0]
-        if kind == "quit":
-            return
-        if kind == "free":
-            free.append(message[1])
-        elif kind == "open":
-            blocks, stats = None, ReadStats()
-            try:
-                schema, blocks = raw_blocks(Path(message[1]), stats)
-            except (ValueError, OSError) as exc:  # an unreadable header, a missing file
-                conn.send(("header_error", exc))
-                continue
-            conn.send(("header", schema))
-        elif kind == "go":
-            if blocks is None:
-                raise RuntimeError("blocks asked for with no file open")
-            for count, data in blocks:
-                if len(data) > slot_bytes:
-                    conn.send(("bytes", count, data))
+class _Server:
+    """The read-ahead process's loop (module docstring)."""
+
+    def __init__(self, conn: Any, mem: mmap.mmap, slots: int, slot_bytes: int,
+                 decoder: ColumnDecoder | None) -> None:  # fmt: skip
+        self.conn, self.mem, self.slot_bytes, self.decoder = conn, mem, slot_bytes, decoder
+        self.free = list(range(slots))
+        self.strings: dict[str, int] = {}  # the decoder's codes here, across files
+        self.sent = 0  # strings told to the reading process
+
+    def serve(self) -> None:
+        conn = self.conn
+        blocks: Iterator[tuple[int, bytes]] | None = None
+        stats = ReadStats()
+        while True:
+            message = conn.recv()
+            kind = message[0]
+            if kind == "quit":
+                return
+            if kind == "free":
+                self.free.append(message[1])
+            elif kind == "open":
+                blocks, stats = None, ReadStats()
+                try:
+                    schema, blocks = raw_blocks(Path(message[1]), stats)
+                except (ValueError, OSError) as exc:  # an unreadable header, a missing file
+                    conn.send(("header_error", exc))
                     continue
-                while not free or conn.poll():  # the slots handed back so far
-                    reply = conn.recv()
-                    if reply[0] == "quit":
+                conn.send(("header", schema))
+            elif kind == "go":
+                if blocks is None:
+                    raise RuntimeError("blocks asked for with no file open")
+                send = self._send_decoded if message[1] else self._send_block
+                for count, data in blocks:
+                    if not send(count, data):
                         return
-                    if reply[0] != "free":
-                        raise RuntimeError(f"{reply[0]!r} while a file's blocks were sent")
-                    free.append(reply[1])
-                slot = free.pop()
-                mem[slot * slot_bytes : slot * slot_bytes + len(data)] = data
-                conn.send(("slot", slot, count, len(data)))
-            blocks = None
-            conn.send(("end", stats.as_dict()))
-        else:
-            raise RuntimeError(f"unknown message {kind!r}")
+                blocks = None
+                conn.send(("end", stats.as_dict()))
+            else:
+                raise RuntimeError(f"unknown message {kind!r}")
+
+    def _slot(self) -> int | None:
+        """A free slot, once one is handed back (None: told to quit meanwhile)."""
+        while not self.free or self.conn.poll():  # the slots handed back so far
+            reply = self.conn.recv()
+            if reply[0] == "quit":
+                return None
+            if reply[0] != "free":
+                raise RuntimeError(f"{reply[0]!r} while a file's blocks were sent")
+            self.free.append(reply[1])
+        return self.free.pop()
+
+    def _send_block(self, count: int, data: bytes) -> bool:
+        if len(data) > self.slot_bytes:
+            self.conn.send(("bytes", count, data))
+            return True
+        slot = self._slot()
+        if slot is None:
+            return False
+        self.mem[slot * self.slot_bytes : slot * self.slot_bytes + len(data)] = data
+        self.conn.send(("slot", slot, count, len(data)))
+        return True
+
+    def _send_decoded(self, count: int, data: bytes) -> bool:
+        if self.decoder is None:
+            raise RuntimeError("decoded blocks asked for with no decoder")
+        raw, bad, end = self.decoder.block_raw(data, 0, count, self.strings)
+        names = list(self.strings)[self.sent :] if len(self.strings) > self.sent else []
+        self.sent = len(self.strings)
+        parts = [b for _, parent, values, valid in raw for b in (parent, *values, valid)]
+        lengths = [len(b) for b in parts]
+        if sum(lengths) > self.slot_bytes:
+            self.conn.send(("tables", raw, count, len(data), bad, end, names))
+            return True
+        slot = self._slot()
+        if slot is None:
+            return False
+        pos = slot * self.slot_bytes
+        for part, n in zip(parts, lengths, strict=True):
+            self.mem[pos : pos + n] = part
+            pos += n
+        shape = [(rows, len(values)) for rows, _, values, _ in raw]
+        self.conn.send(("slot_tables", slot, shape, lengths, count, len(data), bad, end, names))
+        return True

@@ -41,7 +41,6 @@ from peerwatch.exporters.archive_files import (
     HOUR_MS,
     ReadStats,
     archive_files,
-    raw_blocks,
     read_container,
     read_file,
     record_time_ms,
@@ -63,8 +62,9 @@ from peerwatch.streams.offline.sample_runs import (
     DEFAULT_REORDER_MS,
     FAR_FUTURE_MS,
     SAMPLE_RUN,
-    BlocksOf,
     SampleRuns,
+    TablesOf,
+    decoded_here,
     file_tables,
     in_scope,
     merge,
@@ -285,7 +285,7 @@ def column_archive_records(
     keep_nodes: frozenset[str] | None = None,
     reorder_ms: int | None = DEFAULT_REORDER_MS,
     stats: ReadStats | None = None,
-    blocks_of: BlocksOf = raw_blocks,
+    tables_of: TablesOf | None = None,
 ) -> Iterator[Record]:
     """The replay input under ``root`` in ``span``, hour by hour: the other streams' records
     decoded, the samples as ``(SAMPLE_RUN, "", tables)`` runs in between (string codes of
@@ -293,9 +293,11 @@ def column_archive_records(
     ``reorder_ms`` older than the newest read (None: each hour once it is all read). Raises
     ArchiveUnordered (see :mod:`~peerwatch.streams.offline.sample_runs`), and Unsupported
     without the C decoder or for sample files of another schema version. ``stats``: counts
-    what was skipped, as :func:`archive_records` does; ``blocks_of``: how the sample files'
-    blocks are read (see :func:`~peerwatch.streams.offline.sample_runs.file_tables`)."""
-    decoder = sample_decoder()
+    what was skipped, as :func:`archive_records` does; ``tables_of``: how the sample files'
+    blocks are read and decoded (see :func:`~peerwatch.streams.offline.sample_runs.file_tables`;
+    default: here, by the C decoder)."""
+    if tables_of is None:
+        tables_of = decoded_here(sample_decoder())
     for files in (v for _, v in sorted(archive_hours(root, span, topic_prefix).items())):
         decoded = [
             r for s, p in files if s != "samples" for r in _decoded((s, str(p), None), stats)
@@ -304,7 +306,7 @@ def column_archive_records(
         del decoded
         runs = SampleRuns(strings)
         paths = [p for s, p in files if s == "samples"]
-        for tables in file_tables(paths, decoder, strings, stats, blocks_of):
+        for tables in file_tables(paths, tables_of, strings, stats):
             runs.add(in_scope(tables, span.from_ms, span.to_ms, strings, keep_nodes))
             if reorder_ms is not None and runs.newest is not None:
                 below = runs.newest - reorder_ms

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from fastavro.schema import to_parsing_canonical_form
@@ -41,6 +41,41 @@ log = logging.getLogger(__name__)
 #: How an archive file's blocks are read: ``(path, stats) -> (writer schema, blocks)``, as
 #: :func:`~peerwatch.exporters.archive_files.raw_blocks` (a block: its record count and bytes).
 BlocksOf = Callable[[Path, ReadStats | None], tuple[Any, Iterator[tuple[int, Any]]]]
+
+
+class DecodedBlock(NamedTuple):
+    """One archive block's samples as columns, as :meth:`ColumnDecoder.block` gives them (the
+    tables, the records not read, the offset after the last one read), with the block's record
+    count and size in bytes."""
+
+    records: int
+    size: int
+    tables: dict[str, Table]
+    bad: list[tuple[int, str]]
+    end: int
+
+
+#: How an archive file's sample blocks are read and decoded: ``(path, stats, strings) ->
+#: (writer schema, blocks)``, string codes of ``strings``; the blocks are decoded only once
+#: asked for (the caller checks the writer schema first). :func:`decoded_here`, or a
+#: :class:`~peerwatch.streams.offline.read_ahead.ReadAhead` process's ``decoded_blocks``.
+TablesOf = Callable[[Path, ReadStats | None, dict[str, int]], tuple[Any, Iterator[DecodedBlock]]]
+
+
+def decoded_here(decoder: ColumnDecoder, blocks_of: BlocksOf = raw_blocks) -> TablesOf:
+    """Blocks read by ``blocks_of`` and decoded by ``decoder`` in this process."""
+
+    def tables_of(
+        path: Path, stats: ReadStats | None, strings: dict[str, int]
+    ) -> tuple[Any, Iterator[DecodedBlock]]:
+        writer_schema, blocks = blocks_of(path, stats)
+        return writer_schema, (
+            DecodedBlock(count, len(data), *decoder.block(data, 0, count, strings))
+            for count, data in blocks
+        )
+
+    return tables_of
+
 
 #: The stream of a record that is a run of sample columns (value: the tables).
 SAMPLE_RUN = "sample-run"
@@ -199,19 +234,19 @@ def sample_decoder() -> ColumnDecoder:
     return ColumnDecoder(SAMPLE_SPEC, strip_logical_types(raw_schema("NodeGpuSample")))
 
 
-def file_tables(paths: Sequence[Path], decoder: ColumnDecoder, strings: dict[str, int],
-                stats: ReadStats | None = None,
-                blocks_of: BlocksOf = raw_blocks) -> Iterator[dict[str, Table]]:  # fmt: skip
+def file_tables(paths: Sequence[Path], tables_of: TablesOf, strings: dict[str, int],
+                stats: ReadStats | None = None) -> Iterator[dict[str, Table]]:  # fmt: skip
     """The samples of archive files block by block, as tables. A bad record is skipped with a
     warning (and the rest of its block when its bytes are cut); a file whose header is unreadable
     is skipped with a warning; each counted in ``stats`` (records not read, blocks, files), as
     the decoded path counts them. Raises Unsupported for a file of another schema version (read
-    it through the decoded path). ``blocks_of``: how a file's blocks are read (:func:`raw_blocks`
-    here, or a :class:`~peerwatch.streams.offline.read_ahead.ReadAhead` process's)."""
+    it through the decoded path). ``tables_of``: how a file's blocks are read and decoded
+    (:func:`decoded_here`, or a :class:`~peerwatch.streams.offline.read_ahead.ReadAhead`
+    process's)."""
     current = to_parsing_canonical_form(strip_logical_types(raw_schema("NodeGpuSample")))
     for path in paths:
         try:
-            writer_schema, blocks = blocks_of(path, stats)
+            writer_schema, blocks = tables_of(path, stats, strings)
         except ValueError as exc:
             if "codec" in str(exc):
                 raise Unsupported(str(exc)) from exc
@@ -221,14 +256,13 @@ def file_tables(paths: Sequence[Path], decoder: ColumnDecoder, strings: dict[str
             continue
         if to_parsing_canonical_form(strip_logical_types(writer_schema)) != current:
             raise Unsupported(f"{path}: written with another NodeGpuSample version")
-        for count, data in blocks:
-            tables, bad, end = decoder.block(data, 0, count, strings)
+        for count, size, tables, bad, end in blocks:
             for i, reason in bad:
                 log.warning("%s: sample %d of a block skipped (%s)", path, i, reason)
             if stats is not None:
                 stats.bad_records += count - tables[""].n
-            if end < len(data) and not bad:  # a count too small: records left unread
-                log.warning("%s: %d trailing bytes in a block ignored", path, len(data) - end)
+            if end < size and not bad:  # a count too small: records left unread
+                log.warning("%s: %d trailing bytes in a block ignored", path, size - end)
                 if stats is not None:
                     stats.bad_blocks += 1
             yield tables

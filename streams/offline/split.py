@@ -1,6 +1,6 @@
 """Replay on two cores, the live topology offline: stage 2 in the reading process, stages 3 and
-4 in a forked second one (and the archive's file reads and decompression in a third,
-:mod:`~peerwatch.streams.offline.read_ahead`). Same outputs, in the same order, as the one-process
+4 in a forked second one (and the archive's file reads, decompression and sample decoding in a
+third, :mod:`~peerwatch.streams.offline.read_ahead`). Same outputs, in the same order, as the one-process
 :class:`~peerwatch.streams.core.pipeline.Pipeline` (tested equal).
 
 :class:`FrontPipeline` reads and aggregates the samples and, wherever the one-process pipeline
@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from peerwatch import gc_tuning
-from peerwatch.exporters.archive_files import raw_blocks
+from peerwatch.schemas.columns import ColumnDecoder
+from peerwatch.schemas.compiled import Unsupported
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
@@ -51,7 +52,7 @@ from peerwatch.streams.core.silence import newest_valid_ms
 from peerwatch.streams.core.windows import ClosedWindows
 from peerwatch.streams.offline.read_ahead import ReadAhead
 from peerwatch.streams.offline.replay import Progress, Record, ReplayResult, collect, replay
-from peerwatch.streams.offline.sample_runs import BlocksOf
+from peerwatch.streams.offline.sample_runs import TablesOf, sample_decoder
 
 Message = tuple[Any, ...]
 _FAR_FUTURE_MS = 1 << 62
@@ -192,14 +193,21 @@ class SplitReplay:
         self.settings = settings
         self.kept = {"job": job, "node": node, "keep_windows": keep_windows}
         loops.warm()  # before the fork: the stages process inherits the compiled loops
-        #: ``read_ahead``: the archive blocks' reads and decompression in a third process
-        #: (None: read here), for a caller that reads an archive; forked first, so that it
-        #: holds no end of the stages process's pipe
-        self.read_ahead = ReadAhead() if read_ahead else None
-        #: how this replay reads an archive's sample blocks (for ``column_archive_records``)
-        self.blocks_of: BlocksOf = (
-            raw_blocks if self.read_ahead is None else self.read_ahead.raw_blocks
-        )
+        #: ``read_ahead``: the archive blocks' reads, decompression and column decoding in a
+        #: third process (None: here), for a caller that reads an archive; forked first, so
+        #: that it holds no end of the stages process's pipe
+        self.read_ahead: ReadAhead | None = None
+        #: how this replay reads and decodes an archive's sample blocks (for
+        #: ``column_archive_records``; None: its default, here)
+        self.tables_of: TablesOf | None = None
+        if read_ahead:
+            try:
+                decoder: ColumnDecoder | None = sample_decoder()
+            except Unsupported:  # no C module: the column path is refused where it is asked for
+                decoder = None
+            self.read_ahead = ReadAhead(decoder=decoder)
+            if decoder is not None:
+                self.tables_of = self.read_ahead.decoded_blocks
         ctx = multiprocessing.get_context("fork")
         self._here, there = ctx.Pipe()
         self._proc = ctx.Process(

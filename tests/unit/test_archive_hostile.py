@@ -27,7 +27,7 @@ from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas.compiled import encode_long
 from peerwatch.schemas.registry import current_schema, raw_schema, strip_logical_types
 from peerwatch.streams.offline.replay import TimeRange, archive_records, column_archive_records
-from peerwatch.streams.offline.sample_runs import file_tables, sample_decoder
+from peerwatch.streams.offline.sample_runs import decoded_here, file_tables, sample_decoder
 
 T0 = 1_767_225_600_000
 SPAN = TimeRange(T0, T0 + 3_600_000)
@@ -96,7 +96,7 @@ def test_header_with_a_negative_key_length_is_refused_not_looped(
     assert list(archive_records(tmp_path, SPAN, stats=stats)) == []
     assert stats.bad_files == 1
     stats = ReadStats()
-    assert list(file_tables([bad], sample_decoder(), {}, stats)) == []
+    assert list(file_tables([bad], decoded_here(sample_decoder()), {}, stats)) == []
     assert stats.bad_files == 1
 
 
@@ -219,7 +219,7 @@ def test_invalid_utf8_in_one_sample_skips_that_sample_on_both_paths(
     # The column path: the same records, the same count.
     strings: dict[str, int] = {}
     stats = ReadStats()
-    n = sum(t[""].n for t in file_tables([path], sample_decoder(), strings, stats))
+    n = sum(t[""].n for t in file_tables([path], decoded_here(sample_decoder()), strings, stats))
     assert n == len(kept) and stats.bad_records == 2
     stats = ReadStats()
     runs = list(column_archive_records(tmp_path, SPAN, strings, stats=stats))
@@ -294,7 +294,7 @@ def test_corrupt_block_count_skips_that_block_on_both_paths(
     size_at, _ = _block_at(data, start)
     path.write_bytes(data[:start] + encode_long(count) + data[size_at:])
     stats = ReadStats()
-    n = sum(t[""].n for t in file_tables([path], sample_decoder(), {}, stats))
+    n = sum(t[""].n for t in file_tables([path], decoded_here(sample_decoder()), {}, stats))
     assert n == 20 and stats.bad_blocks == 1
     stats = ReadStats()
     got = list(read_file(path, current_schema("NodeGpuSample"), stats=stats))
@@ -315,5 +315,5 @@ def test_a_count_too_small_keeps_what_it_says_and_counts_the_block(
     got = list(read_file(path, current_schema("NodeGpuSample"), stats=stats))
     assert keys(got) == keys(kept) and stats.bad_blocks == 1 and stats.bad_records == 0
     stats = ReadStats()
-    n = sum(t[""].n for t in file_tables([path], sample_decoder(), {}, stats))
+    n = sum(t[""].n for t in file_tables([path], decoded_here(sample_decoder()), {}, stats))
     assert n == len(kept) and stats.bad_blocks == 1

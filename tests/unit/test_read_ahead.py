@@ -1,5 +1,6 @@
-"""The read-ahead process (streams/offline/read_ahead.py) gives what raw_blocks gives, in the
-same order, with the same warnings, counts and refusals, on good and on hostile archive files;
+"""The read-ahead process (streams/offline/read_ahead.py) gives what raw_blocks gives (and,
+decoding, what the decoder gives here), in the same order, with the same warnings, counts and
+refusals, on good and on hostile archive files;
 a read-ahead process that ends early or a file left half read is an error, never a wait."""
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from peerwatch.exporters.archive_files import ReadStats, block_spans, raw_blocks
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas.compiled import encode_long
-from peerwatch.streams.offline.read_ahead import ReadAhead, ReadAheadError
+from peerwatch.streams.offline.read_ahead import SLOT_BYTES, ReadAhead, ReadAheadError
 from peerwatch.streams.offline.replay import column_archive_records
-from peerwatch.streams.offline.sample_runs import SAMPLE_RUN
+from peerwatch.streams.offline.sample_runs import (
+    SAMPLE_RUN,
+    DecodedBlock,
+    decoded_here,
+    sample_decoder,
+)
 from tests.unit.test_archive_hostile import SAMPLES, SCENARIO, SPAN, _block_at, write_samples
 
 
@@ -212,4 +218,61 @@ def test_column_replay_input_is_the_same_read_ahead(
     assert want[1]["bad_blocks"] == 1 and want[1]["cut_tails"] == 1
     assert sum(n for n, _, _ in want[0]) > 0
     with ReadAhead(slots=2) as ahead:
-        assert runs(blocks_of=ahead.raw_blocks) == want
+        assert runs(tables_of=decoded_here(sample_decoder(), ahead.raw_blocks)) == want
+    for slot_bytes in (SLOT_BYTES, 4096):  # 4096: every block's tables through the pipe
+        with ReadAhead(slots=2, slot_bytes=slot_bytes, decoder=sample_decoder()) as ahead:
+            assert runs(tables_of=ahead.decoded_blocks) == want
+
+
+def readable(block: DecodedBlock, strings: dict[str, int]) -> Any:
+    """A decoded block with every column as a list and string codes as the strings."""
+    names = list(strings)
+    spec = {t.path: t for t in sample_decoder().spec.tables()}
+    out = {}
+    for path, table in block.tables.items():
+        cols = {}
+        for col in spec[path].columns:
+            values = table.values[col.name].tolist()
+            cols[col.name] = [names[v] for v in values] if col.kind == "str" else values
+            assert not table.values[col.name].flags.writeable
+        valid = {k: v.tolist() for k, v in table.valid.items()}
+        parent = None if table.parent is None else table.parent.tolist()
+        out[path] = (table.n, cols, valid, parent)
+    return block.records, block.size, out, block.bad, block.end
+
+
+@pytest.mark.parametrize("slot_bytes", [SLOT_BYTES, 4096])
+def test_decoded_blocks_are_those_decoded_here_in_any_strings(
+    tmp_path: Path, samples: list[dict[str, Any]], slot_bytes: int
+) -> None:
+    """The same tables, refusals and counts as a decoder here, over a hostile file and a good
+    one after it; string codes those of the caller's dict, also when it held other strings
+    before (then they are mapped) and when another dict is given later."""
+    bad, good = tmp_path / "bad.avro", tmp_path / "good.avro"
+    write_samples(bad, samples[:60], per_block=7)
+    corrupt(bad)
+    write_samples(good, samples[60:90], per_block=10)
+
+    def read(tables_of: Any, strings: dict[str, int]) -> list[Any]:
+        out = []
+        for path in (bad, good):
+            stats = ReadStats()
+            _, blocks = tables_of(path, stats, strings)
+            out.append(([readable(b, strings) for b in blocks], stats.as_dict()))
+        return out
+
+    want = read(decoded_here(sample_decoder()), {})
+    assert want[0][1]["bad_blocks"] == 1 and want[0][1]["cut_tails"] == 1
+    with ReadAhead(slots=2, slot_bytes=slot_bytes, decoder=sample_decoder()) as ahead:
+        assert read(ahead.decoded_blocks, {}) == want
+        other = {"gpu-elsewhere": 0, "GPU-elsewhere": 1}
+        assert read(ahead.decoded_blocks, other) == want  # strings seen before, codes mapped
+        assert list(other)[:2] == ["gpu-elsewhere", "GPU-elsewhere"]
+        assert read(ahead.decoded_blocks, {}) == want
+
+
+def test_decoded_blocks_need_a_decoder(tmp_path: Path, samples: list[dict[str, Any]]) -> None:
+    path = tmp_path / "s.avro"
+    write_samples(path, samples[:10], per_block=10)
+    with ReadAhead() as ahead, pytest.raises(ValueError, match="without a decoder"):
+        ahead.decoded_blocks(path, None, {})
