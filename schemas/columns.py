@@ -44,8 +44,9 @@ Float64s = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 #: One table as the C module's ``decode_columns`` gives it: its rows, the parent row of each
 #: (int64 bytes), each selected column's values (int64 or float64 bytes, in the spec's order)
-#: and the null flags (one byte per row and column, row by row).
-RawTable = tuple[int, bytes, list[bytes], bytes]
+#: and the null flags (one byte per row and column, row by row). Views of bytes serve too.
+Buffer = bytes | memoryview
+RawTable = tuple[int, Buffer, list[Buffer], Buffer]
 
 
 @dataclass(frozen=True)

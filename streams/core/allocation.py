@@ -196,18 +196,22 @@ class AllocationTable:
         horizon = now_ms - self.retention_ms
         dropped = 0
         live_jobs: set[str] = set()
+        live = live_jobs.add
         for node, per_gpu in list(self._gpus.items()):
-            before = sum(len(v) for v in per_gpu.values())
-            for gpu in list(per_gpu):
-                kept = [iv for iv in per_gpu[gpu] if iv[2] is _OPEN or iv[2] >= horizon]
+            node_dropped = 0
+            for gpu, intervals in list(per_gpu.items()):
+                if len(intervals) == 1 and intervals[0][2] is _OPEN:  # the usual GPU: one job
+                    live(intervals[0][0])
+                    continue
+                kept = [iv for iv in intervals if iv[2] is _OPEN or iv[2] >= horizon]
+                node_dropped += len(intervals) - len(kept)
                 if kept:
                     per_gpu[gpu] = kept
                     live_jobs.update(iv[0] for iv in kept)
                 else:
                     del per_gpu[gpu]
-            after = sum(len(v) for v in per_gpu.values())
-            if after != before:
-                dropped += before - after
+            if node_dropped:
+                dropped += node_dropped
                 self._bump(node)
             if not per_gpu:
                 del self._gpus[node]

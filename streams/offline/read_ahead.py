@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from peerwatch.exporters.archive_files import ReadStats, raw_blocks
-from peerwatch.schemas.columns import STR, ColumnDecoder, RawTable, Table
+from peerwatch.schemas.columns import STR, Buffer, ColumnDecoder, RawTable, Table
 from peerwatch.streams.offline.sample_runs import DecodedBlock
 
 #: Slots of blocks in flight (the archiver writes blocks of about 1 MiB; their samples decoded
@@ -165,12 +165,12 @@ class ReadAhead:
     def _copied(
         self, slot: int, shape: list[tuple[int, int]], lengths: list[int]
     ) -> list[RawTable]:
-        """A slot's decoded tables, copied out of it (the slot is free again after this)."""
-        view, pos = self._view, slot * self._slot_bytes
-        parts = []
-        for n in lengths:
-            parts.append(bytes(view[pos : pos + n]))
-            pos += n
+        """A slot's decoded tables, copied out of it at once (the slot is free again after
+        this): views of one bytes object, each part where :func:`_offsets` put it."""
+        offsets = _offsets(lengths)
+        start = slot * self._slot_bytes
+        whole = memoryview(bytes(self._view[start : start + offsets[-1]]))
+        parts: list[Buffer] = [whole[at : at + n] for at, n in zip(offsets, lengths, strict=False)]
         raw: list[RawTable] = []
         i = 0
         for rows, n_values in shape:
@@ -274,6 +274,17 @@ class ReadAhead:
         self.close()
 
 
+def _offsets(lengths: list[int]) -> list[int]:
+    """Where the parts of a block's tables lie in a slot: each at a multiple of 8 bytes (so
+    that a column read as int64s is aligned), and after them the end of the last one."""
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + (n + 7) // 8 * 8)
+    if lengths:
+        offsets[-1] = offsets[-2] + lengths[-1]
+    return offsets
+
+
 class _Forward(logging.Handler):
     """The read-ahead process's log records, sent to be logged by the reading process."""
 
@@ -372,16 +383,16 @@ class _Server:
         self.sent = len(self.strings)
         parts = [b for _, parent, values, valid in raw for b in (parent, *values, valid)]
         lengths = [len(b) for b in parts]
-        if sum(lengths) > self.slot_bytes:
+        offsets = _offsets(lengths)
+        if offsets[-1] > self.slot_bytes:
             self.conn.send(("tables", raw, count, len(data), bad, end, names))
             return True
         slot = self._slot()
         if slot is None:
             return False
-        pos = slot * self.slot_bytes
-        for part, n in zip(parts, lengths, strict=True):
-            self.mem[pos : pos + n] = part
-            pos += n
+        base = slot * self.slot_bytes
+        for part, at in zip(parts, offsets, strict=False):
+            self.mem[base + at : base + at + len(part)] = part
         shape = [(rows, len(values)) for rows, _, values, _ in raw]
         self.conn.send(("slot_tables", slot, shape, lengths, count, len(data), bad, end, names))
         return True

@@ -235,6 +235,7 @@ def readable(block: DecodedBlock, strings: dict[str, int]) -> Any:
             values = table.values[col.name].tolist()
             cols[col.name] = [names[v] for v in values] if col.kind == "str" else values
             assert not table.values[col.name].flags.writeable
+            assert table.values[col.name].flags.aligned  # the compiled loops take it as it is
         valid = {k: v.tolist() for k, v in table.valid.items()}
         parent = None if table.parent is None else table.parent.tolist()
         out[path] = (table.n, cols, valid, parent)
