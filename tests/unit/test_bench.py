@@ -122,6 +122,15 @@ def test_table_names_every_target_and_verdict() -> None:
     assert "12.00" in lines["replay / worker (node records/s)"]
 
 
+def test_a_ratio_just_under_its_target_never_prints_as_the_target() -> None:
+    rep = report(60_000.0, 1.9999, 700 << 20, 100_000, 900.0, replay_x=9.997)
+    lines = {line.split("  ")[0]: line for line in format_table(rep).splitlines()}
+    assert "9.99" in lines["replay / worker (node records/s)"]
+    assert "10.00" not in lines["replay / worker (node records/s)"]
+    assert lines["replay / worker (node records/s)"].endswith("FAIL")
+    assert "1.999 " in lines["processor / floor"] and lines["processor / floor"].endswith("FAIL")
+
+
 def test_the_replay_figure_is_the_median_run_and_the_table_lists_every_run() -> None:
     from peerwatch.streams.tools.bench_run import median_run
 
