@@ -12,12 +12,15 @@ logger, in order with the blocks) and the same counts in ``stats``. A block larg
 comes through the pipe as bytes. :meth:`ReadAhead.decoded_blocks` is
 :func:`~peerwatch.streams.offline.sample_runs.decoded_here` over ``raw_blocks`` with the same
 decoder: the same tables (copied out of the slot), the same refusals, string codes of the
-caller's ``strings``. The read-ahead process codes the strings in a dict of its own and sends
-each block's new ones with it; this side adds them to ``strings`` in that order, so the codes
-are the same as a decoder here would give (and mapped where ``strings`` held others before).
+caller's ``strings``. The read-ahead process decodes with a copy of that dict (sent with the
+first ``go`` and whenever the caller gives another) and sends each block's new strings with
+it; this side adds them to ``strings`` at the same codes, so the codes are those a decoder here
+would give. Only decoders add to such a dict; one that changed under a file's blocks is an
+error.
 
 Messages to the read-ahead process: ``("open", path)`` (read its header; any file opened before
-is dropped), ``("go", decode)`` (send the opened file's blocks, decoded or not), ``("free",
+is dropped), ``("go", decode, strings)`` (send the opened file's blocks, decoded or not; the
+reading process's strings to decode with, None: those held), ``("free",
 slot)``, ``("quit",)``. From it: ``("header", writer_schema)`` or ``("header_error",
 exception)``, then for each block ``("slot", slot, count, size)`` or ``("bytes", count, data)``,
 decoded ``("slot_tables", slot, shape, lengths, count, size, bad, end, names)`` or ``("tables",
@@ -37,10 +40,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from peerwatch.exporters.archive_files import ReadStats, raw_blocks
-from peerwatch.schemas.columns import STR, Buffer, ColumnDecoder, RawTable, Table
+from peerwatch.schemas.columns import Buffer, ColumnDecoder, RawTable, Table
 from peerwatch.streams.offline.sample_runs import DecodedBlock
 
 #: Slots of blocks in flight (the archiver writes blocks of about 1 MiB; their samples decoded
@@ -80,17 +81,9 @@ class ReadAhead:
         there.close()
         self._opened = 0  # files opened; a blocks iterator reads only the latest one
         self._broken: str | None = None
-        #: the read-ahead process's strings, by its code, and each one's code in ``_strings``
-        self._names: list[str] = []
-        self._codes: list[int] = []
+        #: the strings dict the read-ahead process mirrors, and how many of its strings it holds
         self._strings: dict[str, int] | None = None
-        self._identity = True  # whether every code there is the same here
-        self._remap = np.empty(0, np.int64)
-        self._str_columns = (
-            {t.path: [c for c in t.columns if c.kind == STR] for t in decoder.spec.tables()}
-            if decoder is not None
-            else {}
-        )
+        self._mirrored = 0
 
     def raw_blocks(
         self, path: Path, stats: ReadStats | None = None
@@ -124,7 +117,10 @@ class ReadAhead:
         """The opened file's blocks: ``(count, bytes)``, or with ``strings`` DecodedBlocks."""
         if opened != self._opened:
             raise self._fail("read-ahead: the blocks of a file asked for after another was opened")
-        self._send(("go", strings is not None))
+        seed = None  # the caller's strings, where the read-ahead process does not hold them yet
+        if strings is not None and (strings is not self._strings or len(strings) != self._mirrored):
+            seed, self._strings, self._mirrored = list(strings), strings, len(strings)
+        self._send(("go", strings is not None, seed))
         done = False
         try:
             while True:
@@ -181,38 +177,17 @@ class ReadAhead:
     def _tables(
         self, raw: list[RawTable], names: list[str], strings: dict[str, int]
     ) -> dict[str, Table]:
-        """The tables of the read-ahead process's output, string codes those of ``strings``."""
+        """The tables of the read-ahead process's output; the strings it coded for them added
+        to ``strings``, at the codes it gave them (its dict mirrors the caller's: only decoders
+        add to such a dict, see :mod:`~peerwatch.schemas.columns`)."""
         assert self._decoder is not None
-        if strings is not self._strings:  # another dict: every string coded again in it
-            self._strings, self._codes, self._identity = strings, [], True
-            self._learn(self._names, strings)
-        self._names += names
-        self._learn(names, strings)
-        tables = self._decoder.wrap(raw)
-        if self._identity:
-            return tables
-        if len(self._remap) != len(self._codes):
-            self._remap = np.array(self._codes, np.int64)
-        for path, columns in self._str_columns.items():
-            table = tables[path]
-            for col in columns:
-                codes = table.values[col.name]
-                if not len(codes):
-                    continue
-                if col.nullable:  # a null's code is 0, there may be no string at all
-                    codes = np.where(table.valid[col.name], codes, 0)
-                    mapped = np.where(table.valid[col.name], self._remap[codes], 0)
-                else:
-                    mapped = self._remap[codes]
-                mapped.flags.writeable = False  # as the decoder's columns
-                table.values[col.name] = mapped
-        return tables
-
-    def _learn(self, names: list[str], strings: dict[str, int]) -> None:
+        if len(strings) != self._mirrored:
+            raise self._fail("read-ahead: the strings dict changed while a file's blocks were read")
         for name in names:
-            code = strings.setdefault(name, len(strings))
-            self._identity = self._identity and code == len(self._codes)
-            self._codes.append(code)
+            if strings.setdefault(name, len(strings)) != self._mirrored:
+                raise self._fail(f"read-ahead: {name!r} already had another code")
+            self._mirrored += 1
+        return self._decoder.wrap(raw)
 
     def _send(self, message: tuple[Any, ...]) -> None:
         if self._broken is not None:
@@ -319,7 +294,7 @@ class _Server:
                  decoder: ColumnDecoder | None) -> None:  # fmt: skip
         self.conn, self.mem, self.slot_bytes, self.decoder = conn, mem, slot_bytes, decoder
         self.free = list(range(slots))
-        self.strings: dict[str, int] = {}  # the decoder's codes here, across files
+        self.strings: dict[str, int] = {}  # the reading process's dict, mirrored
         self.sent = 0  # strings told to the reading process
 
     def serve(self) -> None:
@@ -344,6 +319,9 @@ class _Server:
             elif kind == "go":
                 if blocks is None:
                     raise RuntimeError("blocks asked for with no file open")
+                if message[2] is not None:  # the reading process's strings, to mirror
+                    self.strings = {name: code for code, name in enumerate(message[2])}
+                    self.sent = len(self.strings)
                 send = self._send_decoded if message[1] else self._send_block
                 for count, data in blocks:
                     if not send(count, data):

@@ -248,7 +248,8 @@ def test_decoded_blocks_are_those_decoded_here_in_any_strings(
 ) -> None:
     """The same tables, refusals and counts as a decoder here, over a hostile file and a good
     one after it; string codes those of the caller's dict, also when it held other strings
-    before (then they are mapped) and when another dict is given later."""
+    before (the read-ahead process decodes with a copy of it) and when another dict is given
+    later."""
     bad, good = tmp_path / "bad.avro", tmp_path / "good.avro"
     write_samples(bad, samples[:60], per_block=7)
     corrupt(bad)
@@ -267,9 +268,25 @@ def test_decoded_blocks_are_those_decoded_here_in_any_strings(
     with ReadAhead(slots=2, slot_bytes=slot_bytes, decoder=sample_decoder()) as ahead:
         assert read(ahead.decoded_blocks, {}) == want
         other = {"gpu-elsewhere": 0, "GPU-elsewhere": 1}
-        assert read(ahead.decoded_blocks, other) == want  # strings seen before, codes mapped
+        assert read(ahead.decoded_blocks, other) == want  # strings held before: codes after them
         assert list(other)[:2] == ["gpu-elsewhere", "GPU-elsewhere"]
         assert read(ahead.decoded_blocks, {}) == want
+
+
+def test_a_strings_dict_changed_under_a_files_blocks_is_an_error(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    """Only decoders add to a strings dict: a string added by another hand between two blocks
+    would take a code the read-ahead process gives to another string, so it stops there."""
+    path = tmp_path / "s.avro"
+    write_samples(path, samples[:30], per_block=10)
+    strings: dict[str, int] = {}
+    with ReadAhead(slots=2, decoder=sample_decoder()) as ahead:
+        _, blocks = ahead.decoded_blocks(path, None, strings)
+        next(blocks)
+        strings["added-elsewhere"] = len(strings)
+        with pytest.raises(ReadAheadError, match="strings dict changed"):
+            next(blocks)
 
 
 def test_decoded_blocks_need_a_decoder(tmp_path: Path, samples: list[dict[str, Any]]) -> None:
