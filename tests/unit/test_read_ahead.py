@@ -246,12 +246,12 @@ def readable(block: DecodedBlock, strings: dict[str, int]) -> Any:
 def test_decoded_blocks_are_those_decoded_here_in_any_strings(
     tmp_path: Path, samples: list[dict[str, Any]], slot_bytes: int
 ) -> None:
-    """The same tables, refusals and counts as a decoder here, over a hostile file and a good
-    one after it; string codes those of the caller's dict, also when it held other strings
+    """The same tables, refusals and counts as a decoder here, over a hostile file (a corrupt
+    block size, a cut tail, two samples with invalid UTF-8) and a good one after it; string codes those of the caller's dict, also when it held other strings
     before (the read-ahead process decodes with a copy of it) and when another dict is given
     later."""
     bad, good = tmp_path / "bad.avro", tmp_path / "good.avro"
-    write_samples(bad, samples[:60], per_block=7)
+    write_samples(bad, samples[:60], per_block=7, bad_utf8=frozenset({3, 20}))
     corrupt(bad)
     write_samples(good, samples[60:90], per_block=10)
 
@@ -265,6 +265,8 @@ def test_decoded_blocks_are_those_decoded_here_in_any_strings(
 
     want = read(decoded_here(sample_decoder()), {})
     assert want[0][1]["bad_blocks"] == 1 and want[0][1]["cut_tails"] == 1
+    utf8 = [reason for block in want[0][0] for _, reason in block[3] if "UTF-8" in reason]
+    assert len(utf8) == 2  # each sample with invalid UTF-8 skipped, the rest of its block kept
     with ReadAhead(slots=2, slot_bytes=slot_bytes, decoder=sample_decoder()) as ahead:
         assert read(ahead.decoded_blocks, {}) == want
         other = {"gpu-elsewhere": 0, "GPU-elsewhere": 1}
