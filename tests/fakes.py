@@ -15,7 +15,7 @@
 * NVML constants (``NVML_FI_DEV_*`` ...) are the binding's; ``hidden_names`` removes some, to act
   like an older binding that lacks them.
 
-Configure GPUs with ``FakeGpu`` (``FakeGpu.h100()``, ``FakeGpu.a100()`` or fields by hand). A value
+Configure GPUs with ``FakeGpu`` (``FakeGpu.h100()``, ``FakeGpu.h200()``, ``FakeGpu.a100()`` or fields by hand). A value
 may be a zero-argument callable, called on every read (dynamic counters). ``calls`` counts calls by
 (function name, GPU index).
 """
@@ -114,6 +114,19 @@ class FakeGpu:
         return gpu
 
     @classmethod
+    def h200(cls, index: int = 0, **overrides: Any) -> FakeGpu:
+        """An H200 as one answered through NVML (driver 580, a PCIe-attached GPU in a VM; the
+        recording is ``tests/data/nvml/h200``): GPM, no NVLink, 700 W, 141 GiB."""
+        gpu = cls.h100(index, name="NVIDIA H200", nvlink_links=0, mem_clock_mhz=3201,
+                       memory_total_bytes=150_754_820_096)  # fmt: skip
+        gpu.fields_supported = {
+            name for name in gpu.field_table() if not name.startswith("NVML_FI_DEV_NVLINK_")
+        }
+        for key, value in overrides.items():
+            setattr(gpu, key, value)
+        return gpu
+
+    @classmethod
     def a100(cls, index: int = 0, **overrides: Any) -> FakeGpu:
         """An A100 SXM (Ampere): no GPM, 12 NVLinks, 400 W limit."""
         gpu = cls.h100(index, name="NVIDIA A100-SXM4-80GB", gpm_supported=False)
@@ -144,7 +157,8 @@ class FakeGpu:
             ),
             "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": (UINT, lambda: self.recovery_action),
             "NVML_FI_DEV_MEMORY_TEMP": (UINT, lambda: self.memory_temperature_c),
-            "NVML_FI_DEV_PCIE_REPLAY_COUNTER": (ULL, lambda: self.pcie_replay_count),
+            # an unsigned int, as an H200 answers it (tests/data/nvml/h200)
+            "NVML_FI_DEV_PCIE_REPLAY_COUNTER": (UINT, lambda: self.pcie_replay_count),
         }
         ce, ue = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         vol, agg = pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC
