@@ -5,10 +5,12 @@ real ``pynvml`` through :class:`~peerwatch.producers.nvml.trace.RecordingNvml`; 
 record is kept as the dict the agent would encode. Optionally a GPU load (a bf16 matrix product
 loop through PyTorch) runs in the middle, so clocks, power, utilisation and SM activity move.
 Writes ``OUT/trace.json`` (every NVML call and answer, the binding's field ids, where and when)
-and ``OUT/records.jsonl`` (the records, in order). Needs only ``pynvml`` (``nvidia-ml-py``) and,
-for the load, ``torch``.
+and ``OUT/records.jsonl`` (the records, in order). With ``--health``, the node health checks
+(prolog phase, ``run_health``) run after it through a recording of their own:
+``OUT/health-trace.json`` and ``OUT/health-result.json``. Needs only ``pynvml``
+(``nvidia-ml-py``) and, for the load, ``torch``.
 
-PYTHONPATH=. python3 scripts/record_nvml.py --ticks 12 --load-after 3 --load-s 5 --out DIR
+PYTHONPATH=. python3 scripts/record_nvml.py --ticks 12 --load-after 3 --load-s 5 [--health] --out DIR
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def main() -> int:
     p.add_argument("--load-after", type=float, default=3.0, help="seconds before the GPU load")
     p.add_argument("--load-s", type=float, default=5.0, help="seconds of GPU load (0: none)")
     p.add_argument("--node", default=platform.node() or "gpu-node")
+    p.add_argument("--health", action="store_true", help="also record the prolog health checks")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -130,7 +133,21 @@ def main() -> int:
         for record in sink.records:
             f.write(json.dumps(record, sort_keys=True) + "\n")
     print(json.dumps(meta, indent=1))
+    if args.health:
+        record_health(args.node, meta, args.out)
     return 0
+
+
+def record_health(node: str, meta: dict[str, Any], out: Path) -> None:
+    """The prolog health checks over a recording of their own (module docstring)."""
+    from peerwatch.producers.health.run import HealthDeps, HealthSettings, run_health
+
+    nvml = RecordingNvml(pynvml)
+    result, code = run_health("PROLOG", node=node, settings=HealthSettings(),
+                              deps=HealthDeps(nvml=nvml))  # fmt: skip
+    (out / "health-trace.json").write_text(json.dumps(nvml.trace(**meta), indent=1) + "\n")
+    (out / "health-result.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(f"health: exit code {code}", json.dumps(result["checks"], indent=1))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ load that ran into the 700 W power cap, then idle again).
   idle, busy and power-capped healthy GPU is no fault).
 - The test double (``FakeGpu.h200``) answers as that GPU did: same read plan, same nulls, same
   field value types.
+- The prolog health checks, recorded on the same GPU, give the same verdicts from its answers.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pynvml
 import pytest
 from fakes import FakeClock, FakeGpu, FakeNvml
 
+from peerwatch.producers.health.run import HealthDeps, HealthSettings, run_health
 from peerwatch.producers.nvml.sampler import GpuSampler
 from peerwatch.producers.nvml.trace import ReplayNvml, load_trace
 from peerwatch.producers.nvml.xid import XidWatcher
@@ -148,3 +150,18 @@ def test_the_fake_h200_answers_as_the_recorded_one(
     answered = [(v["fields"]["fieldId"], v["fields"]["nvmlReturn"], v["fields"]["valueType"])
                 for v in real["result"]["list"]]  # fmt: skip
     assert [(int(v.fieldId), int(v.nvmlReturn), int(v.valueType)) for v in got] == answered
+
+
+def test_the_prolog_checks_pass_the_recorded_gpu_again(tmp_path: Path) -> None:
+    """The health checks over the recorded answers of the same H200: the same verdicts (the
+    InfiniBand check reads this machine's sysfs, so it is pointed at an empty folder)."""
+    recorded = json.loads((DATA / "health-result.json").read_text())
+    nvml = ReplayNvml(load_trace(DATA / "health-trace.json"))
+    settings = HealthSettings(ib_sysfs_root=tmp_path)
+    result, code = run_health("PROLOG", node=recorded["node"], settings=settings,
+                              deps=HealthDeps(nvml=nvml, which=lambda _n: None))  # fmt: skip
+    assert (code, result["status"]) == (0, recorded["status"]) == (0, "OK")
+    gpu = [c for c in recorded["checks"] if c["name"] != "ib_port"]
+    assert [c for c in result["checks"] if c["name"] != "ib_port"] == gpu
+    assert {c["name"] for c in gpu} >= {"gpu_count", "ecc_uncorrected", "remap", "pcie_width"}
+    assert nvml.remaining() == {}
