@@ -87,6 +87,10 @@ def _remapped_rows(nvml: NvmlApi, h: Any) -> dict[str, Any]:
     }
 
 
+#: The energy counter's read: the costliest of a tick (about 3.2 ms of CPU per GPU on an H200,
+#: most of the tick's NVML time; docs/operations.md), so it may be read less often than each tick.
+ENERGY_READ = "nvmlDeviceGetTotalEnergyConsumption"
+
 # Per-tick reads, keyed by the NVML function they call (the key names the read in error messages).
 TICK_READS: Mapping[str, Read] = {
     "nvmlDeviceGetClockInfo(SM)": lambda n, h: {
@@ -102,9 +106,7 @@ TICK_READS: Mapping[str, Read] = {
     "nvmlDeviceGetEnforcedPowerLimit": lambda n, h: {
         "power_limit_mw": n.nvmlDeviceGetEnforcedPowerLimit(h)
     },
-    "nvmlDeviceGetTotalEnergyConsumption": lambda n, h: {
-        "energy_mj": n.nvmlDeviceGetTotalEnergyConsumption(h)
-    },
+    ENERGY_READ: lambda n, h: {"energy_mj": n.nvmlDeviceGetTotalEnergyConsumption(h)},
     "nvmlDeviceGetTemperature(GPU)": lambda n, h: {
         "temperature_c": n.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
     },

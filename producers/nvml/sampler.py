@@ -22,7 +22,7 @@ import pynvml
 from peerwatch.clock import Clock
 from peerwatch.producers.nvml.device import NvmlApi, is_unsupported
 from peerwatch.producers.nvml.probe import GpuProbe, free_gpm, probe_gpus
-from peerwatch.producers.nvml.reads import field_value
+from peerwatch.producers.nvml.reads import ENERGY_READ, field_value
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,15 @@ class GpuSampler:
         *,
         agent_run_id: str | None = None,
         field_source: object | None = None,
+        energy_interval_ms: int | None = None,
     ) -> None:
+        """``energy_interval_ms``: read the energy counter only in the first sample of each
+        interval of this many ms on the wall-clock grid (None: in every sample); between, the
+        record's ``energy_mj`` is null and the stream's energy delta spans the interval."""
+        if energy_interval_ms is not None and energy_interval_ms <= 0:
+            raise ValueError(f"energy_interval_ms must be positive, got {energy_interval_ms}")
+        self._energy_interval_ms = energy_interval_ms
+        self._energy_slot: int | None = None
         self._nvml = nvml
         self.node = node
         self.interval_ms = interval_ms
@@ -142,7 +150,11 @@ class GpuSampler:
         Never raises for per-GPU NVML errors: they become LOST / ERROR readings.
         """
         ts_ms = self._clock.now_ms()
-        gpus = [self._read_gpu(p) for p in self.probes]
+        energy = True
+        if self._energy_interval_ms is not None:
+            slot = ts_ms // self._energy_interval_ms
+            energy, self._energy_slot = slot != self._energy_slot, slot
+        gpus = [self._read_gpu(p, energy) for p in self.probes]
         return {
             "node": self.node,
             "ts_ms": ts_ms,
@@ -161,7 +173,7 @@ class GpuSampler:
 
     # -- per GPU ---------------------------------------------------------------------------
 
-    def _read_gpu(self, probe: GpuProbe) -> dict[str, Any]:
+    def _read_gpu(self, probe: GpuProbe, energy: bool = True) -> dict[str, Any]:
         if probe.lost:
             return _empty_reading(probe, "LOST", probe.error or "GPU is lost")
         if probe.handle is None:
@@ -171,7 +183,8 @@ class GpuSampler:
         try:
             reading.update(probe.static)
             for name, read in list(probe.reads.items()):
-                self._apply(probe, name, read, reading, errors)
+                if energy or name != ENERGY_READ:
+                    self._apply(probe, name, read, reading, errors)
             self._read_fields(probe, reading, errors)
             self._read_gpm(probe, reading, errors)
         except (pynvml.NVMLError_GpuIsLost, _GpuLost) as exc:

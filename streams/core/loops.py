@@ -80,6 +80,8 @@ def _counter_deltas(gid: Any, t: Any, lost: Any, rows: Any, counters: Any, count
     to the counters of :data:`MEMORY`. A reading that moves its GPU's clock on (later than the
     GPU's memory ``mem_ts[g]``) is compared with the memory (``mem_x[g, k]``,
     ``mem_ok[g, k]``) and becomes it; a LOST reading, or one no later than the memory, neither.
+    A reading without energy keeps the energy memory (an agent may read energy less often than
+    each sample): the next energy delta spans the gap.
     Writes ``out[i, d]`` (:data:`DELTAS`; zero-filled by the caller): a counter that went down
     was reset and counts from zero; a throttle time is at most the time since the memory
     (``MAX_GAP_MS`` at most)."""
@@ -137,6 +139,8 @@ def _counter_deltas(gid: Any, t: Any, lost: Any, rows: Any, counters: Any, count
                         out[i, d + 1] = 1
         mem_ts[g] = now
         for k in range(len(MEMORY)):
+            if k == 0 and not ok[0]:
+                continue  # energy, read less often than each sample (agent.energy_interval_s)
             mem_x[g, k] = x[k]
             mem_ok[g, k] = ok[k]
     return bad

@@ -128,6 +128,23 @@ def test_one_field_value_call_per_gpu_per_tick(nvml: FakeNvml, sampler: GpuSampl
     assert nvml.count("nvmlDeviceGetTotalEccErrors") == 0  # ECC came from the batch
 
 
+def test_energy_read_once_per_energy_interval(nvml: FakeNvml) -> None:
+    """``energy_interval_ms``: the energy counter (NVML's costliest read) is read in the first
+    sample of each interval of the wall-clock grid; the other quantities every sample."""
+    clock = FakeClock(1_700_000_001_000, step_ms=1000)  # 1 s after a 10 s grid point
+    sampler = GpuSampler(nvml, "gpu-a01", 1000, clock, agent_run_id="r", energy_interval_ms=10_000)
+    sampler.probe()  # reads each quantity once
+    probed = nvml.count("nvmlDeviceGetTotalEnergyConsumption")
+    records = [sampler.sample(seq) for seq in range(25)]
+    read = [r["seq"] for r in records if r["gpus"][0]["energy_mj"] is not None]
+    assert read == [0, 9, 19]  # at +1 s (the first sample), then at +10 s and +20 s
+    assert nvml.count("nvmlDeviceGetTotalEnergyConsumption") - probed == 3 * 4
+    assert all(r["gpus"][0]["power_mw"] is not None for r in records)
+    assert all(_valid(r) for r in records)
+    with pytest.raises(ValueError, match="energy_interval_ms"):
+        GpuSampler(nvml, "n", 1000, clock, energy_interval_ms=0)
+
+
 def test_gpm_sm_activity_between_consecutive_ticks(nvml: FakeNvml, sampler: GpuSampler) -> None:
     values = iter([10.0, 55.5, 99.0, 12.0])
     nvml.gpus[0].sm_active_pct = lambda: next(values)

@@ -201,6 +201,7 @@ def test_env_beats_the_file_for_every_table(tmp_path: Path) -> None:
         ({"PEERWATCH_STREAM_LATENESS_S": "-1"}, "stream.lateness_s"),
         ({"PEERWATCH_EXPORT_PROTOCOL": "udp"}, "export.protocol"),
         ({"PEERWATCH_AGENT_INTERVAL_S": "0"}, "agent.interval_s"),
+        ({"PEERWATCH_AGENT_ENERGY_INTERVAL_S": "-10"}, "agent.energy_interval_s"),
     ],
 )
 def test_bad_values_of_every_table_name_the_field(env: dict[str, str], field: str) -> None:

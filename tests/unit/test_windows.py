@@ -212,6 +212,22 @@ def test_counter_deltas_span_windows_and_survive_resets() -> None:
     assert second["pcie_replay_delta"] == 1
 
 
+def test_energy_read_every_few_samples_sums_to_the_same_energy() -> None:
+    """An agent that reads energy less often (``agent.energy_interval_s``): the samples between
+    carry none, each delta spans the gap and lands in the window of the reading that closes it,
+    and the windows' total is the counter's rise, as when every sample carries it."""
+    totals = []
+    for every in (1, 4):
+        a = agg()
+        a.add_batch([
+            sample(T0 + t * S, reading(energy_mj=1_000 * t if t % every == 0 else None))
+            for t in range(0, 61)
+        ])  # fmt: skip
+        got = windows(a.flush())
+        totals.append(sum(w["energy_j"] or 0.0 for w in got))
+    assert totals == [pytest.approx(60.0), pytest.approx(60.0)]
+
+
 def test_lost_gpu_and_xids() -> None:
     a = agg()
     xid = {"gpu_index": 0, "xid": 79, "ts_ms": T0 + 1500, "event_data": None}
@@ -303,8 +319,9 @@ def test_counter_values_out_of_range_count_as_missing() -> None:
     a.add_batch([sample(T0 + i * S, reading(energy_mj=v, pcie_replay_count=w))
                  for i, (v, w) in enumerate([(1000, 1), (-1, 1 << 62), (3000, 5)])])  # fmt: skip
     w = one(a.flush())
-    # the out-of-range middle values read as null, as a missing value does: no delta across them
-    assert w["energy_j"] is None and w["pcie_replay_delta"] == 0 and w["samples"] == 3
+    # the out-of-range middle values read as null, as a missing value does: no delta across them,
+    # but for energy (an agent may read it less often than each sample): 1000 -> 3000 mJ
+    assert w["energy_j"] == 2.0 and w["pcie_replay_delta"] == 0 and w["samples"] == 3
     assert a.counters()["bad_values"] == 2
 
 
