@@ -199,9 +199,9 @@ class AgentSettings:
     )
     energy_interval_s: float = setting(
         1.0,
-        "read each GPU's energy counter at most this often (s; on the wall-clock grid): the "
-        "costliest NVML read of a tick (3.2 ms of CPU per GPU on an H200); between reads "
-        "energy_mj is null and the next delta spans the interval",
+        "read each GPU's energy counter at most this often (s; on the wall-clock grid; at most "
+        "once a tick): the costliest NVML read of a tick (3.2 ms of CPU per GPU on an H200); "
+        "between reads energy_mj is null and the next delta spans the interval",
     )
 
     def __post_init__(self) -> None:
