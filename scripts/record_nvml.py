@@ -29,7 +29,7 @@ from typing import Any
 import pynvml
 
 from peerwatch.clock import SYSTEM_CLOCK
-from peerwatch.producers.agent import NodeAgent
+from peerwatch.producers.agent import JsonLinesSink, NodeAgent
 from peerwatch.producers.nvml.device import init_nvml
 from peerwatch.producers.nvml.sampler import GpuSampler
 from peerwatch.producers.nvml.trace import RecordingNvml
@@ -48,17 +48,6 @@ while time.time() < end:
     n += 20
 print(f"load: {n} products of 8192^3 bf16", flush=True)
 """
-
-
-class ListSink:
-    """Keeps every record the agent hands on (decoded back from the JSON the encoder made)."""
-
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def send(self, topic: str, key: bytes | None, value: bytes, headers: Any = (),
-             ts_ms: int = 0) -> None:  # fmt: skip
-        self.records.append(json.loads(value))
 
 
 def _binding_version() -> str | None:
@@ -92,19 +81,21 @@ def main() -> int:
     init_nvml(nvml)
     interval_ms = int(args.interval_s * 1000)
     sampler = GpuSampler(nvml, args.node, interval_ms, SYSTEM_CLOCK, agent_run_id="recorded")
-    sink = ListSink()
-    agent = NodeAgent(
-        sampler=sampler, sink=sink, encode=lambda r: json.dumps(r).encode(), topic="samples",
-        node=args.node, interval_ms=interval_ms, clock=SYSTEM_CLOCK,
-        watcher_factory=lambda cb: XidWatcher(nvml, cb, SYSTEM_CLOCK),
-    )  # fmt: skip
     load = None
     if args.load_s > 0:
         cmd = [sys.executable, "-c", f"import time; time.sleep({args.load_after})\n" + LOAD,
                str(args.load_s)]  # fmt: skip
         load = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     started = time.time()
-    stats = agent.run(args.ticks)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "records.jsonl").open("w") as records:
+        agent = NodeAgent(
+            sampler=sampler, sink=JsonLinesSink(json.loads, records),  # as --dry-run prints them
+            encode=lambda r: json.dumps(r).encode(), topic="samples", node=args.node,
+            interval_ms=interval_ms, clock=SYSTEM_CLOCK,
+            watcher_factory=lambda cb: XidWatcher(nvml, cb, SYSTEM_CLOCK),
+        )  # fmt: skip
+        stats = agent.run(args.ticks)
     load_out = None
     if load is not None:
         load_out = load.communicate(timeout=args.load_after + args.load_s + 120)[0].strip()
@@ -127,11 +118,7 @@ def main() -> int:
         },
     }
     nvml.nvmlShutdown()
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "trace.json").write_text(json.dumps(nvml.trace(**meta), indent=1) + "\n")
-    with (args.out / "records.jsonl").open("w") as f:
-        for record in sink.records:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
     print(json.dumps(meta, indent=1))
     if args.health:
         record_health(args.node, meta, args.out)

@@ -111,10 +111,9 @@ def run(args: argparse.Namespace) -> int:
         nvml = None
         sampler = NoGpuSampler(node, interval_ms, clock, run_id)
     else:
-        energy_ms = round(cfg.energy_interval_s * 1000)
         gpu_sampler = GpuSampler(
             nvml, node, interval_ms, clock, agent_run_id=run_id,
-            energy_interval_ms=energy_ms if energy_ms > interval_ms else None,
+            energy_interval_ms=round(cfg.energy_interval_s * 1000),
         )  # fmt: skip
         # Probe now so that the first tick is not late by the probing time.
         log.info("agent: %d GPUs on %s", len(gpu_sampler.probe()), node)

@@ -166,24 +166,20 @@ class RecordingNvml:
             result = target(*args)
         except pynvml.NVMLError as exc:
             entry["error"] = int(exc.value)
-            self._note(entry)
+            with self._lock:
+                self.calls.append(entry)
             raise
         with self._lock:
             kind = _MADE.get(name)
             if kind is not None:
                 number = args[0] if kind == "gpu" else None
                 entry["result"] = self._names.add(kind, result, number)
-            elif name in _FILLED_IN:
+            elif name in _FILLED_IN:  # it returns the struct it filled in
                 entry["filled"] = _filled(args[-1], self._names)
-                entry["result"] = _encode(result, self._names) if result is not args[-1] else None
             else:
                 entry["result"] = _encode(result, self._names)
             self.calls.append(entry)
         return result
-
-    def _note(self, entry: dict[str, Any]) -> None:
-        with self._lock:
-            self.calls.append(entry)
 
     def trace(self, **meta: Any) -> dict[str, Any]:
         """The trace so far, with ``meta`` (where and how it was recorded)."""
@@ -268,7 +264,7 @@ class ReplayNvml:
                 for field_name, value in vars(metric).items():
                     if not isinstance(value, SimpleNamespace | list):
                         setattr(target, field_name, value)
-            return filled if entry.get("result") is None else _decode(entry["result"], {})
+            return filled
         return _decode(entry.get("result"), self._objects)
 
 

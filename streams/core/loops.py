@@ -51,6 +51,10 @@ COUNTER_FIELDS = ("energy_mj", "throttle_sw_power_cap_ns", "ecc_volatile_uncorre
 #: and which of them are throttle times (a share of the time between samples).
 MEMORY = ("energy", "thr", "cap", "ecc", "nvl", "pcie", "thm", "brk")
 _TIMED = (False, True, True, False, False, False, True, True)
+#: Which of them a reading without a value leaves in the memory, so the next delta spans the gap:
+#: energy, which an agent may read less often than each sample (``agent.energy_interval_s``).
+#: A missing value of the others drops the memory (no delta across it).
+_SPANS_GAPS = (True, False, False, False, False, False, False, False)
 #: The columns of :func:`counter_deltas`' output: per memory counter its delta (and for energy a
 #: count, for a throttle time the nanoseconds it covers).
 DELTAS = ("energy", "energy_n", "thr_ns", "thr_dt", "cap_ns", "cap_dt", "ecc", "nvl", "pcie",
@@ -80,8 +84,8 @@ def _counter_deltas(gid: Any, t: Any, lost: Any, rows: Any, counters: Any, count
     to the counters of :data:`MEMORY`. A reading that moves its GPU's clock on (later than the
     GPU's memory ``mem_ts[g]``) is compared with the memory (``mem_x[g, k]``,
     ``mem_ok[g, k]``) and becomes it; a LOST reading, or one no later than the memory, neither.
-    A reading without energy keeps the energy memory (an agent may read energy less often than
-    each sample): the next energy delta spans the gap.
+    A reading without a counter of :data:`_SPANS_GAPS` (energy) keeps that counter's memory: the
+    next delta spans the gap.
     Writes ``out[i, d]`` (:data:`DELTAS`; zero-filled by the caller): a counter that went down
     was reset and counts from zero; a throttle time is at most the time since the memory
     (``MAX_GAP_MS`` at most)."""
@@ -139,8 +143,8 @@ def _counter_deltas(gid: Any, t: Any, lost: Any, rows: Any, counters: Any, count
                         out[i, d + 1] = 1
         mem_ts[g] = now
         for k in range(len(MEMORY)):
-            if k == 0 and not ok[0]:
-                continue  # energy, read less often than each sample (agent.energy_interval_s)
+            if _SPANS_GAPS[k] and not ok[k]:
+                continue
             mem_x[g, k] = x[k]
             mem_ok[g, k] = ok[k]
     return bad
