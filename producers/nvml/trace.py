@@ -210,7 +210,13 @@ class ReplayNvml:
         self._objects: dict[tuple[str, int], Any] = {}
         self._buffers: list[Any] = []  # what the objects point at, kept alive
         self._names = _Names()
-        for entry in trace["calls"]:
+        calls = trace.get("calls")
+        if not isinstance(calls, list):
+            raise ValueError("NVML trace: no list of calls")
+        for i, entry in enumerate(calls):
+            if not (isinstance(entry, dict) and isinstance(entry.get("fn"), str)
+                    and isinstance(entry.get("args"), list)):  # fmt: skip
+                raise ValueError(f"NVML trace: call {i} lacks its function or arguments")
             self._answers.setdefault(_key(entry["fn"], entry["args"]), deque()).append(entry)
             made = _MADE.get(entry["fn"])
             result = entry.get("result")

@@ -113,3 +113,17 @@ def test_recorded_xid_reaches_the_watcher_on_replay() -> None:
     event = replayed.get(timeout=5)  # the recorded XID; then the waits time out, as when idle
     again.stop()
     assert (event["gpu_index"], event["xid"]) == (1, 79)
+
+
+@pytest.mark.parametrize(
+    ("trace", "message"),
+    [
+        ({"format": 99, "calls": []}, "format 99"),
+        ({"format": 1}, "no list of calls"),
+        ({"format": 1, "calls": [{"fn": "nvmlInit"}]}, "call 0 lacks"),
+        ({"format": 1, "calls": [{"args": [], "fn": 7}]}, "call 0 lacks"),
+    ],
+)
+def test_a_malformed_trace_is_refused_with_the_reason(trace: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ReplayNvml(trace)
