@@ -31,6 +31,8 @@ Pure except :func:`read_proc` (two small file reads). The measurements come from
 - *replay / worker*: ``peerwatch replay --archive`` over the same records (written as archive
   files before the worker starts), its node records per second over the worker's. The replay
   times itself from reading the first file to its last output (interpreter start-up excluded).
+  The figure is the median of five runs, two before the worker and three after it (as the
+  floor, they bracket the worker in time: the machine's speed drifts by a third within minutes).
 """
 
 from __future__ import annotations

@@ -472,6 +472,9 @@ class WorkerRun:
     #: The floor measured just before the worker started, over a copy of its samples topic
     #: (None unless asked for).
     floor_before: FloorResult | None = None
+    #: What ``before_worker`` returned (called once the archive is written, before the floor
+    #: and the worker; None without one).
+    before_worker: Any = None
 
 
 #: Where the floor measured before the worker reads its copy of the samples (under the run's
@@ -528,8 +531,11 @@ def measure_replay(archive: Path, from_ms: int, to_ms: int) -> dict[str, Any]:
     return summary
 
 
-#: Replays of the benchmark's archive; the report gives the median run's figures.
-REPLAY_RUNS = 3
+#: Replays of the benchmark's archive before the worker runs and after it (the floor's reason:
+#: they bracket the worker's run in time, so a machine whose speed drifts moves both sides of
+#: the ratio alike); the report gives the median run's figures.
+REPLAY_RUNS_BEFORE = 2
+REPLAY_RUNS_AFTER = 3
 
 
 def median_run(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -627,6 +633,7 @@ def run_worker_over(
     log: Callable[[str], None] = lambda _m: None,
     archive: Path | None = None,
     floor_first: bool = False,
+    before_worker: Callable[[], Any] | None = None,
 ) -> WorkerRun:
     """Publish the fleet's first tick under a fresh prefix, start one worker and wait until it
     processed it (start-up and group join are then behind it), then publish the rest as fast as
@@ -635,7 +642,9 @@ def run_worker_over(
     wall time, as agents would (the finding latencies of that phase are kept apart).
     Snapshots /proc, kills the worker. ``archive``: also write every record there as archive
     files (before the worker starts), for the replay phase. ``floor_first``: measure the floor
-    over a copy of the samples first (:func:`floor_before`). Raises TimeoutError."""
+    over a copy of the samples first (:func:`floor_before`). ``before_worker``: called once the
+    archive is written, before the floor and the worker (its result is kept in the run).
+    Raises TimeoutError."""
     import uuid
 
     prefix = f"bench{uuid.uuid4().hex[:8]}."
@@ -644,6 +653,7 @@ def run_worker_over(
     if archive is not None:
         log(f"archiving the same records under {archive} ...")
         archive_raw([*first, *rest], archive, prefix)
+    before_result = before_worker() if before_worker is not None else None
     end_ms = fleet.spec.start_ms + fleet.spec.duration_ms
     paced_from_ms = end_ms - int(paced_s * 1000) if paced_s > 0 else None
     paced = [r for r in rest if paced_from_ms is not None and (r[3] or 0) >= paced_from_ms]
@@ -693,7 +703,7 @@ def run_worker_over(
         snapshot = worker.proc_snapshot()
         return WorkerRun(
             worker.counters(), snapshot, since, prefix, total, paced_latency, paced_samples,
-            hard[0], hard[1], burst_cpu_s, burst_done, floor,
+            hard[0], hard[1], burst_cpu_s, burst_done, floor, before_result,
         )  # fmt: skip
 
 
@@ -725,9 +735,20 @@ def run_stream_bench(
         f"worker over {nodes} x {gpus_per_node} GPUs x {duration_s:g} s (+ {paced_s:g} s paced) ..."
     )
     archive = workdir / "archive" if replay else None
+
+    def replays(count: int) -> list[dict[str, Any]]:
+        assert archive is not None
+        log(f"replay of the same records from the archive, {count} runs ...")
+        start_ms = fleet.spec.start_ms
+        return [
+            measure_replay(archive, start_ms, start_ms + fleet.spec.duration_ms + 60_000)
+            for _ in range(count)
+        ]
+
     run = run_worker_over(
         kafka, fleet, workdir, worker_args, paced_s=paced_s, log=log, archive=archive,
         floor_first=True,
+        before_worker=(lambda: replays(REPLAY_RUNS_BEFORE)) if archive is not None else None,
     )  # fmt: skip
     # Rates over the burst only (the paced phase is idle most of the time).
     worker = worker_metrics(
@@ -766,14 +787,10 @@ def run_stream_bench(
     }
     report["replay"] = None
     if archive is not None:
-        log("replay of the same records from the archive ...")
-        start_ms = fleet.spec.start_ms
         # A replay of these records takes about a second, the worker's burst several: one
-        # second of this machine is too easily a slow one. The median of REPLAY_RUNS runs.
-        runs = [
-            measure_replay(archive, start_ms, start_ms + fleet.spec.duration_ms + 60_000)
-            for _ in range(REPLAY_RUNS)
-        ]
+        # second of this machine is too easily a slow one. The median of the runs before the
+        # worker and after it.
+        runs = [*(run.before_worker or []), *replays(REPLAY_RUNS_AFTER)]
         shutil.rmtree(archive, ignore_errors=True)
         summary = median_run(runs)
         rate = summary.get("node_records_per_s")
