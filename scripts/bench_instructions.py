@@ -35,6 +35,7 @@ from typing import Any
 
 from peerwatch.exporters.archive_files import ReadStats, raw_blocks
 from peerwatch.streams.core import loops
+from peerwatch.streams.offline.frames import frames_of
 from peerwatch.streams.offline.replay import (
     TimeRange,
     column_archive_records,
@@ -42,7 +43,7 @@ from peerwatch.streams.offline.replay import (
     replay,
 )
 from peerwatch.streams.offline.sample_runs import decoded_here, sample_decoder
-from peerwatch.streams.offline.split import BackPipeline, FrontPipeline, pickled
+from peerwatch.streams.offline.split import BackPipeline, FrontPipeline
 
 
 def measured(part: Callable[[], Any]) -> Any:
@@ -96,12 +97,12 @@ def main() -> None:
         loops.warm()
 
         def part() -> Any:
-            return front_messages(pickled)
+            return front_messages(frames_of)
 
     else:
         loops.warm()
         sent: list[bytes] = []
-        front_messages(lambda m: sent.append(pickled(m)))
+        front_messages(lambda m: sent.append(pickle.dumps(m, 5)))
         messages = [pickle.loads(b) for b in sent]  # noqa: S301 - bytes pickled just above
         back = BackPipeline(settings, emit_windows=False)
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import pickle
 import threading
 import time
 from collections import deque
@@ -50,13 +49,14 @@ from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
 from peerwatch.streams.core.silence import newest_valid_ms
 from peerwatch.streams.core.windows import ClosedWindows
+from peerwatch.streams.offline.frames import FrameChannel, channel_pair, frames_of
 from peerwatch.streams.offline.read_ahead import ReadAhead
 from peerwatch.streams.offline.replay import Progress, Record, ReplayResult, collect, replay
 from peerwatch.streams.offline.sample_runs import TablesOf, sample_decoder
 
 Message = tuple[Any, ...]
 _FAR_FUTURE_MS = 1 << 62
-#: Bytes of pickled messages the reading process may have written ahead of the stages process
+#: Bytes of messages the reading process may have written ahead of the stages process
 #: (a window start's closed windows are about 300 bytes a GPU: some 30 MB at 100,000 GPUs).
 SEND_AHEAD_BYTES = 64 << 20
 
@@ -209,9 +209,9 @@ class SplitReplay:
             if decoder is not None:
                 self.tables_of = self.read_ahead.decoded_blocks
         ctx = multiprocessing.get_context("fork")
-        self._here, there = ctx.Pipe()
+        self._here, there = channel_pair()
         self._proc = ctx.Process(
-            target=_stages_main, args=(there, settings, job, node, keep_windows),
+            target=_stages_main, args=(there, self._here, settings, job, node, keep_windows),
             name="peerwatch-replay-stages", daemon=True,
         )  # fmt: skip
         self._proc.start()
@@ -231,7 +231,7 @@ class SplitReplay:
             raise self._ended_early() from exc
         try:
             back: ReplayResult = self._here.recv()
-        except (EOFError, OSError) as exc:
+        except (EOFError, OSError, ValueError) as exc:
             raise self._ended_early() from exc
         self._done = True
         result.findings, result.recommendations = back.findings, back.recommendations
@@ -262,31 +262,24 @@ class SplitReplay:
         self.close()
 
 
-def pickled(message: Message) -> bytes:
-    """A message as the pipe carries it (``Connection.recv`` reads it back). Plain pickle:
-    the messages hold arrays, numbers and strings, never a handle that only
-    ``multiprocessing``'s own pickler can pass (its pickler also copies a dispatch table at
-    each call)."""
-    return pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-
-
 class PipeClosed(OSError):
     """The stages process no longer reads (it ended)."""
 
 
 class PipeWriter:
-    """The reading process's side of the pipe: :meth:`send` pickles a message here and queues
-    it, a thread writes the queue to the pipe. The stages process works through a window start
+    """The reading process's side of the channel: :meth:`send` pickles a message here (its
+    arrays out of band, see :mod:`~peerwatch.streams.offline.frames`: the sender leaves them
+    unchanged) and queues it, a thread writes the queue to the channel. The stages process works through a window start
     in a burst when it closes; with the pipe alone the reading process waited at each window
     start's message until the stages process was done with the last one (2.5-3 s of a 20 s
     replay). With the queue it reads on; at most ``limit_bytes`` of messages wait (one always
     may). A write that fails (the stages process ended) stops the thread and is raised, as
     :class:`PipeClosed`, by the next :meth:`send` or by :meth:`close`."""
 
-    def __init__(self, conn: Any, limit_bytes: int = SEND_AHEAD_BYTES) -> None:
-        self._conn = conn
+    def __init__(self, channel: FrameChannel, limit_bytes: int = SEND_AHEAD_BYTES) -> None:
+        self._channel = channel
         self._limit = limit_bytes
-        self._queue: deque[Any] = deque()  # pickled messages; None: stop
+        self._queue: deque[tuple[list[Any], int] | None] = deque()  # frames, size; None: stop
         self._waiting = 0  # bytes queued, not yet written
         self._cond = threading.Condition()
         self._error: Exception | None = None
@@ -295,13 +288,14 @@ class PipeWriter:
         self._thread.start()
 
     def send(self, message: Message) -> None:
-        data = pickled(message)
+        frames = frames_of(message)
+        size = frames[1]
         with self._cond:
-            while self._waiting and self._waiting + len(data) > self._limit and not self._error:
+            while self._waiting and self._waiting + size > self._limit and not self._error:
                 self._cond.wait()
             self._raise_error()
-            self._queue.append(data)
-            self._waiting += len(data)
+            self._queue.append(frames)
+            self._waiting += size
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -338,7 +332,7 @@ class PipeWriter:
             if data is None:
                 return
             try:
-                self._conn.send_bytes(data)
+                self._channel.send_frames(data[0])
             except Exception as exc:  # the stages process ended (OSError): told to the sender
                 with self._cond:
                     self._error = exc
@@ -346,15 +340,18 @@ class PipeWriter:
                     self._cond.notify_all()
                 return
             with self._cond:
-                self._waiting -= len(data)
+                self._waiting -= data[1]
                 self._cond.notify_all()
 
 
 def _stages_main(
-    conn: Any, settings: PipelineSettings, job: str | None, node: str | None, keep_windows: bool
-) -> None:
+    conn: FrameChannel, theirs: FrameChannel, settings: PipelineSettings, job: str | None,
+    node: str | None, keep_windows: bool,
+) -> None:  # fmt: skip
     """The second process: every message through a BackPipeline, the kept outputs sent back
-    at the end."""
+    at the end. ``theirs``: the reading process's end, inherited by the fork and closed here
+    (so that this end sees the end of the stream when that process ends)."""
+    theirs.close()
     gc_tuning.tune()
     back = BackPipeline(settings, emit_windows=keep_windows)
     result = ReplayResult()

@@ -1,18 +1,19 @@
-"""The split replay's sender thread (streams/offline/split.PipeWriter) over a pipe inside this
-process: order kept, bounded, a closed far end reported to the sender, stop without a reader."""
+"""The split replay's sender thread (streams/offline/split.PipeWriter) over a frame channel
+inside this process: order kept, bounded, a closed far end reported to the sender, stop without
+a reader."""
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 
 import pytest
 
+from peerwatch.streams.offline.frames import channel_pair
 from peerwatch.streams.offline.split import PipeClosed, PipeWriter
 
 
 def test_every_message_arrives_in_order_while_the_bound_holds_the_sender_back() -> None:
-    here, there = multiprocessing.Pipe()
+    here, there = channel_pair()
     writer = PipeWriter(here, limit_bytes=1)  # one message waits at a time
     got: list[object] = []
 
@@ -34,7 +35,7 @@ def test_every_message_arrives_in_order_while_the_bound_holds_the_sender_back() 
 
 
 def test_a_closed_far_end_is_raised_to_the_sender() -> None:
-    here, there = multiprocessing.Pipe()
+    here, there = channel_pair()
     there.close()
     writer = PipeWriter(here)
     writer.send(("feed", "job-events", "", {"x": 1}))
@@ -46,7 +47,7 @@ def test_a_closed_far_end_is_raised_to_the_sender() -> None:
 
 
 def test_stop_ends_the_thread_with_messages_unwritten() -> None:
-    here, there = multiprocessing.Pipe()
+    here, there = channel_pair()
     writer = PipeWriter(here, limit_bytes=1 << 30)
     writer.send(("hot", ["x" * 1000]))  # may be written (the pipe holds it) or still queued
     writer.stop()
