@@ -217,7 +217,8 @@ class SplitReplay:
         self._proc.start()
         there.close()
         self._done = False
-        self._writer = PipeWriter(self._here)  # after the fork: no thread goes into the child
+        # after the fork: no thread goes into the child
+        self._writer = PipeWriter(self._here, flush_kinds=_FLUSH_KINDS)
         self.front = FrontPipeline(settings, self._writer.send)
 
     def run(self, records: Iterable[Record], progress: Progress | None = None) -> ReplayResult:
@@ -266,18 +267,33 @@ class PipeClosed(OSError):
     """The stages process no longer reads (it ended)."""
 
 
+#: The messages after which the reading process's messages so far go to the stages process
+#: (those it has work for; the others, small, ride with them: one frame, one wake-up of the
+#: sender thread and of the stages process, for several messages).
+_FLUSH_KINDS = frozenset({"drain", "finish"})
+#: ... or once this many wait.
+FLUSH_EVERY = 64
+
+
 class PipeWriter:
-    """The reading process's side of the channel: :meth:`send` pickles a message here (its
-    arrays out of band, see :mod:`~peerwatch.streams.offline.frames`: the sender leaves them
-    unchanged) and queues it, a thread writes the queue to the channel. The stages process works through a window start
+    """The reading process's side of the channel: :meth:`send` gathers messages until one of
+    ``flush_kinds`` (None: every message) or :data:`FLUSH_EVERY` of them, then pickles the list
+    here (its arrays out of band, see :mod:`~peerwatch.streams.offline.frames`: the sender
+    leaves them unchanged) and queues it, a thread writes the queue to the channel: the reader
+    receives lists of messages, in order. The stages process works through a window start
     in a burst when it closes; with the pipe alone the reading process waited at each window
     start's message until the stages process was done with the last one (2.5-3 s of a 20 s
     replay). With the queue it reads on; at most ``limit_bytes`` of messages wait (one always
     may). A write that fails (the stages process ended) stops the thread and is raised, as
     :class:`PipeClosed`, by the next :meth:`send` or by :meth:`close`."""
 
-    def __init__(self, channel: FrameChannel, limit_bytes: int = SEND_AHEAD_BYTES) -> None:
+    def __init__(
+        self, channel: FrameChannel, limit_bytes: int = SEND_AHEAD_BYTES,
+        flush_kinds: frozenset[str] | None = None,
+    ) -> None:  # fmt: skip
         self._channel = channel
+        self._flush_kinds = flush_kinds
+        self._gathered: list[Message] = []
         self._limit = limit_bytes
         self._queue: deque[tuple[list[Any], int] | None] = deque()  # frames, size; None: stop
         self._waiting = 0  # bytes queued, not yet written
@@ -288,7 +304,19 @@ class PipeWriter:
         self._thread.start()
 
     def send(self, message: Message) -> None:
-        frames = frames_of(message)
+        self._gathered.append(message)
+        if (
+            self._flush_kinds is None
+            or message[0] in self._flush_kinds
+            or len(self._gathered) >= FLUSH_EVERY
+        ):
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._gathered:
+            return
+        frames = frames_of(self._gathered)
+        self._gathered = []
         size = frames[1]
         with self._cond:
             while self._waiting and self._waiting + size > self._limit and not self._error:
@@ -300,6 +328,7 @@ class PipeWriter:
 
     def close(self) -> None:
         """After the last message: returns once every message is written."""
+        self._flush()
         with self._cond:
             self._queue.append(None)
             self._cond.notify_all()
@@ -309,6 +338,7 @@ class PipeWriter:
 
     def stop(self) -> None:
         """Drop what waits and end the thread (a replay given up)."""
+        self._gathered = []
         with self._cond:
             self._queue.clear()
             self._queue.append(None)
@@ -356,11 +386,11 @@ def _stages_main(
     back = BackPipeline(settings, emit_windows=keep_windows)
     result = ReplayResult()
     try:
-        while True:
-            message = conn.recv()
-            collect(result, back.handle(message), job, node, keep_windows)
-            if message[0] == "finish":
-                break
+        finished = False
+        while not finished:
+            for message in conn.recv():
+                collect(result, back.handle(message), job, node, keep_windows)
+                finished = message[0] == "finish"
     except EOFError:  # the reading process stopped (an error there, reported there)
         return
     conn.send(result)
