@@ -195,7 +195,7 @@ class SplitReplay:
         loops.warm()  # before the fork: the stages process inherits the compiled loops
         #: ``read_ahead``: the archive blocks' reads, decompression and column decoding in a
         #: third process (None: here), for a caller that reads an archive; forked first, so
-        #: that it holds no end of the stages process's pipe
+        #: that it holds no end of the stages process's channel
         self.read_ahead: ReadAhead | None = None
         #: how this replay reads and decodes an archive's sample blocks (for
         #: ``column_archive_records``; None: its default, here)
