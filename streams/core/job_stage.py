@@ -471,6 +471,17 @@ class JobReleaser:
                 del self.channel_of[job_id]
                 self._seen.discard(job_id)
 
+    def forget(self) -> None:
+        """Forget every job (pending windows, detector states, step times, newest releases) and
+        every watermark, keeping the counters: after a rebalance another worker may have moved
+        a job on, and the changelog tables hold the truth. Each job is restored from them
+        (:meth:`restore`) at its next message; watermarks come back with the next heartbeats."""
+        stage = self.stage
+        for held in (stage.pending, stage.states, stage.released, stage.steps, stage.whole):
+            held.clear()
+        for mine in (self.watermarks, self.channel_of, self.sources, self._seen):
+            mine.clear()
+
     # -- state ----------------------------------------------------------------------------------
     def seen(self, job_id: str) -> bool:
         """Whether the job was added or restored here (else restore it first, once)."""

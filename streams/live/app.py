@@ -143,9 +143,11 @@ def build_app(settings: Settings) -> faust.App:
     job_table = app.Table("jobs", default=None, partitions=job_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
     # One entry per (job, window, source partition): a job's pending windows stay small records
     # (a 512-GPU job's whole state would not fit one Kafka message).
-    # Entries are the batch messages as they came (handlers.pending_entry): raw bytes.
-    raw_schema: Any = faust.Schema(key_serializer="raw", value_serializer="raw")
-    pending_table = app.Table("pending", default=None, partitions=job_partitions, schema=raw_schema, key_type=bytes)  # fmt: skip
+    # Entries are the batch messages as they came (handlers.pending_entry): raw bytes. faust
+    # takes a table's serializers from its key and value types (not from its schema): without
+    # value_type=bytes its changelog was read back as JSON, every entry failed to decode and
+    # the recovery never completed (tests/integration/test_chaos.py, pending windows).
+    pending_table = app.Table("pending", default=None, partitions=job_partitions, key_type=bytes, value_type=bytes)  # fmt: skip
     policy_table = app.Table("policy", default=None, partitions=node_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
 
     counters = StreamCounters()
@@ -278,6 +280,23 @@ def build_app(settings: Settings) -> faust.App:
                 continue
             for key, value in recs:
                 await recs_out.send(key=key, value=value)
+
+    # -- rebalances: stages 3 and 4 hold their tables' state in memory too; a partition that
+    # comes back after another worker held it must be read from the tables again (see forget).
+    stage3_topics = {job_events_t.get_topic_name(), batches_t.get_topic_name(), step_times_name}
+    stage4_topics = {findings_t.get_topic_name(), health_t.get_topic_name(),
+                     node_events_t.get_topic_name()}  # fmt: skip
+
+    async def forget_on_revoke(_app: Any, revoked: set[Any], **_kw: Any) -> None:
+        topics_revoked = {tp.topic for tp in revoked}
+        if topics_revoked & stage3_topics:
+            jobs_handler.forget()
+        if topics_revoked & stage4_topics:
+            policy_handler.forget()
+        if revoked:
+            log.info("%d partitions revoked: stages 3 and 4 read their tables again", len(revoked))
+
+    app.on_partitions_revoked.connect(forget_on_revoke)  # type: ignore[arg-type]
 
     @app.timer(interval=30.0)  # type: ignore[untyped-decorator]
     async def report_counters() -> None:

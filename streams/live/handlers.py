@@ -158,6 +158,17 @@ class JobsHandler:
         #: (:mod:`~peerwatch.streams.live.window_batches`): only the tail is encoded again.
         self.heads: dict[tuple[str, int], dict[GpuIdent, bytes]] = {}
 
+    def forget(self) -> None:
+        """Partitions were revoked (a rebalance; faust's eager protocol revokes them all): forget
+        what memory holds of every job. A job handed back after another worker held it would
+        otherwise be released from stale memory, without the batches that worker kept pending
+        in the table. Each job is restored from the tables at its next message; the next
+        heartbeat walks the pending table for jobs that get no batch."""
+        self.stage3.forget()
+        self.heads.clear()
+        self.closed_wall.clear()
+        self._pending_scan_s = 0.0
+
     def restore(self, job_id: str) -> None:
         """First sight of the job in this process: recover its state from the tables."""
         if self.stage3.seen(job_id):
@@ -326,6 +337,12 @@ class PolicyHandler:
         self.loaded_nodes: set[str] = set()
         self.codecs = {n: AvroCodec(n) for n in ("HealthCheckResult", "NodeStateEvent",
                                                  "DrainRecommendation")}  # fmt: skip
+
+    def forget(self) -> None:
+        """Partitions were revoked (a rebalance): forget every node's state; each is read from
+        the table again at its next message (another worker may have changed it meanwhile)."""
+        self.policy.state.nodes.clear()
+        self.loaded_nodes.clear()
 
     def handle(self, topic: str, key: Any, value: Any) -> list[tuple[bytes, bytes]]:
         """Handle one message; returns the DrainRecommendations to send, (key, Avro bytes).

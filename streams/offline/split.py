@@ -285,7 +285,8 @@ class PipeWriter:
     start's message until the stages process was done with the last one (2.5-3 s of a 20 s
     replay). With the queue it reads on; at most ``limit_bytes`` of messages wait (one always
     may). A write that fails (the stages process ended) stops the thread and is raised, as
-    :class:`PipeClosed`, by the next :meth:`send` or by :meth:`close`."""
+    :class:`PipeClosed`, by the next :meth:`send` that writes (a flush kind, or the
+    :data:`FLUSH_EVERY`-th message gathered) or by :meth:`close`: never silently."""
 
     def __init__(
         self, channel: FrameChannel, limit_bytes: int = SEND_AHEAD_BYTES,

@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+from channel_reader import EofReader
 
 from peerwatch.streams.offline.frames import MAX_BUFFERS, channel_pair, frames_of
 
@@ -41,20 +42,11 @@ def test_a_message_with_arrays_arrives_equal_and_writable() -> None:
 def test_messages_arrive_in_order_and_a_closed_end_is_eof() -> None:
     here, there = channel_pair()
     sent = [("saw", np.full(i, i, np.int64), np.arange(i), [str(i)] * (i % 3)) for i in range(50)]
-    got: list[object] = []
-
-    def read() -> None:
-        with pytest.raises(EOFError):
-            while True:
-                got.append(there.recv())
-
-    reader = threading.Thread(target=read)
-    reader.start()
+    reader = EofReader(there)
     for m in sent:
         here.send(m)
     here.close()
-    reader.join(timeout=30)
-    assert not reader.is_alive()
+    got = reader.result()
     assert len(got) == len(sent)
     for g, s in zip(got, sent, strict=True):
         assert g[0] == s[0] and g[3] == s[3]  # type: ignore[index]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from channel_reader import EofReader
 
 from peerwatch.streams.offline.frames import channel_pair
 from peerwatch.streams.offline.split import PipeClosed, PipeWriter
@@ -61,22 +62,13 @@ def test_stop_ends_the_thread_with_messages_unwritten() -> None:
 def test_messages_are_gathered_until_a_flush_kind_or_the_close() -> None:
     here, there = channel_pair()
     writer = PipeWriter(here, flush_kinds=frozenset({"drain"}))
-    got: list[list[object]] = []
-
-    def read() -> None:
-        with pytest.raises(EOFError):
-            while True:
-                got.append(there.recv())
-
-    reader = threading.Thread(target=read)
-    reader.start()
+    reader = EofReader(there)
     sent = [("saw", 1), ("feed", 2), ("drain", 3), ("hot", 4), ("drain", 5), ("saw", 6)]
     for message in sent:
         writer.send(message)
     writer.close()
     here.close()
-    reader.join(timeout=30)
-    assert got == [list(sent[:3]), list(sent[3:5]), [sent[5]]]
+    assert reader.result() == [list(sent[:3]), list(sent[3:5]), [sent[5]]]
     there.close()
 
 

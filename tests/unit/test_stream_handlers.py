@@ -302,3 +302,68 @@ def test_a_batch_that_completes_its_window_is_released_without_a_pending_entry()
     out = handler.handle("b", 2, b"7", json.dumps(msg2).encode())
     assert sorted(o.topic for o in out) == ["windows", "windows"]
     assert len(pending.sets) == 1 and pending == {}  # complete at once: nothing kept
+
+
+def test_a_job_handed_back_after_a_rebalance_is_read_from_the_tables_not_from_memory() -> None:
+    """Workers w1 and w2 share the changelog tables. The job's partition goes w1 -> w2 -> w1;
+    w2 kept a batch pending in the table. w1, told of the revocation, restores the job from the
+    tables: the window is released whole. Its memory from before held no such batch (the
+    scaling chaos test lost those windows)."""
+    import json
+
+    from windowgen import window
+
+    w1, job_table, pending = jobs_handler()
+    wms = w1.stage3.stage.settings.window_ms
+
+    def batch(src: int, node: str, start: int) -> bytes:
+        return json.dumps({"kind": "windows", "src": src, "job_id": "7", "window_start_ms": start,
+                           "window_end_ms": start + wms,
+                           "windows": [{**window("7", 0, start), "node": node}]}).encode()  # fmt: skip
+
+    def beat(until: int) -> bytes:
+        return json.dumps({"kind": "watermark", "marks": {"0": until, "1": until}}).encode()
+
+    w1.handle("b", 2, b"7", batch(0, "a", 0))
+    w1.handle("b", 2, b"7", batch(1, "b", 0))
+    assert len(w1.handle("b", 2, b"~watermark", beat(wms))) == 2
+    w1.forget()  # the rebalance: every partition revoked; w2 gets the job's
+    w2, _, _ = jobs_handler()
+    w2.job_table, w2.pending_table = job_table, pending
+    assert w2.handle("b", 2, b"7", batch(0, "a", wms)) == []
+    assert len(pending) == 1
+    w2.forget()  # the next rebalance: back to w1
+    w1.handle("b", 2, b"7", batch(1, "b", wms))
+    out = w1.handle("b", 2, b"~watermark", beat(2 * wms))
+    got = sorted(json.loads(o.value)["node"] if isinstance(o.value, bytes) and o.value[:1] == b"{"
+                 else AvroCodec("GpuWindow").decode(o.value)["node"] for o in out)  # fmt: skip
+    assert got == ["a", "b"]
+    assert pending == {}
+
+
+def test_a_node_handed_back_after_a_rebalance_has_its_policy_state_from_the_table() -> None:
+    """The node's partition goes w1 -> w2 -> w1; w2 saw the node drained. w1, told of the
+    revocation, reads the node's state from the table again: the node's return to service is
+    seen (its memory from before said in service all along)."""
+    table: dict[bytes, Any] = {}
+
+    def worker() -> PolicyHandler:
+        return PolicyHandler(PolicyStage(Settings().policy), table, findings_topic="nf",
+                             health_topic="h", counters=StreamCounters())  # fmt: skip
+
+    def event(ts_ms: int, state: str, flags: list[str]) -> bytes:
+        return AvroCodec("NodeStateEvent").encode(
+            {"event_id": f"e-{ts_ms}", "node": "gpu00001", "ts_ms": ts_ms, "state": state,
+             "flags": flags, "reason": None, "reason_user": None, "reason_set_ms": None,
+             "partitions": ["gpu"], "source": "WATCHER"})  # fmt: skip
+
+    w1, w2 = worker(), worker()
+    w1.handle("ns", b"gpu00001", event(T0, "IDLE", []))
+    assert not w1.policy.state.nodes["gpu00001"].out_of_service
+    w1.forget()
+    w2.handle("ns", b"gpu00001", event(T0 + 1000, "IDLE", ["DRAIN"]))
+    assert table[b"gpu00001"]["out_of_service"]
+    w2.forget()
+    w1.handle("ns", b"gpu00001", event(T0 + 2000, "IDLE", []))
+    assert w1.policy.state.nodes["gpu00001"].resumed_ms == T0 + 2000
+    assert table[b"gpu00001"]["resumed_ms"] == T0 + 2000
