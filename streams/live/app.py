@@ -49,6 +49,7 @@ from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler, PolicyHandler
 from peerwatch.streams.live.hot_process import HotProcess
 from peerwatch.streams.live.hot_stage import HotSpec, HotTopics, samples_partition
+from peerwatch.streams.live.json_table import JsonTable, counting
 from peerwatch.streams.live.window_output import WindowOutput
 from peerwatch.topics import TopicSpec, catalogue
 
@@ -139,8 +140,9 @@ def build_app(settings: Settings) -> faust.App:
                           key_type=bytes, value_serializer="json", key_serializer="raw")  # fmt: skip
     findings_t = app.topic(f"{app_id}-findings", partitions=node_partitions, internal=True,
                            key_type=bytes, value_serializer="json", key_serializer="raw")  # fmt: skip
-    table_schema: Any = faust.Schema(key_serializer="raw", value_serializer="json")
-    job_table = app.Table("jobs", default=None, partitions=job_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
+    # The state tables are raw bytes to faust and JSON to the handlers (see json_table): a
+    # damaged changelog entry is dropped there instead of stopping faust's recovery.
+    job_table_raw = app.Table("jobs", default=None, partitions=job_partitions, key_type=bytes, value_type=bytes)  # fmt: skip
     # One entry per (job, window, source partition): a job's pending windows stay small records
     # (a 512-GPU job's whole state would not fit one Kafka message).
     # Entries are the batch messages as they came (handlers.pending_entry): raw bytes. faust
@@ -148,10 +150,12 @@ def build_app(settings: Settings) -> faust.App:
     # value_type=bytes its changelog was read back as JSON, every entry failed to decode and
     # the recovery never completed (tests/integration/test_chaos.py, pending windows).
     pending_table = app.Table("pending", default=None, partitions=job_partitions, key_type=bytes, value_type=bytes)  # fmt: skip
-    policy_table = app.Table("policy", default=None, partitions=node_partitions, schema=table_schema, key_type=bytes)  # fmt: skip
+    policy_table_raw = app.Table("policy", default=None, partitions=node_partitions, key_type=bytes, value_type=bytes)  # fmt: skip
 
     counters = StreamCounters()
     app.peerwatch_counters = counters  # type: ignore[attr-defined]
+    job_table = JsonTable(job_table_raw, counting(counters, "jobs"))
+    policy_table = JsonTable(policy_table_raw, counting(counters, "policy"))
 
     async def dead(event: Any, reason: str, detail: str) -> None:
         counters.count_deadletter()

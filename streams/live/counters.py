@@ -56,6 +56,9 @@ class StreamCounters:
     deadletter: int = 0
     #: Stage 3's pending-table entries found damaged at a restore: dropped, the rest kept.
     pending_damaged: int = 0
+    #: Stage 3's and 4's job and node states found damaged (not JSON, or not a state): dropped,
+    #: that job or node starts afresh (streams.live.json_table, handlers).
+    state_damaged: int = 0
     #: StepTime records taken by stage 3.
     step_times: int = 0
     #: Wall time spent in hot batches, s; and the latest batch's.

@@ -38,6 +38,9 @@ RECORD_ERRORS: tuple[type[Exception], ...] = (
     CodecError, InvalidRecordError, KeyError, ValueError, TypeError, OverflowError,
 )  # fmt: skip
 
+#: What restoring a damaged saved state may raise (its values of the wrong type too).
+STATE_ERRORS: tuple[type[Exception], ...] = (*RECORD_ERRORS, AttributeError)
+
 #: How often stage 3 walks its pending table for jobs pending from before a restart.
 PENDING_SCAN_EVERY_S = 5.0
 
@@ -174,28 +177,51 @@ class JobsHandler:
         if self.stage3.seen(job_id):
             return
         saved = self.job_table.get(job_id.encode()) or {}
-        for ev in saved.get("events") or []:
-            self.job_meta.apply_event(ev)
         pending = []
         heads = []
-        for key, b in list(self.pending_table.items()):
-            if not b or PendingEntry.from_key(key.decode()).job_id != job_id:
+        for held, b in self.pending_entries():
+            if not b or held.job_id != job_id:
                 continue
             try:
                 message, message_heads = self.read_pending(b)
             except (CodecError, ValueError, TypeError) as exc:  # damaged: dropped, rest kept
                 self.counters.pending_damaged += 1
-                log.warning("stage 3: pending entry %r of job %s dropped: %s", key, job_id, exc)
-                self.pending_table.pop(key, None)
+                log.warning("stage 3: pending entry %r dropped: %s", held.key, exc)
+                self.pending_table.pop(held.key.encode(), None)
                 continue
             pending.append(message)
             heads.append((message, message_heads))
-        for entry in self.stage3.restore(job_id, saved, pending):
+        try:
+            for ev in saved.get("events") or []:
+                self.job_meta.apply_event(ev)
+            stale = self.stage3.restore(job_id, saved, pending)
+        except STATE_ERRORS as exc:
+            if not saved:
+                raise  # the pending messages (read_pending took their bytes)
+            # The job's saved state is damaged: dropped, the job goes on without it.
+            self.counters.state_damaged += 1
+            log.warning("stage 3: saved state of job %s dropped: %s", job_id, exc)
+            self.job_table.pop(job_id.encode(), None)
+            stale = self.stage3.restore(job_id, {}, pending)
+        for entry in stale:
             self.pending_table.pop(entry.key.encode(), None)
         for message, message_heads in heads:
             start = int(message["window_start_ms"])
             if (job_id, start) in self.stage3.sources:  # still pending (not a stale entry)
                 self._keep_heads(job_id, start, message_heads, list(message_heads))
+
+    def pending_entries(self) -> list[tuple[PendingEntry, Any]]:
+        """The pending table's entries by key; a key that is not an entry's (damaged) is
+        counted, logged and deleted (it would fail every walk of the table)."""
+        out = []
+        for key, value in list(self.pending_table.items()):
+            try:
+                out.append((PendingEntry.from_key(key.decode()), value))
+            except (ValueError, AttributeError) as exc:
+                self.counters.pending_damaged += 1
+                log.warning("stage 3: pending key %r dropped: %s", key[:80], exc)
+                self.pending_table.pop(key, None)
+        return out
 
     def read_pending(self, entry: Any) -> tuple[dict[str, Any], dict[int, list[Any]]]:
         """A pending-table entry as its batch message (with ``channel``) and the heads of its
@@ -251,8 +277,8 @@ class JobsHandler:
             now_s = self.monotonic_s()
             if now_s >= self._pending_scan_s:
                 self._pending_scan_s = now_s + PENDING_SCAN_EVERY_S
-                for pending_key in list(self.pending_table.keys()):
-                    self.restore(PendingEntry.from_key(pending_key.decode()).job_id)
+                for entry, _ in self.pending_entries():
+                    self.restore(entry.job_id)
                 # Ended jobs are forgotten here as in replay (Pipeline._closed_to).
                 low_ms = self.stage3.low_watermark_ms()
                 if low_ms is not None:
@@ -352,7 +378,12 @@ class PolicyHandler:
         if node not in self.loaded_nodes:
             saved = self.policy_table.get(key)
             if saved:
-                self.policy.state.nodes[node] = NodePolicyState.from_dict(saved)
+                try:
+                    self.policy.state.nodes[node] = NodePolicyState.from_dict(saved)
+                except STATE_ERRORS as exc:
+                    self.counters.state_damaged += 1  # the node starts afresh
+                    log.warning("stage 4: saved state of node %r dropped: %s", node, exc)
+                    self.policy_table.pop(key, None)
             self.loaded_nodes.add(node)
         record: Any
         if topic == self.findings_topic:

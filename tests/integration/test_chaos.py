@@ -258,8 +258,8 @@ def test_windows_pending_in_stage_3_survive_a_worker_restart(
     """One 24-GPU job on three nodes; one node's samples partition stays empty at first, so the
     job's windows from the other two wait in stage 3 (its pending table, a changelog-backed
     faust table) when the worker stops. The next worker recovers the table and releases each
-    window whole once the late node's samples come. (Recovery read the table's raw entries as
-    JSON and dropped every one: those windows were released without the first nodes' GPUs.)"""
+    window whole once the late node's samples come. (faust read the table's raw entries as JSON,
+    failed on each, and the recovery never completed: no window at all was released.)"""
     data = Input(duration_s=120, seed=23, nodes=3)
     expected = data.expected_windows()
     late_node = "gpu00002"
@@ -282,10 +282,21 @@ def test_windows_pending_in_stage_3_survive_a_worker_restart(
         assert pending, f"no pending window in stage 3:\n{w.log_tail()}"
         assert int(w.counters().get("windows", 0)) == 0  # all wait for the late node
         w.stop(timeout_s=60)
+    # Damaged entries in the three state tables' changelogs (of a job and a node that are not
+    # in the input): each is dropped and counted when read; none may stop the recovery.
+    changelog, now_ms = f"{prefix}{app}-{{}}-changelog".format, int(time.time() * 1000)
+    produce_raw(kafka_settings, [
+        (changelog("jobs"), b"9999", b"\xff\xfe not JSON", now_ms),
+        (changelog("policy"), b"gpu09999", b"[1]", now_ms),
+        (changelog("pending"), b"9999|0|0", b"0\n\xff not a batch", now_ms),
+        (changelog("pending"), b"not|a|key", b"0\n{}", now_ms),
+    ])  # fmt: skip
     produce_raw(kafka_settings, [r for r in first_minute if held(r)] + data.raw(prefix, 60))
     with new_worker(kafka_settings.bootstrap_servers, prefix, tmp_path, "after", app) as w:
         got = wait_for_windows(kafka_settings, prefix, len(expected), [w])
+        counters = w.counters()
     assert_windows(got, expected)
+    assert counters.get("pending_damaged") == 2 and counters.get("state_damaged") == 1, counters
     recovery = [line for line in w.log_path.read_text(errors="replace").splitlines()
                 if "Error in recovery" in line]  # fmt: skip
     assert not recovery, f"{len(recovery)} changelog entries not recovered: {recovery[0]}"

@@ -367,3 +367,72 @@ def test_a_node_handed_back_after_a_rebalance_has_its_policy_state_from_the_tabl
     w1.handle("ns", b"gpu00001", event(T0 + 2000, "IDLE", []))
     assert w1.policy.state.nodes["gpu00001"].resumed_ms == T0 + 2000
     assert table[b"gpu00001"]["resumed_ms"] == T0 + 2000
+
+
+def test_json_table_reads_a_damaged_entry_as_absent_counts_and_drops_it() -> None:
+    from peerwatch.streams.live.json_table import JsonTable, counting
+
+    counters = StreamCounters()
+    raw: dict[bytes, Any] = {}
+    table = JsonTable(raw, counting(counters, "jobs"))
+    table[b"7"] = {"events": [], "released_ms": 5}
+    assert raw[b"7"] == b'{"events":[],"released_ms":5}'  # bytes to faust
+    assert table.get(b"7") == {"events": [], "released_ms": 5}
+    raw[b"8"], raw[b"9"], raw[b"10"] = b"\xff\xfe{", b"[1, 2]", b'{"a": 1'
+    assert [table.get(k) for k in (b"8", b"9", b"10", b"11")] == [None] * 4
+    assert counters.state_damaged == 3
+    assert sorted(raw) == [b"7"] and len(table) == 1 and list(table) == [b"7"]
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [{"events": 5}, {"events": [1]}, {"detector": "x"}, {"detector": {"means": 3}},
+     {"released_ms": "later"}],
+)  # fmt: skip
+def test_a_damaged_saved_job_state_is_dropped_and_the_job_goes_on(saved: dict[str, Any]) -> None:
+    import json
+
+    from windowgen import window
+
+    handler, job_table, _ = jobs_handler()
+    job_table[b"7"] = saved
+    wms = handler.stage3.stage.settings.window_ms
+    msg = {"kind": "windows", "src": 0, "job_id": "7", "window_start_ms": 0,
+           "window_end_ms": wms, "windows": [{**window("7", 0, 0), "node": "a"}]}  # fmt: skip
+    assert handler.handle("b", 2, b"7", json.dumps(msg).encode()) == []
+    assert handler.counters.state_damaged == 1 and b"7" not in job_table
+    out = handler.handle("b", 2, b"~watermark", json.dumps({"kind": "watermark",
+                                                            "marks": {"0": wms}}).encode())  # fmt: skip
+    assert [o.topic for o in out] == ["windows"]
+
+
+@pytest.mark.parametrize(
+    "saved", [{"node": "gpu00001", "episodes": [1]}, {"episodes": {}}, {"node": "n", "emitted": 3}]
+)
+def test_a_damaged_saved_node_state_is_dropped_and_the_node_goes_on(saved: dict[str, Any]) -> None:
+    table: dict[bytes, Any] = {b"gpu00001": saved}
+    handler = PolicyHandler(PolicyStage(Settings().policy), table, findings_topic="nf",
+                            health_topic="h", counters=StreamCounters())  # fmt: skip
+    event = {"event_id": "e-1", "node": "gpu00001", "ts_ms": T0, "state": "IDLE",
+             "flags": ["DRAIN"], "reason": None, "reason_user": None, "reason_set_ms": None,
+             "partitions": ["gpu"], "source": "WATCHER"}  # fmt: skip
+    assert handler.handle("ns", b"gpu00001", AvroCodec("NodeStateEvent").encode(event)) == []
+    assert handler.counters.state_damaged == 1
+    assert table[b"gpu00001"]["out_of_service"]  # a fresh state, saved
+
+
+def test_a_damaged_pending_key_is_dropped_and_every_heartbeat_still_walks_the_table() -> None:
+    import json
+
+    from windowgen import window
+
+    handler, _, pending = jobs_handler()
+    wms = handler.stage3.stage.settings.window_ms
+    msg = {"kind": "windows", "src": 0, "job_id": "7", "window_start_ms": 0,
+           "window_end_ms": wms, "windows": [{**window("7", 0, 0), "node": "a"}]}  # fmt: skip
+    pending[b"7|0|0"] = b"0\n" + json.dumps(msg).encode()  # left by a worker before a restart
+    pending[b"junk"], pending[b"\xff|1|2"], pending[b"7|x|0"] = b"0\n{}", b"0\n{}", b"0\n{}"
+    beat = json.dumps({"kind": "watermark", "marks": {"0": wms}}).encode()
+    out = handler.handle("b", 0, b"~watermark", beat)  # walks the table: restores job 7
+    assert handler.counters.pending_damaged == 3
+    assert [o.topic for o in out] == ["windows"] and pending == {}  # and releases its window
