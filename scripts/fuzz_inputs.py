@@ -672,14 +672,17 @@ def _kafka_jobs(rng: Random, tmp: Path) -> None:
     from peerwatch.streams.core.job_stage import JobReleaser
     from peerwatch.streams.live.counters import StreamCounters
     from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler
+    from peerwatch.streams.live.json_table import JsonTable, counting
 
     settings = Settings()
     meta = AllocationTable(3600_000)
-    job_table: dict[bytes, Any] = {}
+    counters = StreamCounters()
+    raw_jobs: dict[bytes, Any] = {}  # bytes, as the faust table holds them
+    job_table = JsonTable(raw_jobs, counting(counters, "jobs"))
     pending: dict[bytes, Any] = {}
     handler = JobsHandler(JobReleaser(settings.detector, meta, grace_ms=5000), meta, job_table,
                           pending, job_events_topic="je", step_times_topic="st",
-                          retention_ms=3600_000, counters=StreamCounters())  # fmt: skip
+                          retention_ms=3600_000, counters=counters)  # fmt: skip
     kinds = [("JobEvent", "je"), ("StepTime", "st"), ("window-batches", "b"),
              ("window-batches", "b"), ("window-batches", "b"), ("window-batches-json", "b")]  # fmt: skip
     corpus = kafka_corpus()
@@ -687,22 +690,40 @@ def _kafka_jobs(rng: Random, tmp: Path) -> None:
         (FakeMessage("je", 0, i, k, v), True) for i, (k, v) in enumerate(corpus["JobEvent"][:6])
     ]
     msgs += _messages(rng, kinds, rng.randint(1, 40))
-    for msg, _valid in msgs:
-        try:
-            outputs = _timed(
-                "jobs handler",
-                lambda m=msg: handler.handle(m.topic(), m.partition(), m.key(), m.value()),
-            )
-        except RECORD_ERRORS:
-            continue  # the agent dead-letters it
-        for out in outputs:
-            if out.topic == "findings":
-                json.dumps(out.value)  # the internal topic's JSON serializer
-    json.dumps(list(job_table.values()))  # the job table's JSON serializer
-    for entry in pending.values():  # the pending table's raw serializer: bytes that read back
-        if not isinstance(entry, bytes):
-            raise Failure(f"pending entry of type {type(entry).__name__}, not bytes")
-        handler.read_pending(entry)
+    # Twice: the second time after a rebalance (memory forgotten), over tables of which some
+    # entries (keys and values) were damaged as a broken changelog could leave them.
+    for rebalanced in (False, True):
+        if rebalanced:
+            for entry in pending.values():  # undamaged, the entries the handler wrote read back
+                handler.read_pending(entry)
+            _damage_table(rng, raw_jobs)
+            _damage_table(rng, pending)
+            handler.forget()
+        for msg, _valid in msgs:
+            try:
+                outputs = _timed(
+                    "jobs handler",
+                    lambda m=msg: handler.handle(m.topic(), m.partition(), m.key(), m.value()),
+                )
+            except RECORD_ERRORS:
+                continue  # the agent dead-letters it
+            for out in outputs:
+                if out.topic == "findings":
+                    json.dumps(out.value)  # the internal topic's JSON serializer
+    for table in (raw_jobs, pending):  # raw tables: bytes, as faust's raw serializer wants
+        for entry in table.values():
+            if not isinstance(entry, bytes):
+                raise Failure(f"table entry of type {type(entry).__name__}, not bytes")
+
+
+def _damage_table(rng: Random, table: dict[bytes, Any]) -> None:
+    """Damage some entries of a raw state table: a key or a value mutated, or removed."""
+    for key in [k for k in list(table) if rng.random() < 0.3]:
+        value = table.pop(key)
+        if rng.random() < 0.5:
+            table[mutate_bytes(key, rng)] = value
+        elif rng.random() < 0.9:
+            table[key] = mutate_bytes(value, rng)
 
 
 def _kafka_policy(rng: Random, tmp: Path) -> None:
@@ -711,17 +732,28 @@ def _kafka_policy(rng: Random, tmp: Path) -> None:
     from peerwatch.streams.core.pipeline import PolicyStage
     from peerwatch.streams.live.counters import StreamCounters
     from peerwatch.streams.live.handlers import RECORD_ERRORS, PolicyHandler
+    from peerwatch.streams.live.json_table import JsonTable, counting
 
-    table: dict[bytes, Any] = {}
-    handler = PolicyHandler(PolicyStage(Settings().policy), table, findings_topic="nf",
-                            health_topic="h", counters=StreamCounters())  # fmt: skip
+    counters = StreamCounters()
+    raw: dict[bytes, Any] = {}  # bytes, as the faust table holds them
+    handler = PolicyHandler(PolicyStage(Settings().policy), JsonTable(raw, counting(counters, "policy")),
+                            findings_topic="nf", health_topic="h", counters=counters)  # fmt: skip
     kinds = [("node-findings", "nf"), ("HealthCheckResult", "h"), ("NodeStateEvent", "ne")]
-    for msg, _valid in _messages(rng, kinds, rng.randint(1, 40)):
-        try:
-            _timed("policy handler", lambda m=msg: handler.handle(m.topic(), m.key(), m.value()))
-        except RECORD_ERRORS:
-            continue
-    json.dumps({k.hex(): v for k, v in table.items()})
+    msgs = _messages(rng, kinds, rng.randint(1, 40))
+    for rebalanced in (False, True):  # the second time over damaged entries (see _kafka_jobs)
+        if rebalanced:
+            _damage_table(rng, raw)
+            handler.forget()
+        for msg, _valid in msgs:
+            try:
+                _timed(
+                    "policy handler", lambda m=msg: handler.handle(m.topic(), m.key(), m.value())
+                )
+            except RECORD_ERRORS:
+                continue
+    for entry in raw.values():
+        if not isinstance(entry, bytes):
+            raise Failure(f"policy entry of type {type(entry).__name__}, not bytes")
 
 
 _EXPORTED = [("GpuWindow", "w"), ("JobEvent", "je"), ("StragglerFinding", "f"),
