@@ -85,10 +85,6 @@ def hour_of(ts_ms: int) -> str:
     return dt.datetime.fromtimestamp(ts_ms // 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H")
 
 
-def file_for(root: Path, topic: str, ts_ms: int) -> Path:
-    return root / topic / f"{hour_of(ts_ms)}.avro"
-
-
 def hour_start_ms(hour: str) -> int:
     """Epoch ms of the start of an ``YYYY-MM-DDTHH`` hour (UTC). Raises ValueError if malformed."""
     parsed = dt.datetime.strptime(hour, "%Y-%m-%dT%H").replace(tzinfo=dt.UTC)

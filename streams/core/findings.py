@@ -10,6 +10,7 @@ from peerwatch.schemas.records import (
     StragglerFinding,
 )
 from peerwatch.streams.core.detector_state import GpuDetectorState
+from peerwatch.streams.core.hard_rules import hard_cause
 from peerwatch.streams.core.model import CLEARED, JOB_WIDE, SUSPECT, stable_id
 from peerwatch.streams.core.peers import GpuVerdict
 from peerwatch.streams.core.settings import DetectorSettings
@@ -32,15 +33,6 @@ def straggler_reason(status: str, verdict: GpuVerdict, gpu_state: GpuDetectorSta
 def flagged_windows(gpu_state: GpuDetectorState) -> int:
     """Windows of the GPU's recent history flagged by any feature."""
     return sum(1 for code in gpu_state.history if code)
-
-
-#: Hard rules that name a link (PCIe, NVLink) rather than the GPU itself.
-_LINK_RULES = ("nvlink_", "pcie_")
-
-
-def hard_cause(rules: list[str]) -> FindingCause:
-    """LINK when every rule that fired is a PCIe/NVLink one, else HARDWARE."""
-    return "LINK" if rules and all(r.startswith(_LINK_RULES) for r in rules) else "HARDWARE"
 
 
 def describe_feature(ev: FeatureEvidence) -> str:

@@ -78,8 +78,10 @@ def _credentials(settings: Settings) -> Any:
 
 
 def internal_topics(settings: Settings) -> list[TopicSpec]:
-    """The app's repartition topics: created up front (with the catalogue's partition counts) so
-    that faust never auto-creates them with other counts and every agent finds them at start."""
+    """The app's repartition topics and its tables' changelogs: created up front (with the
+    catalogue's partition counts) so that faust never auto-creates them with other counts and
+    every agent finds them at start (a changelog faust failed to create under load left the
+    policy agent crashing on ``PartitionsMismatch`` at every restart of it, 0 partitions)."""
     cfg = settings.stream
     app_id = settings.topic_prefix + cfg.app_id
     by_schema = {t.value_schema: t for t in catalogue(settings.topic_prefix)}
@@ -90,7 +92,15 @@ def internal_topics(settings: Settings) -> list[TopicSpec]:
                   "closed windows of one job from one worker, JSON (stage 2 -> 3)"),
         TopicSpec(f"{app_id}-findings", "node", None, nodes, "delete", 7 * day_ms,
                   "findings re-keyed by node, JSON (stage 3 -> 4)"),
+        *(TopicSpec(f"{app_id}-{table}-changelog", key, None, jobs if key == "job_id" else nodes,
+                    "compact", -1, f"changelog of the {table} table (faust's, compacted)")
+          for table, key in _TABLES.items()),
     ]  # fmt: skip
+
+
+#: The app's state tables (faust names their changelogs ``<app id>-<table>-changelog``) and
+#: their keys: tables keyed by job have the job events' partitions, by node the samples'.
+_TABLES = {"jobs": "job_id", "pending": "job_id", "policy": "node"}
 
 
 def build_app(settings: Settings) -> faust.App:

@@ -15,6 +15,7 @@ decoded (skipped, counted). The summary itself is :mod:`peerwatch.streams.core.j
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from peerwatch.topics import (
     STRAGGLERS,
     TopicSpec,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -151,9 +154,8 @@ def _kafka_read(
 ) -> tuple[list[dict[str, Any]], int]:
     """The decoded records keyed by one of ``keys`` in ``topic`` from ``from_ms``; and how many
     of them could not be decoded."""
-    from confluent_kafka import TopicPartition
-
     from peerwatch.errors import CodecError
+    from peerwatch.io.topic_reader import TopicEndNotReached, TopicRange, read_to_end
     from peerwatch.schemas.codec import decode_any
 
     wanted_keys = {k.encode() for k in keys}
@@ -163,42 +165,21 @@ def _kafka_read(
     if meta is None or meta.error is not None or not meta.partitions:
         return [], 0
     n = len(meta.partitions)
-    parts = sorted({partition_of(k.decode(), n) for k in wanted_keys})
-    ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-        for p in parts
-    }
-    starts = consumer.offsets_for_times(
-        [TopicPartition(topic, p, max(0, from_ms)) for p in parts], timeout=timeout_s
-    )
-    assign = [tp for tp in starts if 0 <= tp.offset < ends[tp.partition]]
-    if not assign:
-        return [], 0
-    consumer.assign(assign)
-    open_parts = {tp.partition for tp in assign}
+    until = None if to_ms is None else to_ms + slack_ms
+    where = TopicRange(topic, {partition_of(k.decode(), n) for k in wanted_keys}, from_ms, until)
     out: list[dict[str, Any]] = []
     bad = 0
     try:
-        while open_parts:
-            msgs = consumer.consume(num_messages=5000, timeout=timeout_s)
-            if not msgs:
-                break  # the cluster stopped answering: what was read is returned
-            for msg in msgs:
-                if msg.error() is not None or msg.partition() not in open_parts:
-                    continue
-                p = int(msg.partition())
-                if int(msg.offset()) + 1 >= ends[p] or (
-                    to_ms is not None and msg.timestamp()[1] > to_ms + slack_ms
-                ):
-                    open_parts.discard(p)
-                if msg.key() not in wanted_keys:
-                    continue
-                try:
-                    out.append(decode_any(msg.value() or b"")[1])
-                except CodecError:
-                    bad += 1
-    finally:
-        consumer.unassign()
+        for msg in read_to_end(consumer, [where], idle_timeout_s=timeout_s,
+                               metadata_timeout_s=timeout_s):  # fmt: skip
+            if msg.key() not in wanted_keys:
+                continue
+            try:
+                out.append(decode_any(msg.value() or b"")[1])
+            except CodecError:
+                bad += 1
+    except TopicEndNotReached as exc:  # the cluster stopped answering: what was read is returned
+        log.warning("%s: %s; the job view may be incomplete", topic, exc)
     return out, bad
 
 

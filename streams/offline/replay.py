@@ -471,8 +471,3 @@ def output_lines(result: ReplayResult) -> Iterator[str]:
     for kind, values in ((FINDING, result.findings), (RECOMMENDATION, result.recommendations)):
         for v in values:
             yield json.dumps({"kind": kind, **v}, sort_keys=True) + "\n"
-
-
-def as_input(stream_values: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Record]:
-    """Helper for drivers holding ``(stream, record)`` pairs: replay order, streams checked."""
-    return sort_records((s, dict(v)) for s, v in stream_values if s in INPUT_STREAMS)

@@ -21,7 +21,7 @@ from typing import Any
 
 from peerwatch.kafka_config import consumer_config, producer_config
 from peerwatch.producers.sim.fleet import Fleet
-from peerwatch.producers.sim.publish import STREAM_TOPICS, PublishStats, publish_to_kafka
+from peerwatch.producers.sim.publish import STREAM_TOPICS
 from peerwatch.schemas.codec import AvroCodec, decode_any
 from peerwatch.settings import KafkaSettings
 from peerwatch.streams.tools.bench import FloorResult, ProcSnapshot, read_proc_tree
@@ -79,16 +79,6 @@ class _ConfluentSink:
             raise RuntimeError(f"{left} records not flushed, {self.failed} failed")
 
 
-def produce_fleet(kafka: KafkaSettings, fleet: Fleet, topic_prefix: str) -> PublishStats:
-    """Create the catalogue topics under ``topic_prefix`` and publish every record of ``fleet``
-    as fast as the broker takes them (acks=all). Raises RuntimeError if a record is not acked."""
-    ensure_topics(kafka, catalogue(topic_prefix))
-    sink = _ConfluentSink(kafka)
-    stats = publish_to_kafka(fleet, sink, topic_prefix)
-    sink.flush()
-    return stats
-
-
 def produce_raw(kafka: KafkaSettings, records: Sequence[Raw]) -> None:
     """Publish ``(topic, key, value, timestamp_ms or None)`` records as they are (test input)."""
     sink = _ConfluentSink(kafka)
@@ -101,45 +91,25 @@ def read_topic(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> lis
     """Every record of ``topic`` up to its current end (the high watermarks when called), in
     partition and offset order; [] if the topic does not exist. Raises TimeoutError if the end
     is not reached within ``timeout_s``."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
+
+    from peerwatch.io.topic_reader import TopicRange, read_to_end
 
     consumer = Consumer(consumer_config(kafka, f"read-{time.time_ns()}"))
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        if meta.error is not None or not meta.partitions:
-            return []
-        ends: dict[int, int] = {}
-        starts: list[Any] = []
-        for p in sorted(meta.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            if high > low:
-                ends[p] = high
-                starts.append(TopicPartition(topic, p, low))
-        out: list[TopicRecord] = []
-        if not ends:
-            return out
-        consumer.assign(starts)
-        deadline = time.monotonic() + timeout_s
-        while ends:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: end not reached in {timeout_s} s")
-            for m in consumer.consume(1000, timeout=0.5):
-                partition, offset = int(m.partition() or 0), int(m.offset() or 0)
-                if m.error() is not None or partition not in ends:
-                    continue
-                key = m.key()
-                out.append(
-                    TopicRecord(
-                        key if isinstance(key, bytes) else None,
-                        bytes(m.value() or b""),
-                        _headers(m.headers()),
-                        partition,
-                        offset,
-                        int(m.timestamp()[1]),
-                    )
-                )
-                if offset + 1 >= ends[partition]:
-                    del ends[partition]
+        out = [
+            TopicRecord(
+                key if isinstance(key := m.key(), bytes) else None,
+                bytes(m.value() or b""),
+                _headers(m.headers()),
+                int(m.partition() or 0),
+                int(m.offset() or 0),
+                int(m.timestamp()[1]),
+            )
+            for m in read_to_end(
+                consumer, [TopicRange(topic)], idle_timeout_s=timeout_s, deadline_s=timeout_s
+            )
+        ]
         return sorted(out, key=lambda r: (r.partition, r.offset))
     finally:
         consumer.close()
