@@ -312,7 +312,7 @@ def kafka_alert_export(
     ``kafka`` is the process's KafkaSettings."""
     from confluent_kafka import Consumer, Producer
 
-    from peerwatch.exporters.consume import KafkaDeadLetter
+    from peerwatch.io.deadletter import KafkaDeadLetter
     from peerwatch.kafka_config import consumer_config, producer_config
 
     book = book_for(settings)

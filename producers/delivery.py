@@ -39,6 +39,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from peerwatch.errors import ServiceError
+from peerwatch.io.deadletter import dead_letter_headers
 from peerwatch.kafka_config import producer_config
 from peerwatch.producers.spool import Spool, SpooledRecord
 from peerwatch.settings import KafkaSettings
@@ -381,8 +382,8 @@ class Delivery:
             return
         keep = len(rec.value) <= DEADLETTER_VALUE_MAX_BYTES
         headers: list[tuple[str, str | bytes | None]] = [
-            ("peerwatch.reason", b"refused by Kafka"), ("peerwatch.error", reason.encode()[:1000]),
-            ("peerwatch.topic", rec.topic.encode()), ("peerwatch.size", str(len(rec.value)).encode()),
+            *dead_letter_headers("refused by Kafka", reason, stage="producer", topic=rec.topic,
+                                 size=len(rec.value))
         ]  # fmt: skip
         for value in (rec.value, b"") if keep else (b"",):
             try:

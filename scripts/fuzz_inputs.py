@@ -624,7 +624,7 @@ def _check_dead_letters(sent: list[Produced], topic: str, messages: list[FakeMes
         reason = p.headers.get("peerwatch.reason") or p.headers.get("peerwatch.error")
         if not reason:
             raise Failure(f"a dead letter without a reason: {p.headers}")
-        offset = p.headers.get("peerwatch.offset") or p.headers.get("peerwatch.source.offset")
+        offset = p.headers.get("peerwatch.offset")
         if offset is not None and int(offset) in by_offset:
             m, cut = by_offset[int(offset)], "peerwatch.value.size" in p.headers
             key_ok = p.key == m.key() or (cut and p.key is None and len(m.key() or b"") > 1024)
@@ -765,7 +765,8 @@ def _kafka_export(rng: Random, tmp: Path) -> None:
     sinks, dead letters through ``KafkaDeadLetter``."""
     from peerwatch.exporters.alertmanager import AlertSink, book_for
     from peerwatch.exporters.alerts import to_api
-    from peerwatch.exporters.consume import ExportLoop, KafkaDeadLetter
+    from peerwatch.exporters.consume import ExportLoop
+    from peerwatch.io.deadletter import KafkaDeadLetter
     from peerwatch.settings import AlertmanagerSettings
 
     producer = FakeProducer()
@@ -813,7 +814,7 @@ def _kafka_archive(rng: Random, tmp: Path) -> None:
     read back."""
     from peerwatch.exporters.archive import ArchiveWriter
     from peerwatch.exporters.archive_loop import ArchiveLoop, archived_topics
-    from peerwatch.exporters.consume import KafkaDeadLetter
+    from peerwatch.io.deadletter import KafkaDeadLetter
 
     class Commits:
         def commit_offsets(self, offsets: Any) -> None:

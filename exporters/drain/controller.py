@@ -18,7 +18,6 @@ from typing import Any
 
 from peerwatch.clock import SYSTEM_CLOCK, Clock
 from peerwatch.errors import CodecError, ServiceError, SlurmCommandError
-from peerwatch.exporters.consume import produce_dead_letter
 from peerwatch.exporters.drain.audit import action_record, invalid_record, resume_record
 from peerwatch.exporters.drain.config import DrainSettings
 from peerwatch.exporters.drain.decide import (
@@ -35,6 +34,7 @@ from peerwatch.exporters.drain.decide import (
 )
 from peerwatch.exporters.drain.slurm_ops import SlurmOps
 from peerwatch.exporters.drain.state import ControllerState, StateStore
+from peerwatch.io.deadletter import dead_letter_headers, produce_dead_letter
 from peerwatch.schemas.codec import AvroCodec
 
 log = logging.getLogger(__name__)
@@ -130,9 +130,12 @@ class AuditPublisher:
         for action in actions:
             self._delivered.discard(action["action_id"])
 
-    def dead_letter(self, key: bytes | None, value: bytes | None, why: str, source: str) -> None:
-        headers = [("peerwatch.error", why.encode()[:1000]), ("peerwatch.source", source.encode()),
-                   ("peerwatch.stage", b"drain-controller")]  # fmt: skip
+    def dead_letter(self, msg: Any, why: str) -> None:
+        """Dead-letter the undecodable recommendation ``msg`` (a confluent-kafka Message)."""
+        headers = dead_letter_headers("undecodable", why, stage="drain-controller",
+                                      topic=str(msg.topic()), partition=msg.partition(),
+                                      offset=msg.offset())  # fmt: skip
+        key, value = msg.key(), msg.value()
         produce_dead_letter(self._producer, self._topics.deadletter, value, key, headers)
 
 
@@ -208,7 +211,7 @@ class DrainController:
             except CodecError as exc:
                 decision = invalid_record(msg.key(), f"undecodable record {source}: {exc}",
                                           self._settings.enforce, now_ms)  # fmt: skip
-                self._publisher.dead_letter(msg.key(), msg.value(), str(exc), source)
+                self._publisher.dead_letter(msg, str(exc))
                 state.outbox.append(action_record(decision, source))
                 self.stats.deadletter += 1
                 self.stats.observe(state, self._settings.enforce)

@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     source = KafkaArchiveSource(settings.kafka, args.group_id, sorted(topics), start)
     from confluent_kafka import Producer
 
-    from peerwatch.exporters.consume import KafkaDeadLetter, deadletter_topic
+    from peerwatch.exporters.consume import deadletter_topic
+    from peerwatch.io.deadletter import KafkaDeadLetter
     from peerwatch.kafka_config import producer_config
 
     deadletter = KafkaDeadLetter(

@@ -40,7 +40,7 @@ from typing import Any
 import faust
 import mode
 
-from peerwatch.exporters.consume import without_payload
+from peerwatch.io.deadletter import dead_letter_headers, without_payload
 from peerwatch.settings import Settings, expand
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.job_stage import JobReleaser
@@ -170,13 +170,8 @@ def build_app(settings: Settings) -> faust.App:
     async def dead(event: Any, reason: str, detail: str) -> None:
         counters.count_deadletter()
         msg = event.message
-        headers = [
-            ("peerwatch.reason", reason.encode()),
-            ("peerwatch.error", detail[:1000].encode(errors="replace")),
-            ("peerwatch.topic", str(msg.topic).encode()),
-            ("peerwatch.partition", str(msg.partition).encode()),
-            ("peerwatch.offset", str(msg.offset).encode()),
-        ]
+        headers = dead_letter_headers(reason, detail, stage="stream", topic=str(msg.topic),
+                                      partition=msg.partition, offset=msg.offset)  # fmt: skip
         key, value = event.key, msg.value
         if len(key or b"") + len(value or b"") > app.conf.producer_max_request_size - 10_000:
             key, sizes = without_payload(key, value)  # aiokafka would refuse it: not sent whole

@@ -96,10 +96,10 @@ def test_a_stream_agent_that_lets_a_hostile_message_escape_is_caught(
 def test_a_dead_letter_that_drops_the_original_key_is_caught(
     fz: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from peerwatch.exporters import consume
+    from peerwatch.io import deadletter
 
-    real = consume.produce_dead_letter
-    monkeypatch.setattr(consume, "produce_dead_letter",
+    real = deadletter.produce_dead_letter
+    monkeypatch.setattr(deadletter, "produce_dead_letter",
                         lambda p, t, v, k, h: real(p, t, v, None, h))  # fmt: skip
     monkeypatch.setattr(fz, "KAFKA_CONSUMERS", {"export": fz.KAFKA_CONSUMERS["export"]})
     result = fz.run(None, seed=3, targets=["kafka"], inputs=20)
