@@ -10,7 +10,10 @@ files.
 The archiver (:mod:`peerwatch.exporters.archive`) also leaves ``<hour>.avro.part`` (the hour it is
 still appending to) and ``<hour>.<k>.avro`` (records that arrived after their hour was closed);
 readers here read all three. A file whose last block is truncated (an archiver killed mid-write)
-is read up to its last complete block.
+is read up to its last complete block. An entry named like an archive file that cannot be one
+(an hour that does not exist, or outside 1970..9999; a folder) is skipped with a warning naming
+it and counted (:func:`topic_entries`), by the readers and by the archiver's recovery and
+retention alike.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
@@ -56,21 +59,26 @@ MAX_HEADER_BYTES = 1 << 24
 class ReadStats:
     """What readers of archive files skipped: records that did not decode (``bad_records``),
     corrupt blocks stepped over to the next sync marker (``bad_blocks``; their records are not
-    known), files whose header is unreadable (``bad_files``) and files cut inside a block
-    (``cut_tails``: an archiver killed mid-write, or corruption with no sync marker after it)."""
+    known), files whose header is unreadable (``bad_files``), files cut inside a block
+    (``cut_tails``: an archiver killed mid-write, or corruption with no sync marker after it)
+    and entries of a topic folder named like an archive file that cannot be one (``misnamed``,
+    see :func:`topic_entries`)."""
 
     bad_records: int = 0
     bad_blocks: int = 0
     bad_files: int = 0
     cut_tails: int = 0
+    misnamed: int = 0
 
     def add(self, other: ReadStats) -> None:
-        for name in ("bad_records", "bad_blocks", "bad_files", "cut_tails"):
+        for name in _READ_STATS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def as_dict(self) -> dict[str, int]:
-        return {"bad_records": self.bad_records, "bad_blocks": self.bad_blocks,
-                "bad_files": self.bad_files, "cut_tails": self.cut_tails}  # fmt: skip
+        return {name: getattr(self, name) for name in _READ_STATS}
+
+
+_READ_STATS = ("bad_records", "bad_blocks", "bad_files", "cut_tails", "misnamed")
 
 
 #: Event times an archive file can be named by: 1970-01-01 up to the end of year 9999 (UTC).
@@ -90,9 +98,13 @@ def file_for(root: Path, topic: str, ts_ms: int) -> Path:
 
 
 def hour_start_ms(hour: str) -> int:
-    """Epoch ms of the start of an ``YYYY-MM-DDTHH`` hour (UTC). Raises ValueError if malformed."""
+    """Epoch ms of the start of an ``YYYY-MM-DDTHH`` hour (UTC). Raises ValueError if malformed
+    (``2026-13-45T99``, year 0) or outside 1970..9999 (no event time is archived there)."""
     parsed = dt.datetime.strptime(hour, "%Y-%m-%dT%H").replace(tzinfo=dt.UTC)
-    return int(parsed.timestamp()) * 1000
+    start = int(parsed.timestamp()) * 1000
+    if not 0 <= start < MAX_TS_MS:
+        raise ValueError(f"hour {hour} is outside 1970..9999")
+    return start
 
 
 def parse_file_name(name: str) -> tuple[str, int, bool] | None:
@@ -117,27 +129,61 @@ def record_time_ms(record: Mapping[str, Any]) -> int | None:
     return None
 
 
-def archive_files(
-    root: Path, topic: str, from_ms: int | None = None, to_ms: int | None = None
-) -> list[Path]:
-    """Files of ``topic`` under ``root`` whose hour overlaps ``[from_ms, to_ms)``, oldest hour
-    first (each hour's files together)."""
-    found: list[tuple[str, int, Path]] = []
-    folder = Path(root) / topic
-    if not folder.is_dir():
+class ArchiveEntry(NamedTuple):
+    """One archive file of a topic folder (see :func:`parse_file_name`)."""
+
+    hour: str
+    k: int
+    partial: bool
+    start_ms: int
+    path: Path
+
+
+def topic_entries(folder: Path, stats: ReadStats | None = None) -> list[ArchiveEntry]:
+    """The archive files of one topic folder, by (hour, k); none when it is not a folder.
+
+    Other names (labels, temporary files) are ignored. An entry named like an archive file
+    that cannot be one (``2026-13-45T99.avro``, ``0000-01-01T00.avro``, a folder named
+    ``<hour>.avro``) is hostile input, never a crash of the replay or the archiver: skipped
+    with a warning naming it, counted in ``stats.misnamed``."""
+    found: list[ArchiveEntry] = []
+    try:
+        paths = sorted(Path(folder).iterdir())
+    except (NotADirectoryError, FileNotFoundError):
         return []
-    for path in folder.iterdir():
+    for path in paths:
         parsed = parse_file_name(path.name)
         if parsed is None:
             continue
-        hour, k, _ = parsed
-        start = hour_start_ms(hour)
-        if from_ms is not None and start + HOUR_MS <= from_ms:
+        try:
+            start = hour_start_ms(parsed[0])
+            if not path.is_file():
+                raise ValueError("not a regular file")
+        except ValueError as exc:
+            log.warning("archive: %s skipped, misnamed (%s)", path, exc)
+            if stats is not None:
+                stats.misnamed += 1
             continue
-        if to_ms is not None and start >= to_ms:
-            continue
-        found.append((hour, k, path))
-    return [p for _, _, p in sorted(found)]
+        found.append(ArchiveEntry(*parsed, start, path))
+    return sorted(found)
+
+
+def archive_files(
+    root: Path,
+    topic: str,
+    from_ms: int | None = None,
+    to_ms: int | None = None,
+    stats: ReadStats | None = None,
+) -> list[Path]:
+    """Files of ``topic`` under ``root`` whose hour overlaps ``[from_ms, to_ms)``, oldest hour
+    first (each hour's files together). ``stats``: counts the misnamed entries skipped (see
+    :func:`topic_entries`)."""
+    return [
+        e.path
+        for e in topic_entries(Path(root) / topic, stats)
+        if (from_ms is None or e.start_ms + HOUR_MS > from_ms)
+        and (to_ms is None or e.start_ms < to_ms)
+    ]
 
 
 def _canonical(schema: Any) -> str:
