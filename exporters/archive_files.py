@@ -217,8 +217,9 @@ def read_container(
     being built (the C reader's ``skip``, else a decode that is thrown away).
 
     Hostile bytes, with the current schema (the compiled reader): a record that does not decode
-    is skipped and counted in ``stats.bad_records`` (invalid UTF-8: that record only; any other
-    fault: the rest of its block, as the column reader does); a corrupt block is stepped over
+    is skipped and counted in ``stats.bad_records`` (that record only where its end is known,
+    see :func:`lenient_skipper`; else the rest of its block, as the column reader does); a
+    corrupt block is stepped over
     to the next sync marker (``stats.bad_blocks``). Files of an older schema version (fastavro,
     with resolution) end at the first fault."""
     stats = stats if stats is not None else ReadStats()
@@ -243,7 +244,7 @@ def read_container(
         skip = None
         if keep_nodes is not None and _node_first(blocks.writer_schema):
             skip = _skipper_for(blocks.writer_schema, compiled)
-        lax = lax_skipper(blocks.writer_schema)
+        lax = lenient_skipper(blocks.writer_schema)
         try:
             fh.seek(0)
             header_end, sync = _read_header(fh)
@@ -326,10 +327,12 @@ def _decode_block(
 ) -> tuple[list[dict[str, Any]], int]:
     """The records of one block and how many were not read; with ``keep`` and ``skip``, only
     those whose leading ``node`` string is in ``keep`` (the others are stepped over by
-    ``skip``). A record with invalid UTF-8 is stepped over by ``lax`` (a skip that does not
-    check strings) and the next read; any other fault ends the block (its remaining records
-    count as not read), as the C column reader does. Raises TrailingBytes (with what was read)
-    when the block holds bytes after its ``count`` records."""
+    ``skip``). A record that does not decode is stepped over by ``lax`` (see
+    :func:`lenient_skipper`: it steps over invalid UTF-8, boolean bytes above 1 and longs over
+    64 bits) and the next read; where ``lax`` refuses too (the record's end is not known), the
+    block ends (its remaining records count as not read): the same records as the C column
+    reader keeps, whatever faults a record holds and in whatever order. Raises TrailingBytes
+    (with what was read) when the block holds bytes after its ``count`` records."""
     out: list[dict[str, Any]] = []
     pos = bad = 0
     for i in range(count):
@@ -342,9 +345,8 @@ def _decode_block(
                     pos = skip(data, pos)
                     continue
             record, pos = decode(data, pos)
-        except Exception as exc:
-            utf8 = isinstance(exc, UnicodeError) or "UTF-8" in str(exc)
-            if not utf8 or lax is None:
+        except Exception:
+            if lax is None:
                 return out, bad + count - i
             try:
                 pos = lax(data, pos)
@@ -366,10 +368,23 @@ class TrailingBytes(ValueError):
         self.records, self.bad, self.left = records, bad, left
 
 
+def lenient_skipper(writer_schema: Any) -> Any:
+    """``(buffer, offset) -> end`` over one value of ``writer_schema`` stepping over the value
+    faults whose extent is known: the C module's ``skip_lenient`` (what ``decode_columns``
+    steps over in a block), else :func:`lax_skipper` (the same rules in Python). Raises
+    ValueError (or IndexError) where the value's end is not known."""
+    from peerwatch.schemas.native import native_lenient_skipper
+
+    return native_lenient_skipper(strip_logical_types(writer_schema)) or lax_skipper(writer_schema)
+
+
 def lax_skipper(writer_schema: Any) -> Any:
-    """``(buffer, offset) -> end`` over one value of ``writer_schema`` that checks lengths and
-    union branches but not the UTF-8 of strings: where a record with invalid UTF-8 ends.
-    Raises ValueError (or IndexError) on bytes that are not such a value."""
+    """``(buffer, offset) -> end`` over one value of ``writer_schema`` that checks lengths,
+    counts, union branches and enum indexes (varints of at most 64 bits, one-byte union
+    branches, as the C reader) but not the values whose extent is known: invalid UTF-8, a
+    boolean byte above 1, a long whose varint ends at its 10th byte without fitting 64 bits.
+    Where a record that did not decode ends. Raises ValueError (or IndexError) on bytes that
+    are not such a value."""
     named: dict[str, Any] = {}
 
     def plan(schema: Any) -> Any:
@@ -379,7 +394,7 @@ def lax_skipper(writer_schema: Any) -> Any:
             if schema == "boolean":
                 return lambda d, p: _need(d, p + 1)
             if schema in ("int", "long"):
-                return lambda d, p: _varint(d, p)[1]
+                return _lax_long
             if schema == "float":
                 return lambda d, p: _need(d, p + 4)
             if schema == "double":
@@ -391,8 +406,9 @@ def lax_skipper(writer_schema: Any) -> Any:
             branches = [plan(b) for b in schema]
 
             def union(d: bytes, p: int) -> int:
-                k, p = _varint(d, p)
-                if not 0 <= k < len(branches):
+                c = d[p]  # one byte, as the C reader takes a branch index
+                k, p = (c >> 1) ^ -(c & 1), p + 1
+                if c >= 0x80 or not 0 <= k < len(branches):
                     raise ValueError("bad union branch")
                 return int(branches[k](d, p))
 
@@ -414,7 +430,7 @@ def lax_skipper(writer_schema: Any) -> Any:
             n = len(schema["symbols"])
 
             def enum(d: bytes, p: int) -> int:
-                k, p = _varint(d, p)
+                k, p = _varint64(d, p)
                 if not 0 <= k < n:
                     raise ValueError("bad enum index")
                 return p
@@ -430,11 +446,11 @@ def lax_skipper(writer_schema: Any) -> Any:
 
             def many(d: bytes, p: int) -> int:
                 while True:
-                    n, p = _varint(d, p)
+                    n, p = _varint64(d, p)
                     if n == 0:
                         return p
                     if n < 0:
-                        _, p = _varint(d, p)
+                        _, p = _varint64(d, p)
                         n = -n
                     if n > len(d) - p:  # every item takes a byte at least... or none (null)
                         raise ValueError("bad item count")
@@ -455,8 +471,30 @@ def _need(data: bytes, end: int) -> int:
     return end
 
 
+def _varint64(data: bytes, pos: int) -> tuple[int, int]:
+    """:func:`_varint` of at most 64 bits, as the C reader's: raises ValueError when a 10th
+    byte is above 1 (IndexError when ``data`` ends inside it)."""
+    for k in range(10):
+        if data[pos + k] < 0x80:
+            if k == 9 and data[pos + k] > 1:
+                break
+            return _varint(data, pos)
+    raise ValueError("varint does not fit 64 bits")
+
+
+def _lax_long(data: bytes, pos: int) -> int:
+    """The end of a long value: a varint ending at its 10th byte is stepped over even when it
+    does not fit 64 bits (a value fault whose extent is known)."""
+    try:
+        return _varint64(data, pos)[1]
+    except ValueError:
+        if data[pos + 9] < 0x80:
+            return pos + 10
+        raise
+
+
 def _skip_bytes(data: bytes, pos: int) -> int:
-    n, pos = _varint(data, pos)
+    n, pos = _varint64(data, pos)
     if n < 0:
         raise ValueError("negative length")
     return _need(data, pos + n)
