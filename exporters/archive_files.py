@@ -48,8 +48,9 @@ DEFAULT_CODEC = "zstandard"
 #: Uncompressed bytes per block: larger blocks compress far better (repeated UUIDs, names);
 #: a reader holds one block at a time.
 BLOCK_BYTES = 1 << 20
-#: ``<YYYY-MM-DD>T<HH>`` then ``.avro``, ``.<k>.avro`` or ``.avro.part``.
-_FILE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})(?:\.(\d+))?\.avro(\.part)?$")
+#: ``<YYYY-MM-DD>T<HH>`` then ``.avro``, ``.<k>.avro`` or ``.avro.part``; ASCII digits only
+#: (``\d`` alone takes any Unicode digit: a year in fullwidth digits names no file of ours).
+_FILE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})(?:\.(\d+))?\.avro(\.part)?$", re.ASCII)
 #: The most header bytes a container file may have (its schema is a few KB): a size in the
 #: header that reaches beyond is a corrupt header, never a read of that size.
 MAX_HEADER_BYTES = 1 << 24
@@ -113,7 +114,7 @@ def parse_file_name(name: str) -> tuple[str, int, bool] | None:
     ``k`` is 0 for the hour's main file and ``k`` for ``<hour>.<k>.avro``; ``partial`` is True for
     ``.avro.part`` (still being appended to).
     """
-    m = _FILE_RE.match(name)
+    m = _FILE_RE.fullmatch(name)  # not before a trailing newline, as $ alone allows
     if m is None:
         return None
     return m.group(1), int(m.group(2) or 0), m.group(3) is not None
