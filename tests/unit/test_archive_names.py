@@ -127,9 +127,6 @@ def test_the_archiver_recovers_and_retains_beside_misnamed_entries(tmp_path: Pat
 def test_a_damaged_header_counts_one_bad_file_in_every_replay_mode(tmp_path: Path) -> None:
     # A header that parses but names a codec no reader has: --workers cut the file into parts
     # and counted it once per part (32 here), the other modes once.
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from test_archive_hostile import write_samples
 
     fleet = Fleet(parse_scenario(SCENARIO))

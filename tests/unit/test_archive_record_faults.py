@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_archive_names import SAMPLES, SCENARIO, T0  # a job with one slow GPU, 10 minutes
 
 from peerwatch.exporters.archive_files import (
     ContainerWriter,
@@ -33,15 +34,7 @@ from peerwatch.streams.offline.sample_runs import (
     sample_decoder,
 )
 
-T0 = 1_767_225_600_000
 SPAN = TimeRange(T0, T0 + 3_600_000)
-SAMPLES = "peerwatch.gpu.samples"
-SCENARIO = {
-    "fleet": {"nodes": 2, "gpus_per_node": 8, "interval_s": 5.0, "duration_s": 600, "seed": 5},
-    "jobs": [{"job_id": "42", "gpus": 16, "first_node": 0, "duration_s": 7200, "warmup_s": 0}],
-    "faults": [{"name": "sm_clock_drop", "node": "gpu00001", "gpu_index": 3, "start_s": 60,
-                "params": {"pct": 8}}],
-}  # fmt: skip
 MARK = "550.90.07"
 #: A sentinel power (mW) on GPU 0, found in the encoded bytes and overwritten there.
 SENTINEL = 123_456_789_012
