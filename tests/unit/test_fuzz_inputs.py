@@ -31,7 +31,7 @@ def test_every_target_holds_on_seeded_inputs(fz: Any) -> None:
     result = fz.run(None, seed=12, targets=sorted(fz.TARGETS), inputs=60)
     assert result.failures == []
     assert result.inputs == {"archive": 60, "kafka": 60, "slurm": 60, "spool": 60,
-                             "step-times": 60, "topic-folders": 60}  # fmt: skip
+                             "spool-segments": 60, "step-times": 60, "topic-folders": 60}  # fmt: skip
 
 
 def test_a_reader_that_drops_the_rest_of_a_file_is_caught(
