@@ -10,7 +10,10 @@ files.
 The archiver (:mod:`peerwatch.exporters.archive`) also leaves ``<hour>.avro.part`` (the hour it is
 still appending to) and ``<hour>.<k>.avro`` (records that arrived after their hour was closed);
 readers here read all three. A file whose last block is truncated (an archiver killed mid-write)
-is read up to its last complete block.
+is read up to its last complete block. An entry named like an archive file that cannot be one
+(an hour that does not exist, or outside 1970..9999; a folder) is skipped with a warning naming
+it and counted (:func:`topic_entries`), by the readers and by the archiver's recovery and
+retention alike.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
@@ -45,8 +48,9 @@ DEFAULT_CODEC = "zstandard"
 #: Uncompressed bytes per block: larger blocks compress far better (repeated UUIDs, names);
 #: a reader holds one block at a time.
 BLOCK_BYTES = 1 << 20
-#: ``<YYYY-MM-DD>T<HH>`` then ``.avro``, ``.<k>.avro`` or ``.avro.part``.
-_FILE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})(?:\.(\d+))?\.avro(\.part)?$")
+#: ``<YYYY-MM-DD>T<HH>`` then ``.avro``, ``.<k>.avro`` or ``.avro.part``; ASCII digits only
+#: (``\d`` alone takes any Unicode digit: a year in fullwidth digits names no file of ours).
+_FILE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})(?:\.(\d+))?\.avro(\.part)?$", re.ASCII)
 #: The most header bytes a container file may have (its schema is a few KB): a size in the
 #: header that reaches beyond is a corrupt header, never a read of that size.
 MAX_HEADER_BYTES = 1 << 24
@@ -56,21 +60,26 @@ MAX_HEADER_BYTES = 1 << 24
 class ReadStats:
     """What readers of archive files skipped: records that did not decode (``bad_records``),
     corrupt blocks stepped over to the next sync marker (``bad_blocks``; their records are not
-    known), files whose header is unreadable (``bad_files``) and files cut inside a block
-    (``cut_tails``: an archiver killed mid-write, or corruption with no sync marker after it)."""
+    known), files whose header is unreadable (``bad_files``), files cut inside a block
+    (``cut_tails``: an archiver killed mid-write, or corruption with no sync marker after it)
+    and entries of a topic folder named like an archive file that cannot be one (``misnamed``,
+    see :func:`topic_entries`)."""
 
     bad_records: int = 0
     bad_blocks: int = 0
     bad_files: int = 0
     cut_tails: int = 0
+    misnamed: int = 0
 
     def add(self, other: ReadStats) -> None:
-        for name in ("bad_records", "bad_blocks", "bad_files", "cut_tails"):
+        for name in _READ_STATS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def as_dict(self) -> dict[str, int]:
-        return {"bad_records": self.bad_records, "bad_blocks": self.bad_blocks,
-                "bad_files": self.bad_files, "cut_tails": self.cut_tails}  # fmt: skip
+        return {name: getattr(self, name) for name in _READ_STATS}
+
+
+_READ_STATS = ("bad_records", "bad_blocks", "bad_files", "cut_tails", "misnamed")
 
 
 #: Event times an archive file can be named by: 1970-01-01 up to the end of year 9999 (UTC).
@@ -86,9 +95,13 @@ def hour_of(ts_ms: int) -> str:
 
 
 def hour_start_ms(hour: str) -> int:
-    """Epoch ms of the start of an ``YYYY-MM-DDTHH`` hour (UTC). Raises ValueError if malformed."""
+    """Epoch ms of the start of an ``YYYY-MM-DDTHH`` hour (UTC). Raises ValueError if malformed
+    (``2026-13-45T99``, year 0) or outside 1970..9999 (no event time is archived there)."""
     parsed = dt.datetime.strptime(hour, "%Y-%m-%dT%H").replace(tzinfo=dt.UTC)
-    return int(parsed.timestamp()) * 1000
+    start = int(parsed.timestamp()) * 1000
+    if not 0 <= start < MAX_TS_MS:
+        raise ValueError(f"hour {hour} is outside 1970..9999")
+    return start
 
 
 def parse_file_name(name: str) -> tuple[str, int, bool] | None:
@@ -97,7 +110,7 @@ def parse_file_name(name: str) -> tuple[str, int, bool] | None:
     ``k`` is 0 for the hour's main file and ``k`` for ``<hour>.<k>.avro``; ``partial`` is True for
     ``.avro.part`` (still being appended to).
     """
-    m = _FILE_RE.match(name)
+    m = _FILE_RE.fullmatch(name)  # not before a trailing newline, as $ alone allows
     if m is None:
         return None
     return m.group(1), int(m.group(2) or 0), m.group(3) is not None
@@ -113,27 +126,61 @@ def record_time_ms(record: Mapping[str, Any]) -> int | None:
     return None
 
 
-def archive_files(
-    root: Path, topic: str, from_ms: int | None = None, to_ms: int | None = None
-) -> list[Path]:
-    """Files of ``topic`` under ``root`` whose hour overlaps ``[from_ms, to_ms)``, oldest hour
-    first (each hour's files together)."""
-    found: list[tuple[str, int, Path]] = []
-    folder = Path(root) / topic
-    if not folder.is_dir():
+class ArchiveEntry(NamedTuple):
+    """One archive file of a topic folder (see :func:`parse_file_name`)."""
+
+    hour: str
+    k: int
+    partial: bool
+    start_ms: int
+    path: Path
+
+
+def topic_entries(folder: Path, stats: ReadStats | None = None) -> list[ArchiveEntry]:
+    """The archive files of one topic folder, by (hour, k); none when it is not a folder.
+
+    Other names (labels, temporary files) are ignored. An entry named like an archive file
+    that cannot be one (``2026-13-45T99.avro``, ``0000-01-01T00.avro``, a folder named
+    ``<hour>.avro``) is hostile input, never a crash of the replay or the archiver: skipped
+    with a warning naming it, counted in ``stats.misnamed``."""
+    found: list[ArchiveEntry] = []
+    try:
+        paths = sorted(Path(folder).iterdir())
+    except (NotADirectoryError, FileNotFoundError):
         return []
-    for path in folder.iterdir():
+    for path in paths:
         parsed = parse_file_name(path.name)
         if parsed is None:
             continue
-        hour, k, _ = parsed
-        start = hour_start_ms(hour)
-        if from_ms is not None and start + HOUR_MS <= from_ms:
+        try:
+            start = hour_start_ms(parsed[0])
+            if not path.is_file():
+                raise ValueError("not a regular file")
+        except ValueError as exc:
+            log.warning("archive: %s skipped, misnamed (%s)", path, exc)
+            if stats is not None:
+                stats.misnamed += 1
             continue
-        if to_ms is not None and start >= to_ms:
-            continue
-        found.append((hour, k, path))
-    return [p for _, _, p in sorted(found)]
+        found.append(ArchiveEntry(*parsed, start, path))
+    return sorted(found)
+
+
+def archive_files(
+    root: Path,
+    topic: str,
+    from_ms: int | None = None,
+    to_ms: int | None = None,
+    stats: ReadStats | None = None,
+) -> list[Path]:
+    """Files of ``topic`` under ``root`` whose hour overlaps ``[from_ms, to_ms)``, oldest hour
+    first (each hour's files together). ``stats``: counts the misnamed entries skipped (see
+    :func:`topic_entries`)."""
+    return [
+        e.path
+        for e in topic_entries(Path(root) / topic, stats)
+        if (from_ms is None or e.start_ms + HOUR_MS > from_ms)
+        and (to_ms is None or e.start_ms < to_ms)
+    ]
 
 
 def _canonical(schema: Any) -> str:
@@ -167,8 +214,9 @@ def read_container(
     being built (the C reader's ``skip``, else a decode that is thrown away).
 
     Hostile bytes, with the current schema (the compiled reader): a record that does not decode
-    is skipped and counted in ``stats.bad_records`` (invalid UTF-8: that record only; any other
-    fault: the rest of its block, as the column reader does); a corrupt block is stepped over
+    is skipped and counted in ``stats.bad_records`` (that record only where its end is known,
+    see :func:`lenient_skipper`; else the rest of its block, as the column reader does); a
+    corrupt block is stepped over
     to the next sync marker (``stats.bad_blocks``). Files of an older schema version (fastavro,
     with resolution) end at the first fault."""
     stats = stats if stats is not None else ReadStats()
@@ -193,7 +241,7 @@ def read_container(
         skip = None
         if keep_nodes is not None and _node_first(blocks.writer_schema):
             skip = _skipper_for(blocks.writer_schema, compiled)
-        lax = lax_skipper(blocks.writer_schema)
+        lax = lenient_skipper(blocks.writer_schema)
         try:
             fh.seek(0)
             header_end, sync = _read_header(fh)
@@ -276,10 +324,12 @@ def _decode_block(
 ) -> tuple[list[dict[str, Any]], int]:
     """The records of one block and how many were not read; with ``keep`` and ``skip``, only
     those whose leading ``node`` string is in ``keep`` (the others are stepped over by
-    ``skip``). A record with invalid UTF-8 is stepped over by ``lax`` (a skip that does not
-    check strings) and the next read; any other fault ends the block (its remaining records
-    count as not read), as the C column reader does. Raises TrailingBytes (with what was read)
-    when the block holds bytes after its ``count`` records."""
+    ``skip``). A record that does not decode is stepped over by ``lax`` (see
+    :func:`lenient_skipper`: it steps over invalid UTF-8, boolean bytes above 1 and longs over
+    64 bits) and the next read; where ``lax`` refuses too (the record's end is not known), the
+    block ends (its remaining records count as not read): the same records as the C column
+    reader keeps, whatever faults a record holds and in whatever order. Raises TrailingBytes
+    (with what was read) when the block holds bytes after its ``count`` records."""
     out: list[dict[str, Any]] = []
     pos = bad = 0
     for i in range(count):
@@ -292,9 +342,8 @@ def _decode_block(
                     pos = skip(data, pos)
                     continue
             record, pos = decode(data, pos)
-        except Exception as exc:
-            utf8 = isinstance(exc, UnicodeError) or "UTF-8" in str(exc)
-            if not utf8 or lax is None:
+        except Exception:
+            if lax is None:
                 return out, bad + count - i
             try:
                 pos = lax(data, pos)
@@ -316,10 +365,23 @@ class TrailingBytes(ValueError):
         self.records, self.bad, self.left = records, bad, left
 
 
+def lenient_skipper(writer_schema: Any) -> Any:
+    """``(buffer, offset) -> end`` over one value of ``writer_schema`` stepping over the value
+    faults whose extent is known: the C module's ``skip_lenient`` (what ``decode_columns``
+    steps over in a block), else :func:`lax_skipper` (the same rules in Python). Raises
+    ValueError (or IndexError) where the value's end is not known."""
+    from peerwatch.schemas.native import native_lenient_skipper
+
+    return native_lenient_skipper(strip_logical_types(writer_schema)) or lax_skipper(writer_schema)
+
+
 def lax_skipper(writer_schema: Any) -> Any:
-    """``(buffer, offset) -> end`` over one value of ``writer_schema`` that checks lengths and
-    union branches but not the UTF-8 of strings: where a record with invalid UTF-8 ends.
-    Raises ValueError (or IndexError) on bytes that are not such a value."""
+    """``(buffer, offset) -> end`` over one value of ``writer_schema`` that checks lengths,
+    counts, union branches and enum indexes (varints of at most 64 bits, one-byte union
+    branches, as the C reader) but not the values whose extent is known: invalid UTF-8, a
+    boolean byte above 1, a long whose varint ends at its 10th byte without fitting 64 bits.
+    Where a record that did not decode ends. Raises ValueError (or IndexError) on bytes that
+    are not such a value."""
     named: dict[str, Any] = {}
 
     def plan(schema: Any) -> Any:
@@ -329,7 +391,7 @@ def lax_skipper(writer_schema: Any) -> Any:
             if schema == "boolean":
                 return lambda d, p: _need(d, p + 1)
             if schema in ("int", "long"):
-                return lambda d, p: _varint(d, p)[1]
+                return _lax_long
             if schema == "float":
                 return lambda d, p: _need(d, p + 4)
             if schema == "double":
@@ -341,8 +403,9 @@ def lax_skipper(writer_schema: Any) -> Any:
             branches = [plan(b) for b in schema]
 
             def union(d: bytes, p: int) -> int:
-                k, p = _varint(d, p)
-                if not 0 <= k < len(branches):
+                c = d[p]  # one byte, as the C reader takes a branch index
+                k, p = (c >> 1) ^ -(c & 1), p + 1
+                if c >= 0x80 or not 0 <= k < len(branches):
                     raise ValueError("bad union branch")
                 return int(branches[k](d, p))
 
@@ -364,7 +427,7 @@ def lax_skipper(writer_schema: Any) -> Any:
             n = len(schema["symbols"])
 
             def enum(d: bytes, p: int) -> int:
-                k, p = _varint(d, p)
+                k, p = _varint64(d, p)
                 if not 0 <= k < n:
                     raise ValueError("bad enum index")
                 return p
@@ -380,11 +443,11 @@ def lax_skipper(writer_schema: Any) -> Any:
 
             def many(d: bytes, p: int) -> int:
                 while True:
-                    n, p = _varint(d, p)
+                    n, p = _varint64(d, p)
                     if n == 0:
                         return p
                     if n < 0:
-                        _, p = _varint(d, p)
+                        _, p = _varint64(d, p)
                         n = -n
                     if n > len(d) - p:  # every item takes a byte at least... or none (null)
                         raise ValueError("bad item count")
@@ -405,8 +468,30 @@ def _need(data: bytes, end: int) -> int:
     return end
 
 
+def _varint64(data: bytes, pos: int) -> tuple[int, int]:
+    """:func:`_varint` of at most 64 bits, as the C reader's: raises ValueError when a 10th
+    byte is above 1 (IndexError when ``data`` ends inside it)."""
+    for k in range(10):
+        if data[pos + k] < 0x80:
+            if k == 9 and data[pos + k] > 1:
+                break
+            return _varint(data, pos)
+    raise ValueError("varint does not fit 64 bits")
+
+
+def _lax_long(data: bytes, pos: int) -> int:
+    """The end of a long value: a varint ending at its 10th byte is stepped over even when it
+    does not fit 64 bits (a value fault whose extent is known)."""
+    try:
+        return _varint64(data, pos)[1]
+    except ValueError:
+        if data[pos + 9] < 0x80:
+            return pos + 10
+        raise
+
+
 def _skip_bytes(data: bytes, pos: int) -> int:
-    n, pos = _varint(data, pos)
+    n, pos = _varint64(data, pos)
     if n < 0:
         raise ValueError("negative length")
     return _need(data, pos + n)

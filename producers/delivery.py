@@ -248,7 +248,8 @@ class Delivery:
                 max_age_s=self._settings.spool_max_age_s,
             )
             found = {k: getattr(self._spool, k) for k in
-                     ("bad_head", "corrupt_regions", "corrupt_bytes", "torn_tails")}  # fmt: skip
+                     ("bad_head", "bad_segments", "corrupt_regions", "corrupt_bytes",
+                      "torn_tails")}  # fmt: skip
             self.stats.spool_corrupt_regions += found["corrupt_regions"]
             if any(found.values()):
                 log.error("delivery: the spool was damaged and repaired: %s", found)

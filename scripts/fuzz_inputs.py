@@ -1,5 +1,5 @@
 """Mutation fuzzing of the pure-Python readers of outside input: archive files, spool segments,
-Slurm JSON documents and Kafka messages (issue 12). A seeded random mutator damages valid
+Slurm JSON documents and Kafka messages (issue 12), step times and topic folders (issue 39). A seeded random mutator damages valid
 inputs; each target checks that the reader neither raises (beyond its documented errors) nor
 hangs, and that what it keeps is right:
 
@@ -20,7 +20,16 @@ hangs, and that what it keeps is right:
   4), the OTLP and Alertmanager exporters' loop, the archiver's loop (its files read back), the
   drain controller, replay from Kafka and its reader of the published settings. Each message is processed, or skipped and counted, or
   dead-lettered with a reason (the original key and value kept, or their sizes when too large
-  to send); nothing else escapes.
+  to send); nothing else escapes;
+* step-times: StepTime records with hostile durations (NaN, infinities, 1e308, negative, any
+  double's bits, huge ints, not numbers) added to a job's step times: replay counts each one the
+  input check refuses invalid (and finds exactly what it found without them when all are), the
+  live stage-3 handler refuses the same ones (dead-lettered), no window gets a non-finite step;
+* topic-folders: entries planted in an archive's topic folders (impossible or pre-1970 hours,
+  folders and dangling links named like hours, garbage under a real hour's name, Unicode digits,
+  near misses): both replay readers keep exactly the archive's records and count each misnamed
+  entry (and each unreadable file), the job view reads it, and the archiver's recovery and
+  retention run beside them and delete none.
 
     PYTHONPATH=. .venv/bin/python scripts/fuzz_inputs.py --seconds 60 [--seed 7] [--target T]
 
@@ -32,8 +41,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import datetime as dt
 import json
 import logging
+import math
+import os
+import re
+import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -231,6 +246,67 @@ def fuzz_spool(rng: Random, tmp: Path) -> None:
         seg.write_bytes(data)
         must, seqs = [], [r.seq for r in records]
     reopened = _timed("Spool()", lambda: Spool(folder))
+    _check_spool(reopened, records, must)
+    del seqs
+
+
+def fuzz_spool_segments(rng: Random, tmp: Path) -> None:
+    """A spool of several segments, some popped, then: a ``head`` naming another segment at
+    any offset (a frame boundary or not), or a segment path (existing, next or before) that is
+    a folder or a dangling link. It opens, deletes nothing on the head's word (every undelivered
+    record kept, in order), sets the bad path aside, and takes new records after."""
+    folder = tmp / f"spool{rng.randrange(1 << 30)}"
+    spool = Spool(folder, segment_bytes=rng.choice([200, 400, 1000]))
+    records = [SpooledRecord("t", b"k%d" % i, rng.randbytes(rng.randint(0, 80)), (), i, i)
+               for i in range(rng.randint(5, 60))]  # fmt: skip
+    spool.append(records)
+    popped = rng.randint(0, len(records) // 2)
+    spool.pop(popped)
+    segments = sorted(folder.glob("*.seg"))
+    numbers = [int(p.stem) for p in segments]
+    must = [r.seq for r in records[popped:]]
+    if rng.random() < 0.5:
+        target = rng.choice([*numbers, numbers[-1] + rng.randint(1, 3), numbers[0] - 1])
+        size = (folder / f"{target:012d}.seg").stat().st_size if target in numbers else 100
+        offset = rng.choice([0, rng.randint(0, size), size, size + rng.randint(1, 10**6)])
+        true_segment, true_offset = map(int, (folder / "head").read_text().split())
+        if target == true_segment and offset > true_offset:
+            # Another frame boundary of the head's own segment is a head like the true one:
+            # the records before it may be taken as delivered (no reader could tell).
+            frames = _segment_frames(segments[0].read_bytes())
+            if offset in {start for start, _ in frames} | {size}:
+                skipped = {seq for start, seq in frames if true_offset <= start < offset}
+                must = [m for m in must if m not in skipped]
+        (folder / "head").write_text(f"{target} {offset}\n")
+    else:
+        target = rng.choice([*numbers, numbers[-1] + 1, numbers[0] - 1])
+        path = folder / f"{target:012d}.seg"
+        if path.exists():  # its records go with it (set aside): they need not come
+            lost = {seq for _, seq in _segment_frames(path.read_bytes())}
+            must = [m for m in must if m not in lost]
+            path.unlink()
+        if rng.random() < 0.5:
+            path.mkdir()
+        else:
+            os.symlink(folder / "no-such", path)
+    reopened = _timed("Spool()", lambda: Spool(folder))
+    _check_spool(reopened, records, must)
+
+
+def _segment_frames(data: bytes) -> list[tuple[int, int]]:
+    """(start, record ``seq``) of each frame of an undamaged segment's bytes."""
+    frames, pos = [], 0
+    while pos < len(data):
+        end = pos + _FRAME.size + _FRAME.unpack_from(data, pos)[0]
+        frames.append((pos, SpooledRecord.decode(data[pos + _FRAME.size : end]).seq))
+        pos = end
+    return frames
+
+
+def _check_spool(reopened: Spool, records: list[SpooledRecord], must: list[int]) -> None:
+    """What a reopened spool holds: records of ``records`` only, in order, none twice, every
+    one of ``must``; it then takes a new record after them."""
+    folder = reopened.directory
     got = [r.seq for r in reopened.peek(1000)]
     if not _subsequence(got, [r.seq for r in records]) or len(set(got)) != len(got):
         raise Failure(f"spool invented or reordered records: {got}")
@@ -244,7 +320,6 @@ def fuzz_spool(rng: Random, tmp: Path) -> None:
     reopened.append([SpooledRecord("t", None, b"after", (), 0, 10**6)])
     if Spool(folder).peek(10_000)[-1].seq != 10**6:
         raise Failure("appending after the repair lost the new record")
-    del seqs
 
 
 # -- slurm -------------------------------------------------------------------------------------
@@ -935,11 +1010,239 @@ KAFKA_CONSUMERS: dict[str, Callable[[Random, Path], None]] = {
 }
 
 
+# -- step times (issue 39 item 5) ----------------------------------------------------------------
+#: A small job with step times, and a GPU slowed (findings to compare).
+_STEP_SCENARIO = {
+    "fleet": {"nodes": 2, "gpus_per_node": 4, "interval_s": 5.0, "duration_s": 400, "seed": 9,
+              "step_times": True},
+    "jobs": [{"job_id": "42", "gpus": 8, "first_node": 0, "duration_s": 7200, "warmup_s": 0}],
+    "faults": [{"name": "sm_clock_drop", "node": "gpu00001", "gpu_index": 2, "start_s": 60,
+                "params": {"pct": 8}}],
+}  # fmt: skip
+
+
+def _step_records() -> tuple[list[Any], list[Any]]:
+    """The scenario's records and its findings (computed once)."""
+    if not _STEP_CACHE:
+        from peerwatch.producers.sim.fleet import Fleet
+        from peerwatch.producers.sim.scenario import parse_scenario
+        from peerwatch.streams.core.pipeline import FINDING, Pipeline
+
+        records = [r for batch in Fleet(parse_scenario(_STEP_SCENARIO)).ticks() for r in batch]
+        clean = [o.value for o in Pipeline().run(records) if o.kind == FINDING]
+        if not clean:
+            raise Failure("the step-time scenario finds nothing: nothing to compare")
+        _STEP_CACHE.extend([records, clean])
+    return _STEP_CACHE[0], _STEP_CACHE[1]
+
+
+_STEP_CACHE: list[Any] = []
+
+
+def _hostile_duration(rng: Random) -> Any:
+    """A ``step_duration_ms`` a broken timer or a hostile producer could send."""
+    from peerwatch.streams.core.job_stage import STEP_MS_MAX
+
+    return rng.choice([
+        math.nan, -math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324, -5e-324, 0.0, -0.0,
+        STEP_MS_MAX, math.nextafter(STEP_MS_MAX, math.inf), -1.0, 2**63 - 1, -(2**63), 2**80,
+        struct.unpack("<d", rng.randbytes(8))[0],  # any double, NaN payloads included
+        rng.uniform(-10.0, 2 * STEP_MS_MAX), rng.uniform(0.0, 5000.0), True, None, "500", [],
+    ])  # fmt: skip
+
+
+def _step_taken(value: Any) -> bool:
+    """The oracle: a duration the input check must take (a finite number of 0 to a day, ms)."""
+    from peerwatch.streams.core.job_stage import STEP_MS_MAX
+
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return 0.0 <= value <= STEP_MS_MAX
+
+
+def fuzz_step_times(rng: Random, tmp: Path) -> None:
+    """1 to 4 StepTime records with hostile durations added to a job's step times: replay
+    counts each refused one invalid and, when all are refused, finds exactly what it found
+    without them; live, stage 3's handler raises InvalidRecordError (dead-lettered) for the
+    same ones; a taken one never puts a non-finite step time on a window."""
+    from peerwatch.streams.core.model import InvalidRecordError
+    from peerwatch.streams.core.pipeline import FINDING, INVALID, WINDOW, Pipeline
+
+    records, clean = _step_records()
+    steps = [i for i, r in enumerate(records) if r.stream == "step-times"]
+    added = []
+    fed = list(records)
+    for at in sorted(rng.sample(steps, rng.randint(1, 4)), reverse=True):
+        rec = records[at]
+        value = {**rec.value, "step_duration_ms": _hostile_duration(rng)}
+        added.append(value["step_duration_ms"])
+        fed.insert(at + 1, type(rec)(rec.stream, rec.key, value))
+    outs = _timed("Pipeline.run", lambda: list(Pipeline().run(fed)))
+    refused = sum(1 for o in outs if o.kind == INVALID and o.value.get("stream") == "step-times")
+    expected = sum(1 for v in added if not _step_taken(v))
+    if refused != expected:
+        raise Failure(f"replay refused {refused} of the step times {added!r}, not {expected}")
+    if expected == len(added) and [o.value for o in outs if o.kind == FINDING] != clean:
+        raise Failure(f"refused step times {added!r} changed the findings")
+    for o in outs:
+        step = o.value.get("step_ms") if o.kind == WINDOW else None
+        if step is not None and not math.isfinite(step):
+            raise Failure(f"a window got step_ms {step!r} from {added!r}")
+    handler = _jobs_handler()
+    codec = AvroCodec("StepTime")
+    for duration in added:
+        value = {**records[steps[0]].value, "step_duration_ms": duration}
+        try:
+            body = codec.encode(value)
+        except (CodecError, TypeError, ValueError, OverflowError):
+            continue  # not a StepTime on the wire: the producer's codec refuses it
+        wire = codec.decode(body)["step_duration_ms"]
+        try:
+            _timed("jobs handler", lambda b=body: handler.handle("st", 0, b"42", b))
+            taken = True
+        except InvalidRecordError:
+            taken = False
+        if taken != _step_taken(wire):
+            raise Failure(f"live {'took' if taken else 'refused'} step_duration_ms {wire!r}")
+
+
+def _jobs_handler() -> Any:
+    """A fresh stage-3 handler (step times on topic ``st``)."""
+    from peerwatch.settings import Settings
+    from peerwatch.streams.core.allocation import AllocationTable
+    from peerwatch.streams.core.job_stage import JobReleaser
+    from peerwatch.streams.live.counters import StreamCounters
+    from peerwatch.streams.live.handlers import JobsHandler
+
+    meta = AllocationTable(3600_000)
+    return JobsHandler(JobReleaser(Settings().detector, meta), meta, {}, {},
+                       job_events_topic="je", step_times_topic="st", retention_ms=3600_000,
+                       counters=StreamCounters())  # fmt: skip
+
+
+# -- topic folders (issue 39 item 9) -------------------------------------------------------------
+_FOLDER_SCENARIO = {
+    "fleet": {"nodes": 2, "gpus_per_node": 2, "interval_s": 10.0, "duration_s": 120, "seed": 4},
+    "jobs": [{"job_id": "42", "gpus": 4, "first_node": 0, "duration_s": 7200, "warmup_s": 0}],
+    "faults": [],
+}  # fmt: skip
+_SAMPLES, _JOB_EVENTS = "peerwatch.gpu.samples", "peerwatch.slurm.job-events"
+_WHOLE = (0, 253_402_300_800_000)  # 1970 up to the end of year 9999, ms
+
+
+def _hostile_entry_name(rng: Random) -> str:
+    """A name for an entry of a topic folder: like an archive file's, its date, hour, ``k``
+    and suffix random (many impossible), or odd (Unicode digits, a near miss)."""
+    if rng.random() < 0.15:
+        return rng.choice(["labels.jsonl", "2026-01-01T00.AVRO", "2026-01-01T00.avro~",
+                           "\uff12\uff10\uff12\uff16-01-01T00.avro",  # fullwidth digits
+                           "2026-01-01T00.avro.tmp", ".avro", "2026-01-01T01.avro\n",
+                           "2026-1-1T0.avro", "2026-01-01T00.-1.avro", "x" * 200 + ".avro"])  # fmt: skip
+    year = rng.choice([0, 1, 1969, 1970, 2026, 9999, rng.randint(0, 9999)])
+    month = rng.choice([0, 1, 2, 12, 13, rng.randint(0, 99)])
+    day = rng.choice([0, 1, 29, 30, 31, 32, rng.randint(0, 99)])
+    hour = rng.choice([0, 23, 24, rng.randint(0, 99)])
+    suffix = rng.choice(
+        [".avro", ".avro", ".1.avro", ".avro.part", f".{rng.randint(0, 10**6)}.avro"]
+    )
+    return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}{suffix}"
+
+
+def _archive_name(name: str) -> tuple[bool, bool]:
+    """The oracle: (named like an archive file, its hour exists and lies in 1970..9999)."""
+    m = re.fullmatch(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2})(\.[0-9]+)?\.avro(\.part)?", name)
+    if m is None:
+        return False, False
+    try:
+        dt.datetime(*(int(g) for g in m.groups()[:4]))
+    except ValueError:
+        return True, False
+    return True, int(m.group(1)) >= 1970
+
+
+def fuzz_topic_folders(rng: Random, tmp: Path) -> None:
+    """1 to 6 hostile entries planted in the samples and job-events folders of a small archive
+    (misnamed files, folders and dangling links named like hours, garbage under a real hour's
+    name, odd names): every replay reader keeps exactly the archive's records and counts each
+    misnamed entry; the job view reads it; the archiver recovers and retains beside them and
+    never deletes one."""
+    from peerwatch.exporters.archive import ArchiveSettings, ArchiveWriter
+    from peerwatch.streams.offline.job_records import archive_job_records, archive_span_ms
+    from peerwatch.streams.offline.replay import TimeRange, archive_records, column_archive_records
+    from peerwatch.streams.offline.sample_runs import SAMPLE_RUN
+
+    clean = tmp / "folders-clean"
+    if not clean.exists():
+        from peerwatch.producers.sim.fleet import Fleet
+        from peerwatch.producers.sim.publish import write_archive
+        from peerwatch.producers.sim.scenario import parse_scenario
+
+        write_archive(Fleet(parse_scenario(_FOLDER_SCENARIO)), clean)
+    root = tmp / f"folders{rng.randrange(1 << 30)}"
+    shutil.copytree(clean, root)
+    misnamed, garbage, kept = 0, 0, []
+    for _ in range(rng.randint(1, 6)):
+        path = root / rng.choice([_SAMPLES, _JOB_EVENTS]) / _hostile_entry_name(rng)
+        if path.exists() or path.is_symlink():
+            continue
+        kind = rng.choice(["empty", "garbage", "folder", "full-folder", "dangling", "to-folder"])
+        if kind in ("empty", "garbage"):
+            path.write_bytes(
+                b"" if kind == "empty" else b"\x00" + rng.randbytes(rng.randint(0, 300))
+            )
+        elif kind in ("folder", "full-folder"):
+            path.mkdir()
+            if kind == "full-folder":
+                (path / "2026-01-01T00.avro").write_bytes(b"Obj\x01")
+        else:
+            os.symlink(root / ("no-such" if kind == "dangling" else _SAMPLES), path)
+        like, valid = _archive_name(path.name)
+        if like and (not valid or kind not in ("empty", "garbage")):
+            misnamed += 1
+            kept.append(path)
+        elif like:
+            garbage += 1  # a real hour's name: read, its header refused
+        else:
+            kept.append(path)  # another file of the folder: never touched
+    span = TimeRange(*_WHOLE)
+    want: dict[str, Any] = {}
+    for name, where in (("clean", clean), ("planted", root)):
+        stats = ReadStats()
+        decoded = _timed("archive_records", lambda w=where, st=stats: [
+            (s, k, v.get("ts_ms")) for s, k, v in archive_records(w, span, stats=st)])  # fmt: skip
+        cstats = ReadStats()
+        runs = _timed("column_archive_records", lambda w=where, st=cstats: [
+            (s, v[""].n if s == SAMPLE_RUN else v.get("ts_ms"))
+            for s, _, v in column_archive_records(w, span, {}, stats=st)])  # fmt: skip
+        want[name] = (decoded, stats, runs, cstats)
+    decoded, stats, runs, cstats = want["planted"]
+    if decoded != want["clean"][0] or runs != want["clean"][2]:
+        raise Failure(f"planted entries changed the records read ({misnamed} misnamed)")
+    for what, st in (("decoded", stats), ("columns", cstats)):
+        if st.misnamed != misnamed or st.bad_files != garbage:
+            raise Failure(f"{what} path counted {st.as_dict()}, not {misnamed} misnamed and "
+                          f"{garbage} bad files")  # fmt: skip
+    _timed("archive_span_ms", lambda: archive_span_ms(root))
+    _timed("archive_job_records", lambda: archive_job_records(root, "42"))
+    topics = {_SAMPLES: "NodeGpuSample", _JOB_EVENTS: "JobEvent"}
+    writer = ArchiveWriter(root, topics, ArchiveSettings(retention_days=1))
+    _timed("ArchiveWriter.recover", writer.recover)
+    _timed("ArchiveWriter.retain", lambda: writer.retain(_WHOLE[1]))
+    writer.close()
+    gone = [p.name for p in kept if not (p.exists() or p.is_symlink())]
+    if gone:
+        raise Failure(f"the archiver deleted entries that are no archive files: {gone}")
+    shutil.rmtree(root)
+
+
 TARGETS: dict[str, Callable[[Random, Path], None]] = {
     "archive": fuzz_archive,
     "spool": fuzz_spool,
+    "spool-segments": fuzz_spool_segments,
     "slurm": fuzz_slurm,
     "kafka": fuzz_kafka,
+    "step-times": fuzz_step_times,
+    "topic-folders": fuzz_topic_folders,
 }
 
 

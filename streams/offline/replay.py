@@ -218,14 +218,15 @@ def _decoded(task: tuple[str, str | bytes, frozenset[str] | None],
 
 
 def archive_hours(
-    root: Path, span: TimeRange, topic_prefix: str = ""
+    root: Path, span: TimeRange, topic_prefix: str = "", stats: ReadStats | None = None
 ) -> dict[str, list[tuple[str, Path]]]:
     """The input files under ``root`` for ``span`` (job events with the lookback), by hour
-    (``YYYY-MM-DDTHH``): ``(stream, file)`` pairs, streams in :data:`INPUT_STREAMS` order."""
+    (``YYYY-MM-DDTHH``): ``(stream, file)`` pairs, streams in :data:`INPUT_STREAMS` order.
+    ``stats``: counts the misnamed entries skipped."""
     hours: dict[str, list[tuple[str, Path]]] = {}
     for stream, spec in INPUT_STREAMS.items():
         lo = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
-        for path in archive_files(Path(root), topic_prefix + spec.name, lo, span.to_ms):
+        for path in archive_files(Path(root), topic_prefix + spec.name, lo, span.to_ms, stats):
             hours.setdefault(path.name[:13], []).append((stream, path))
     return hours
 
@@ -243,8 +244,8 @@ def archive_records(
     hour of records). ``workers`` > 1 decodes parts of ``part_bytes`` of each file in that many
     processes (Avro decoding is the replay's bottleneck); the order is the same.
     ``keep_nodes``: samples of other nodes are skipped undecoded (see :func:`scope_nodes`).
-    ``stats``: counts what was skipped (bad records, blocks, files)."""
-    hours = archive_hours(root, span, topic_prefix)
+    ``stats``: counts what was skipped (bad records, blocks, files, misnamed entries)."""
+    hours = archive_hours(root, span, topic_prefix, stats)
     if workers <= 1:
         for hour in sorted(hours):
             with bulk_load():
@@ -260,18 +261,27 @@ def archive_records(
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         for hour in sorted(hours):
             tasks: list[tuple[str, str | bytes, frozenset[str] | None]] = []
-            for stream, path in hours[hour]:
+            file_of: list[int] = []  # each task's file (its index in the hour)
+            for i, (stream, path) in enumerate(hours[hour]):
                 try:
                     parts = split_file(path, part_bytes, stats)
                     tasks += [(stream, part, keep_nodes) for part in parts]
+                    file_of += [i] * len(parts)
                 except ValueError:  # not even a header: read_file logs and skips it
                     tasks.append((stream, str(path), keep_nodes))
+                    file_of.append(i)
             with bulk_load():
                 decoded = []
-                for part, skipped in pool.imap(_decode_task, tasks):
+                bad_files: set[int] = set()
+                for i, (part, skipped) in zip(file_of, pool.imap(_decode_task, tasks), strict=True):
                     decoded += part
+                    if skipped.bad_files:  # every part carries the file's header: count it once
+                        bad_files.add(i)
+                        skipped.bad_files = 0
                     if stats is not None:
                         stats.add(skipped)
+                if stats is not None:
+                    stats.bad_files += len(bad_files)
                 admitted = _admitted(decoded, span)
                 del decoded
             yield from admitted
@@ -298,7 +308,7 @@ def column_archive_records(
     default: here, by the C decoder)."""
     if tables_of is None:
         tables_of = decoded_here(sample_decoder())
-    for files in (v for _, v in sorted(archive_hours(root, span, topic_prefix).items())):
+    for files in (v for _, v in sorted(archive_hours(root, span, topic_prefix, stats).items())):
         decoded = [
             r for s, p in files if s != "samples" for r in _decoded((s, str(p), None), stats)
         ]

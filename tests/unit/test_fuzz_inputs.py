@@ -30,7 +30,8 @@ def fz() -> Iterator[Any]:
 def test_every_target_holds_on_seeded_inputs(fz: Any) -> None:
     result = fz.run(None, seed=12, targets=sorted(fz.TARGETS), inputs=60)
     assert result.failures == []
-    assert result.inputs == {"archive": 60, "kafka": 60, "slurm": 60, "spool": 60}
+    assert result.inputs == {"archive": 60, "kafka": 60, "slurm": 60, "spool": 60,
+                             "spool-segments": 60, "step-times": 60, "topic-folders": 60}  # fmt: skip
 
 
 def test_a_reader_that_drops_the_rest_of_a_file_is_caught(
@@ -104,3 +105,23 @@ def test_a_dead_letter_that_drops_the_original_key_is_caught(
     monkeypatch.setattr(fz, "KAFKA_CONSUMERS", {"export": fz.KAFKA_CONSUMERS["export"]})
     result = fz.run(None, seed=3, targets=["kafka"], inputs=20)
     assert any("lost the original key" in f for f in result.failures)
+
+
+def test_a_replay_that_takes_a_nan_step_time_is_caught(
+    fz: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from peerwatch.streams.core import job_stage
+
+    monkeypatch.setattr(job_stage, "step_duration_ms", lambda r: float(r["step_duration_ms"]))
+    result = fz.run(None, seed=3, targets=["step-times"], inputs=10)
+    assert result.failures and all("step-times" in f for f in result.failures)
+
+
+def test_a_reader_that_takes_an_impossible_hour_is_caught(
+    fz: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from peerwatch.exporters import archive_files
+
+    monkeypatch.setattr(archive_files, "hour_start_ms", lambda hour: 0)  # any hour: 1970
+    result = fz.run(None, seed=3, targets=["topic-folders"], inputs=10)
+    assert any("counted" in f for f in result.failures)
