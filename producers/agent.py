@@ -299,7 +299,6 @@ class NodeAgent:
         self.stats.cpu_ms_total += cpu_ms
         self.stats.cpu_ms_max = max(self.stats.cpu_ms_max, cpu_ms)
 
-
     def _emit_channel(self, channel: TickChannel) -> None:
         cpu0 = self._cpu_time()
         seq = self.next_channel_seq

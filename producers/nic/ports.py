@@ -71,13 +71,16 @@ def _pci_chain(reader: Reader, path: str) -> list[str]:
     return [part for part in real.split("/") if _PCI_ADDRESS.fullmatch(part)]
 
 
-def _ib_ports(reader: Reader) -> list[NicPort]:
+def ib_ports(reader: Reader, class_dir: str = IB_CLASS) -> list[NicPort]:
+    """Every RDMA port under ``class_dir`` (the tree's ``class/infiniband``; ``""`` when the
+    tree is rooted at that folder itself), in name order. Never raises."""
     ports = []
-    for hca in _listdir(reader, IB_CLASS):
-        for number in _listdir(reader, f"{IB_CLASS}/{hca}/ports"):
+    for hca in _listdir(reader, class_dir):
+        hca_dir = f"{class_dir}/{hca}" if class_dir else hca
+        for number in _listdir(reader, f"{hca_dir}/ports"):
             if not number.isdigit():
                 continue
-            path = f"{IB_CLASS}/{hca}/ports/{number}"
+            path = f"{hca_dir}/ports/{number}"
             ports.append(NicPort(f"{hca}/{number}", "IB", hca, int(number), path))
     return ports
 
@@ -145,7 +148,7 @@ def discover_ports(
     """The ports to sample: those named in ``select`` (``mlx5_0/1``, ``eth0``), or, when it is
     empty, every port that is up now. ``gpu_bus_ids`` maps GPU index to NVML bus id for the
     rail affinity. A selected name with no such port is logged and left out. Never raises."""
-    every = _ib_ports(reader) + _netdev_ports(reader)
+    every = ib_ports(reader) + _netdev_ports(reader)
     if select:
         by_name = {p.name: p for p in every}
         for name in select:

@@ -17,6 +17,60 @@ from peerwatch.producers.nic.ports import NicPort, link_up
 from peerwatch.producers.nic.sysfs import Reader
 
 
+def hw_counter_names(reader: Reader, port: NicPort) -> tuple[str, ...]:
+    """The ``HW_COUNTERS`` that ``port`` has (an IB port's ``hw_counters/``; none otherwise)."""
+    if port.kind != "IB":
+        return ()
+    try:
+        present = set(reader.tree.listdir(f"{port.path}/hw_counters"))
+    except OSError:
+        return ()
+    return tuple(n for n in HW_COUNTERS if n in present)
+
+
+def read_port(reader: Reader, port: NicPort, hw_names: Iterable[str] = ()) -> dict[str, Any]:
+    """One NicPortReading dict of ``port`` now (``hw_names``: the hw_counters to read). Values
+    that cannot be read are None and counted in ``read_errors``; never raises."""
+    r = reader
+    errors0 = r.stats.total
+    path = port.path
+    if port.kind == "IB":
+        counters = {n: r.counter(f"{path}/counters/{n}") for n in IB_COUNTERS}
+        hw = {n: r.counter(f"{path}/hw_counters/{n}") for n in hw_names}
+        state = r.text(f"{path}/state")
+        phys = r.text(f"{path}/phys_state")
+        link_layer = r.text(f"{path}/link_layer")
+        rate = r.ib_rate_gbps(f"{path}/rate")
+    else:
+        counters = {n: r.counter(f"{path}/statistics/{n}") for n in NETDEV_COUNTERS}
+        # carrier_changes sits beside statistics/, not in it.
+        counters["carrier_changes"] = r.counter(f"{path}/carrier_changes")
+        hw = {}
+        state = r.text(f"{path}/operstate")
+        phys = None
+        link_layer = "Ethernet"
+        speed_mbps = r.integer(f"{path}/speed")
+        # -1 (or EINVAL) is the kernel's "unknown" (link down, virtual NIC).
+        rate = speed_mbps / 1000 if speed_mbps is not None and speed_mbps > 0 else None
+    return {
+        "name": port.name,
+        "kind": port.kind,
+        "device": port.device,
+        "port": port.port,
+        "link_layer": link_layer,
+        "state": state,
+        "phys_state": phys,
+        "up": link_up(port.kind, state, phys),
+        "rate_gbps": rate,
+        "pci_address": port.pci_address,
+        "numa_node": port.numa_node,
+        "gpu_indices": list(port.gpu_indices),
+        "counters": counters,
+        "hw_counters": hw,
+        "read_errors": r.stats.total - errors0,
+    }
+
+
 class NicSampler:
     """Reads ``ports`` (from ``discover_ports``) through ``reader`` into NodeNicSample dicts.
 
@@ -40,60 +94,12 @@ class NicSampler:
         self.interval_ms = interval_ms
         self.agent_run_id = agent_run_id
         self._clock = clock
-        self._hw: dict[str, tuple[str, ...]] = {}
-        for port in self.ports:
-            if port.kind != "IB":
-                continue
-            try:
-                present = set(reader.tree.listdir(f"{port.path}/hw_counters"))
-            except OSError:
-                present = set()
-            self._hw[port.name] = tuple(n for n in HW_COUNTERS if n in present)
-
-    def _read_port(self, port: NicPort) -> dict[str, Any]:
-        r = self.reader
-        errors0 = r.stats.total
-        path = port.path
-        if port.kind == "IB":
-            counters = {n: r.counter(f"{path}/counters/{n}") for n in IB_COUNTERS}
-            hw = {n: r.counter(f"{path}/hw_counters/{n}") for n in self._hw[port.name]}
-            state = r.text(f"{path}/state")
-            phys = r.text(f"{path}/phys_state")
-            link_layer = r.text(f"{path}/link_layer")
-            rate = r.ib_rate_gbps(f"{path}/rate")
-        else:
-            counters = {n: r.counter(f"{path}/statistics/{n}") for n in NETDEV_COUNTERS}
-            # carrier_changes sits beside statistics/, not in it.
-            counters["carrier_changes"] = r.counter(f"{path}/carrier_changes")
-            hw = {}
-            state = r.text(f"{path}/operstate")
-            phys = None
-            link_layer = "Ethernet"
-            speed_mbps = r.integer(f"{path}/speed")
-            # -1 (or EINVAL) is the kernel's "unknown" (link down, virtual NIC).
-            rate = speed_mbps / 1000 if speed_mbps is not None and speed_mbps > 0 else None
-        return {
-            "name": port.name,
-            "kind": port.kind,
-            "device": port.device,
-            "port": port.port,
-            "link_layer": link_layer,
-            "state": state,
-            "phys_state": phys,
-            "up": link_up(port.kind, state, phys),
-            "rate_gbps": rate,
-            "pci_address": port.pci_address,
-            "numa_node": port.numa_node,
-            "gpu_indices": list(port.gpu_indices),
-            "counters": counters,
-            "hw_counters": hw,
-            "read_errors": r.stats.total - errors0,
-        }
+        self._hw = {p.name: hw_counter_names(reader, p) for p in self.ports}
 
     def sample(self, seq: int) -> dict[str, Any]:
         """The NodeNicSample dict of this tick (``ts_ms`` taken before the reads)."""
         ts_ms = self._clock.now_ms()
-        ports = [self._read_port(p) for p in self.ports]
+        ports = [read_port(self.reader, p, self._hw[p.name]) for p in self.ports]
         return {
             "node": self.node,
             "ts_ms": ts_ms,
