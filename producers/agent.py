@@ -81,11 +81,12 @@ Encoder = Callable[[Mapping[str, Any]], bytes]
 @dataclass(frozen=True)
 class TickChannel:
     """A second record published on every regular tick, after the GPU sample (the NIC sample):
-    ``sample(seq)`` builds it (must not raise for bad input, ``NicSampler.sample`` fits),
-    ``encode`` turns it into bytes, and it goes to ``topic`` under the node key. Its ``seq``
-    counts its own records."""
+    ``sample(seq, ts_ms)`` builds it with the tick's time, the GPU record's ``ts_ms``, so the two
+    join on it (must not raise for bad input, ``NicSampler.sample`` fits); ``encode`` turns it
+    into bytes, and it goes to ``topic`` under the node key. Its ``seq`` counts its own
+    records."""
 
-    sample: Callable[[int], dict[str, Any]]
+    sample: Callable[[int, int], dict[str, Any]]
     encode: Encoder
     topic: str
 
@@ -271,16 +272,17 @@ class NodeAgent:
                     self.stats.missed_ticks += missed
                 target_ms += (missed + 1) * self.interval_ms
                 self.stats.ticks += 1
-                self._emit(xids)
-                if self._channel is not None:
-                    self._emit_channel(self._channel)
+                tick_ms = self._emit(xids)
+                if self._channel is not None and tick_ms is not None:
+                    self._emit_channel(self._channel, tick_ms)
             elif xids:
                 self.stats.xid_records += 1
                 self._emit(xids)
             else:
                 self._wakeup.wait((target_ms - now_ms) / 1000)
 
-    def _emit(self, xids: list[dict[str, Any]]) -> None:
+    def _emit(self, xids: list[dict[str, Any]]) -> int | None:
+        """Sample, encode and send one record; its ``ts_ms``, None when it was dropped."""
         cpu0 = self._cpu_time()
         seq = self.next_seq
         # The seq is spent even if encoding fails: the gap shows the loss downstream.
@@ -291,27 +293,28 @@ class NodeAgent:
         except CodecError:
             self.stats.encode_errors += 1
             log.exception("agent: record seq %d does not fit the schema; dropped", seq)
-            return
+            return None
         self._sink.send(self.topic, self._key, value, ts_ms=int(record["ts_ms"]))
         self.stats.records += 1
         self.stats.xid_events += len(xids)
         cpu_ms = (self._cpu_time() - cpu0) * 1000
         self.stats.cpu_ms_total += cpu_ms
         self.stats.cpu_ms_max = max(self.stats.cpu_ms_max, cpu_ms)
+        return int(record["ts_ms"])
 
-    def _emit_channel(self, channel: TickChannel) -> None:
+    def _emit_channel(self, channel: TickChannel, tick_ms: int) -> None:
         cpu0 = self._cpu_time()
         seq = self.next_channel_seq
         self.next_channel_seq += 1
         try:
-            record = channel.sample(seq)
+            record = channel.sample(seq, tick_ms)
             value = channel.encode(record)
         except Exception:
             # A sampler bug or a record that does not fit the schema: the GPU records go on.
             self.stats.nic_errors += 1
             log.exception("agent: %s record seq %d failed; dropped", channel.topic, seq)
             return
-        self._sink.send(channel.topic, self._key, value, ts_ms=int(record["ts_ms"]))
+        self._sink.send(channel.topic, self._key, value, ts_ms=tick_ms)
         self.stats.nic_records += 1
         self.stats.nic_read_errors += int(record.get("read_errors") or 0)
         self.stats.nic_cpu_ms_total += (self._cpu_time() - cpu0) * 1000

@@ -96,9 +96,11 @@ class NicSampler:
         self._clock = clock
         self._hw = {p.name: hw_counter_names(reader, p) for p in self.ports}
 
-    def sample(self, seq: int) -> dict[str, Any]:
-        """The NodeNicSample dict of this tick (``ts_ms`` taken before the reads)."""
-        ts_ms = self._clock.now_ms()
+    def sample(self, seq: int, ts_ms: int | None = None) -> dict[str, Any]:
+        """The NodeNicSample dict of this tick: ``ts_ms`` is the tick's time (the agent passes
+        its GPU record's, so the two join on it), else the clock's before the reads."""
+        if ts_ms is None:
+            ts_ms = self._clock.now_ms()
         ports = [read_port(self.reader, p, self._hw[p.name]) for p in self.ports]
         return {
             "node": self.node,

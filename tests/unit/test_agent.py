@@ -392,7 +392,8 @@ def hgx_channel(root: Path = HGX) -> Callable[[FakeClock], TickChannel]:
 
 
 def test_nic_record_on_every_regular_tick_not_on_xid_extras() -> None:
-    rig = Rig(channel=hgx_channel())
+    # The GPU sample takes 7 ms: the NIC record still carries the tick's time, the GPU record's.
+    rig = Rig(channel=hgx_channel(), sample_cost_ms=7)
     rig.wake.actions = [rig.xid(T0 + 1500, 3, 48)]
     stats = rig.agent.run(count=3)
     topics = [t for t, _, _, _ in rig.sink.sent]
@@ -401,13 +402,16 @@ def test_nic_record_on_every_regular_tick_not_on_xid_extras() -> None:
     nic = [NIC_CODEC.decode(v) for t, _, v, _ in rig.sink.sent if t == NIC_TOPIC]
     assert [r["seq"] for r in nic] == [0, 1, 2]
     assert [r["ts_ms"] for r in nic] == [T0 + k * 1000 for k in range(1, 4)]
+    gpu_ts = [CODEC.decode(v)["ts_ms"] for t, _, v, _ in rig.sink.sent if t == TOPIC]
+    assert [ts for ts in gpu_ts if ts % 1000 == 0] == [r["ts_ms"] for r in nic]
+    assert [ts for t, _, _, ts in rig.sink.sent if t == NIC_TOPIC] == [r["ts_ms"] for r in nic]
     assert len(nic[0]["ports"]) == 4
     assert all(k == b"gpu-a01" for _, k, _, _ in rig.sink.sent)
     assert stats.nic_records == 3 and stats.nic_errors == 0 and stats.records == 4
 
 
 def test_a_failing_nic_sample_is_counted_and_the_gpu_records_go_on() -> None:
-    def broken(seq: int) -> dict[str, Any]:
+    def broken(seq: int, ts_ms: int) -> dict[str, Any]:
         raise RuntimeError("sampler bug")
 
     rig = Rig(channel=lambda _: TickChannel(broken, NIC_CODEC.encode, NIC_TOPIC))
