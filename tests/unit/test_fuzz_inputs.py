@@ -30,7 +30,7 @@ def fz() -> Iterator[Any]:
 def test_every_target_holds_on_seeded_inputs(fz: Any) -> None:
     result = fz.run(None, seed=12, targets=sorted(fz.TARGETS), inputs=60)
     assert result.failures == []
-    assert result.inputs == {"archive": 60, "kafka": 60, "slurm": 60, "spool": 60}
+    assert result.inputs == {"archive": 60, "kafka": 60, "slurm": 60, "spool": 60, "sysfs": 60}
 
 
 def test_a_reader_that_drops_the_rest_of_a_file_is_caught(
@@ -104,3 +104,16 @@ def test_a_dead_letter_that_drops_the_original_key_is_caught(
     monkeypatch.setattr(fz, "KAFKA_CONSUMERS", {"export": fz.KAFKA_CONSUMERS["export"]})
     result = fz.run(None, seed=3, targets=["kafka"], inputs=20)
     assert any("lost the original key" in f for f in result.failures)
+
+
+def test_a_sysfs_reader_that_trusts_the_file_is_caught(
+    fz: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Naive(fz.NicReader):  # type: ignore[name-defined,misc]
+        def counter(self, path: str) -> int | None:
+            data = self.raw(path)
+            return None if data is None else int(data.strip())  # as if sysfs were well-formed
+
+    monkeypatch.setattr(fz, "NicReader", Naive)
+    result = fz.run(None, seed=3, targets=["sysfs"], inputs=20)
+    assert any("ValueError" in f for f in result.failures)
