@@ -112,7 +112,7 @@ def load_ib_state(path: Path) -> dict[str, Any]:
     when the file is missing or not what this module writes (logged: the run then takes a new
     baseline instead of judging garbage)."""
     try:
-        state = json.loads(path.read_bytes())
+        state: Any = json.loads(path.read_bytes())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
@@ -127,7 +127,7 @@ def load_ib_state(path: Path) -> dict[str, Any]:
     if not ok:
         log.warning("IB counter state %s is not a state file; taking a new baseline", path)
         return {}
-    return state
+    return {"ts_ms": state["ts_ms"], "ports": state["ports"]}
 
 
 def _values(entry: Any, key: str) -> dict[str, int | None]:
