@@ -52,7 +52,9 @@ class SysfsTree:
         self._root_real = os.path.realpath(self.root)
 
     def read(self, path: str) -> bytes:
-        fd = os.open(os.path.join(self._root_real, path), os.O_RDONLY)
+        # O_NONBLOCK: a FIFO or a device where an attribute should be must not block the tick.
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(os.path.join(self._root_real, path), flags)
         try:
             return os.read(fd, MAX_READ_BYTES + 1)
         finally:

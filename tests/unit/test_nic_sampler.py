@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,14 @@ def test_missing_unreadable_and_garbled_state_files(hgx: Path) -> None:
     assert port["rate_gbps"] is None and port["phys_state"] is None and port["up"] is None
     assert port["counters"]["link_downed"] is None and port["counters"]["port_rcv_errors"] is None
     assert port["read_errors"] == 4 and rec["read_errors"] == 3
+
+
+def test_a_fifo_in_place_of_a_file_does_not_block_the_tick(hgx: Path) -> None:
+    fifo = hgx / IB0 / "counters" / "symbol_error"
+    fifo.unlink()
+    os.mkfifo(fifo)  # no writer: a blocking open would wait for ever
+    port = by_name(sample(hgx, select=("mlx5_0/1",)))["mlx5_0/1"]
+    assert port["counters"]["symbol_error"] is None and port["read_errors"] == 1
 
 
 def test_a_vanished_port_reads_as_nulls_without_raising(hgx: Path) -> None:
