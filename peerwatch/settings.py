@@ -210,7 +210,8 @@ class AgentSettings:
         "/sys", "root of the sysfs tree the NIC ports are read from (a recorded tree in tests)"
     )
     nic_ports: tuple[str, ...] = setting(
-        (), "NIC ports to sample (mlx5_0/1, eth0); empty: every port that is up when the agent starts"
+        (),
+        "NIC ports to sample (mlx5_0/1, eth0); empty: every port that is up when the agent starts",
     )
 
     def __post_init__(self) -> None:
