@@ -11,6 +11,7 @@ from peerwatch.producers.nic.counters import (
     downtime,
     saturation_value,
 )
+from peerwatch.producers.nic.window import port_window
 
 
 def test_a_rising_counter_gives_its_delta_and_rate_per_second() -> None:
@@ -107,3 +108,45 @@ def test_downtime_of_a_window_without_readings_is_all_unknown() -> None:
     assert downtime([], 0, 5000, 2000).unknown_s == 5.0
     with pytest.raises(ValueError):
         downtime([], 5000, 0, 2000)
+
+
+# -- one port over a window -------------------------------------------------------------------
+
+
+def reading(up: bool | None = True, rate: float | None = 400.0, **counters: int | None) -> dict:
+    return {"up": up, "rate_gbps": rate, "counters": counters, "hw_counters": {}}
+
+
+def test_port_window_rates_span_a_missing_tick_and_count_bytes() -> None:
+    readings = [
+        (0, reading(symbol_error=10, port_xmit_data=1_000)),
+        (1000, reading(symbol_error=None, port_xmit_data=None)),  # a tick whose reads failed
+        (2000, reading(symbol_error=30, port_xmit_data=3_000)),
+        (3000, reading(symbol_error=40, port_xmit_data=3_500)),
+    ]
+    w = port_window("mlx5_0/1", readings, 0, 4000, max_gap_ms=2000)
+    assert w.readings == 4 and w.rates_per_s["symbol_error"] == 10.0
+    assert w.rates_per_s["port_xmit_data"] == 2_500 * 4 / 3  # words -> bytes
+    assert (w.down_s, w.flaps, w.resets, w.saturated, w.min_rate_gbps) == (0.0, 0, (), (), 400.0)
+
+
+def test_port_window_reset_and_saturation_inside_the_window() -> None:
+    readings = [
+        (0, reading(port_rcv_errors=100, link_downed=250)),
+        (1000, reading(port_rcv_errors=120, link_downed=255)),
+        (2000, reading(port_rcv_errors=5, link_downed=255)),  # perfquery -x on rcv errors
+        (3000, reading(port_rcv_errors=15, link_downed=255)),
+    ]
+    w = port_window("p", readings, 0, 4000, max_gap_ms=2000)
+    # 20 before the reset, 10 after, over the 2 s of usable intervals.
+    assert w.rates_per_s["port_rcv_errors"] == 15.0 and w.resets == ("port_rcv_errors",)
+    assert "link_downed" not in w.rates_per_s and w.saturated == ("link_downed",)
+
+
+def test_port_window_downtime_and_a_lower_link_rate() -> None:
+    readings = [(-1000, reading()), (0, reading(up=False, rate=None)),
+                (1000, reading(up=False, rate=None)), (2000, reading(rate=200.0)),
+                (3000, reading(rate=200.0))]  # fmt: skip
+    w = port_window("p", readings, 0, 4000, max_gap_ms=2000)
+    assert (w.down_s, w.flaps, w.min_rate_gbps, w.readings) == (2.0, 1, 200.0, 4)
+    assert w.unknown_s == 0.0
