@@ -12,12 +12,17 @@ Every file is hostile input: a missing or unreadable file, garbage, a number bey
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+log = logging.getLogger(__name__)
+
+#: Paths whose first failure is logged (each once); past this many, failures are only counted.
+MAX_LOGGED_PATHS = 256
 #: sysfs attributes are at most one page; anything longer is not a sysfs value.
 MAX_READ_BYTES = 4096
 #: The largest value an Avro long holds; a counter above it is published as null.
@@ -91,20 +96,29 @@ class Reader:
     def __init__(self, tree: SysfsApi) -> None:
         self.tree = tree
         self.stats = ReadStats()
+        self._logged: set[str] = set()
+
+    def _bad(self, path: str, why: str) -> None:
+        """Count one failure of ``path`` (``why``: a ReadStats field) and log its first one."""
+        setattr(self.stats, why, getattr(self.stats, why) + 1)
+        if path not in self._logged and len(self._logged) < MAX_LOGGED_PATHS:
+            self._logged.add(path)
+            # ascii(): a hostile tree may name a folder with terminal escapes.
+            log.warning("sysfs %s: %s; published as null (logged once)", ascii(path), why)
 
     def raw(self, path: str) -> bytes | None:
         """The file's bytes, or None (missing, unreadable, longer than a page)."""
         try:
             data = self.tree.read(path)
         except FileNotFoundError:
-            self.stats.missing += 1
+            self._bad(path, "missing")
             return None
         except (OSError, ValueError):
             # EINVAL (netdev speed of a down link), EACCES, EIO from a dying HCA, a NUL in a path.
-            self.stats.unreadable += 1
+            self._bad(path, "unreadable")
             return None
         if len(data) > MAX_READ_BYTES:
-            self.stats.too_large += 1
+            self._bad(path, "too_large")
             return None
         return data
 
@@ -115,11 +129,11 @@ class Reader:
             return None
         text = data.strip()
         if not _DIGITS.fullmatch(text):
-            self.stats.garbage += 1
+            self._bad(path, "garbage")
             return None
         value = int(text)
         if value > MAX_LONG:
-            self.stats.too_large += 1
+            self._bad(path, "too_large")
             return None
         return value
 
@@ -131,11 +145,11 @@ class Reader:
         text = data.strip()
         negative = text.startswith(b"-")
         if not _DIGITS.fullmatch(text[1:] if negative else text):
-            self.stats.garbage += 1
+            self._bad(path, "garbage")
             return None
         value = int(text)
         if abs(value) > MAX_LONG:
-            self.stats.too_large += 1
+            self._bad(path, "too_large")
             return None
         return value
 
@@ -148,12 +162,12 @@ class Reader:
         try:
             value = data.decode("ascii").strip()
         except UnicodeDecodeError:
-            self.stats.garbage += 1
+            self._bad(path, "garbage")
             return None
         if ":" in value:
             value = value.split(":", 1)[1].strip()
         if not _WORD.fullmatch(value):
-            self.stats.garbage += 1
+            self._bad(path, "garbage")
             return None
         return value
 
@@ -167,6 +181,6 @@ class Reader:
         except UnicodeDecodeError:
             match = None
         if match is None:
-            self.stats.garbage += 1
+            self._bad(path, "garbage")
             return None
         return float(match.group(1))

@@ -122,6 +122,20 @@ def test_missing_unreadable_and_garbled_state_files(hgx: Path) -> None:
     assert port["read_errors"] == 4 and rec["read_errors"] == 3
 
 
+def test_each_failing_file_is_logged_once_and_counted_every_tick(
+    hgx: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (hgx / IB0 / "counters" / "symbol_error").write_bytes(b"x\n")
+    reader = Reader(SysfsTree(hgx))
+    sampler = NicSampler(reader, discover_ports(reader, select=("mlx5_0/1",)), node="n1",
+                         interval_ms=1000, clock=FakeClock(), agent_run_id="r")  # fmt: skip
+    with caplog.at_level("WARNING", logger="peerwatch.producers.nic.sysfs"):
+        counts = [sampler.sample(seq)["read_errors"] for seq in range(3)]
+    assert counts == [1, 1, 1] and reader.stats.garbage == 3
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "counters/symbol_error': garbage" in line
+
+
 def test_a_fifo_in_place_of_a_file_does_not_block_the_tick(hgx: Path) -> None:
     fifo = hgx / IB0 / "counters" / "symbol_error"
     fifo.unlink()
