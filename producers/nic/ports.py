@@ -153,7 +153,7 @@ def discover_ports(
         by_name = {p.name: p for p in every}
         for name in select:
             if name not in by_name:
-                log.warning("nic: configured port %r not found under %s", name, reader.tree)
+                log.warning("nic: configured port %r not found; not sampled", name)
         chosen = [by_name[n] for n in select if n in by_name]
     else:
         chosen = [p for p in every if is_up(reader, p)]
