@@ -203,6 +203,16 @@ class AgentSettings:
         "once a tick): the costliest NVML read of a tick (3.2 ms of CPU per GPU on an H200); "
         "between reads energy_mj is null and the next delta spans the interval",
     )
+    nic: bool = setting(
+        True, "also publish the node's NIC ports (NodeNicSample on peerwatch.nic.samples) each tick"
+    )
+    sysfs_root: str = setting(
+        "/sys", "root of the sysfs tree the NIC ports are read from (a recorded tree in tests)"
+    )
+    nic_ports: tuple[str, ...] = setting(
+        (),
+        "NIC ports to sample (mlx5_0/1, eth0); empty: every port that is up when the agent starts",
+    )
 
     def __post_init__(self) -> None:
         check_types(self, "agent")

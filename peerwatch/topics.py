@@ -34,6 +34,11 @@ SAMPLES = TopicSpec(
     "peerwatch.gpu.samples", "node", "NodeGpuSample", NODE_PARTITIONS, "delete", DAY_MS,
     "All GPUs of one node at one tick, plus XID events since the last tick (the hot topic).",
 )  # fmt: skip
+NIC_SAMPLES = TopicSpec(
+    "peerwatch.nic.samples", "node", "NodeNicSample", NODE_PARTITIONS, "delete", DAY_MS,
+    "The node's chosen NIC ports (InfiniBand, RoCE, Ethernet) at one tick: raw sysfs state and "
+    "counters. Co-partitioned with the GPU samples so stage 2 can join them by node.",
+)  # fmt: skip
 JOB_EVENTS = TopicSpec(
     "peerwatch.slurm.job-events", "job_id", "JobEvent", 6, "delete", 14 * DAY_MS,
     "Job lifecycle with per-node GPU indices, from the prolog/epilog hooks and the watcher.",
@@ -77,7 +82,7 @@ DEADLETTER = TopicSpec(
 )  # fmt: skip
 
 TOPICS: tuple[TopicSpec, ...] = (
-    SAMPLES, JOB_EVENTS, NODE_EVENTS, HEALTH, STEP_TIMES,
+    SAMPLES, NIC_SAMPLES, JOB_EVENTS, NODE_EVENTS, HEALTH, STEP_TIMES,
     JOB_WINDOWS, STRAGGLERS, RECOMMENDATIONS, ACTIONS, STREAM_SETTINGS, DEADLETTER,
 )  # fmt: skip
 BY_NAME: dict[str, TopicSpec] = {t.name: t for t in TOPICS}

@@ -30,6 +30,10 @@ hangs, and that what it keeps is right:
   near misses): both replay readers keep exactly the archive's records and count each misnamed
   entry (and each unreadable file), the job view reads it, and the archiver's recovery and
   retention run beside them and delete none.
+* sysfs: the recorded NIC tree (tests/data/sysfs/hgx) with counter, state and rate files
+  damaged, removed or replaced by a folder, read by the agent's NIC sampler and judged by the
+  health check's IB counter check: untouched values read as before, damaged counters are null
+  (and counted) or valid, nothing raises.
 
     PYTHONPATH=. .venv/bin/python scripts/fuzz_inputs.py --seconds 60 [--seed 7] [--target T]
 
@@ -68,6 +72,12 @@ from peerwatch.exporters.archive_files import (
     raw_blocks,
     read_file,
 )
+from peerwatch.producers.health.infiniband import check_ib_counters
+from peerwatch.producers.nic.counters import IB_COUNTERS
+from peerwatch.producers.nic.ports import discover_ports
+from peerwatch.producers.nic.sampler import NicSampler
+from peerwatch.producers.nic.sysfs import Reader as NicReader
+from peerwatch.producers.nic.sysfs import SysfsTree
 from peerwatch.producers.slurm.errors import SlurmParseError
 from peerwatch.producers.slurm.parse import (
     parse_sacct,
@@ -1235,6 +1245,77 @@ def fuzz_topic_folders(rng: Random, tmp: Path) -> None:
     shutil.rmtree(root)
 
 
+# -- sysfs -------------------------------------------------------------------------------------
+SYSFS_TREE = Path(__file__).resolve().parents[1] / "tests" / "data" / "sysfs" / "hgx"
+_SYSFS_PORTS = ("class/infiniband/mlx5_0/ports/1", "class/infiniband/mlx5_2/ports/1")
+_HOSTILE_SYSFS = (b"", b"\n", b"-1\n", b"18446744073709551615\n", b"99999999999999999999999\n",
+                  b"\xff\xfe\xfd", b"N/A (no PMA)\n", b"4: ACTIVE\x00junk", b"1" * 5000,
+                  b"400 Gb/sec (4X NDR)\n", b"0x10\n", b" 12 \n")  # fmt: skip
+
+
+def _nic_record(root: Path) -> dict[str, Any]:
+    reader = NicReader(SysfsTree(root))
+    ports = discover_ports(reader, {0: "00000000:04:00.0"}, ("mlx5_0/1", "mlx5_2/1", "ens5np0"))
+    sampler = NicSampler(reader, ports, node="n", interval_ms=1000,
+                         clock=_FixedClock(), agent_run_id="r")  # fmt: skip
+    return sampler.sample(0)
+
+
+class _FixedClock:
+    def now_ms(self) -> int:
+        return 1_700_000_000_000
+
+
+def fuzz_sysfs(rng: Random, tmp: Path) -> None:
+    """The recorded NIC tree with 1 to 6 counter, state or rate files damaged (mutated bytes,
+    hostile contents, removed, or a folder in their place): the agent's sampler and the health
+    check's counter judgement both run; every untouched value reads as before, every damaged
+    counter is null or a valid long, each null is counted, the record encodes."""
+    root = tmp / f"sys{rng.randrange(1 << 30)}"
+    shutil.copytree(SYSFS_TREE, root, symlinks=True)
+    clean = _nic_record(root)
+    files = [f"{port}/{sub}/{name}" for port in _SYSFS_PORTS
+             for sub, names in (("counters", IB_COUNTERS), ("hw_counters", ("np_cnp_sent",)))
+             for name in names] + [f"{port}/{n}" for port in _SYSFS_PORTS
+                                   for n in ("state", "phys_state", "rate", "link_layer")]  # fmt: skip
+    files = [f for f in files if (root / f).exists()]
+    damaged = rng.sample(files, rng.randint(1, 6))
+    for rel in damaged:
+        path = root / rel
+        kind = rng.random()
+        if kind < 0.4:
+            path.write_bytes(mutate_bytes(path.read_bytes(), rng))
+        elif kind < 0.8:
+            path.write_bytes(rng.choice(_HOSTILE_SYSFS))
+        elif kind < 0.9:
+            path.unlink()
+        else:
+            path.unlink()
+            path.mkdir()
+    ib = root / "class" / "infiniband"
+    state = tmp / f"ib{rng.randrange(1 << 30)}.json"
+    _timed("check_ib_counters", lambda: check_ib_counters(ib, state_path=state, now_ms=1))
+    record = _timed("NicSampler.sample", lambda: _nic_record(root))
+    AvroCodec("NodeNicSample").encode(record)
+    _timed("check_ib_counters", lambda: check_ib_counters(ib, state_path=state, now_ms=1001))
+    touched = {(r.split("/")[2] + "/1", r.rsplit("/", 1)[1]) for r in damaged}
+    before = {p["name"]: p for p in clean["ports"]}
+    nulls = 0
+    for port in record["ports"]:
+        for group in ("counters", "hw_counters"):
+            for name, value in port[group].items():
+                if (port["name"], name) not in touched:
+                    if value != before[port["name"]][group][name]:
+                        raise Failure(f"{port['name']} {name} untouched, read {value!r}")
+                elif value is None:
+                    nulls += 1
+                elif not 0 <= value < 1 << 63:
+                    raise Failure(f"{port['name']} {name} = {value!r} is not a valid counter")
+    if record["read_errors"] < nulls:
+        raise Failure(f"{nulls} damaged counters null, {record['read_errors']} counted")
+    shutil.rmtree(root)
+
+
 TARGETS: dict[str, Callable[[Random, Path], None]] = {
     "archive": fuzz_archive,
     "spool": fuzz_spool,
@@ -1243,6 +1324,7 @@ TARGETS: dict[str, Callable[[Random, Path], None]] = {
     "kafka": fuzz_kafka,
     "step-times": fuzz_step_times,
     "topic-folders": fuzz_topic_folders,
+    "sysfs": fuzz_sysfs,
 }
 
 

@@ -36,7 +36,12 @@ from peerwatch.producers.health.checks import (
     check_xids,
 )
 from peerwatch.producers.health.dcgm import Runner, Which, check_dcgm_diag, subprocess_runner
-from peerwatch.producers.health.infiniband import DEFAULT_SYSFS_ROOT, check_ib_ports
+from peerwatch.producers.health.infiniband import (
+    DEFAULT_SYSFS_ROOT,
+    IbThresholds,
+    check_ib_counters,
+    check_ib_ports,
+)
 from peerwatch.producers.health.outcome import CRITICAL, EXIT_CODES, OK, UNKNOWN, outcome, worst
 from peerwatch.producers.nvml.device import NvmlApi, NvmlUnavailableError, init_nvml, load_nvml
 
@@ -52,6 +57,9 @@ class HealthSettings:
     expected_gpus: int | None = None
     ib_sysfs_root: Path = DEFAULT_SYSFS_ROOT
     ib_ignore_ports: frozenset[str] = frozenset()
+    ib_state: Path | None = None  # the IB counters of the previous run; None: no rates
+    ib_thresholds: IbThresholds = field(default_factory=IbThresholds)
+    ib_expected_rate_gbps: float | None = None  # None: the highest rate seen in earlier runs
     dcgm_level: int = 1
     dcgm_phases: frozenset[str] = frozenset({"EPILOG"})
     dcgm_timeout_s: float = 900.0
@@ -155,6 +163,17 @@ def run_health(
     checks = _guard("nvml", lambda: _gpu_checks(nvml, settings, xids))
     checks += _guard(
         "ib_port", lambda: check_ib_ports(settings.ib_sysfs_root, settings.ib_ignore_ports)
+    )
+    checks += _guard(
+        "ib_errors",
+        lambda: check_ib_counters(
+            settings.ib_sysfs_root,
+            state_path=settings.ib_state,
+            now_ms=start_ms,
+            thresholds=settings.ib_thresholds,
+            expected_rate_gbps=settings.ib_expected_rate_gbps,
+            ignore=settings.ib_ignore_ports,
+        ),
     )
     if phase in settings.dcgm_phases:
         if deps.which("dcgmi") is None:

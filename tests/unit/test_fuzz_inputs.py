@@ -31,7 +31,8 @@ def test_every_target_holds_on_seeded_inputs(fz: Any) -> None:
     result = fz.run(None, seed=12, targets=sorted(fz.TARGETS), inputs=60)
     assert result.failures == []
     assert result.inputs == {"archive": 60, "kafka": 60, "slurm": 60, "spool": 60,
-                             "spool-segments": 60, "step-times": 60, "topic-folders": 60}  # fmt: skip
+                             "spool-segments": 60, "step-times": 60, "sysfs": 60,
+                             "topic-folders": 60}  # fmt: skip
 
 
 def test_a_reader_that_drops_the_rest_of_a_file_is_caught(
@@ -125,3 +126,16 @@ def test_a_reader_that_takes_an_impossible_hour_is_caught(
     monkeypatch.setattr(archive_files, "hour_start_ms", lambda hour: 0)  # any hour: 1970
     result = fz.run(None, seed=3, targets=["topic-folders"], inputs=10)
     assert any("counted" in f for f in result.failures)
+
+
+def test_a_sysfs_reader_that_trusts_the_file_is_caught(
+    fz: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Naive(fz.NicReader):  # type: ignore[name-defined,misc]
+        def counter(self, path: str) -> int | None:
+            data = self.raw(path)
+            return None if data is None else int(data.strip())  # as if sysfs were well-formed
+
+    monkeypatch.setattr(fz, "NicReader", Naive)
+    result = fz.run(None, seed=3, targets=["sysfs"], inputs=20)
+    assert any("ValueError" in f for f in result.failures)
