@@ -16,6 +16,7 @@ from typing import Any
 
 from peerwatch.commands import settings_of
 from peerwatch.errors import ConfigError, ServiceError
+from peerwatch.output_paths import check_output_file, write_output
 
 
 def register(sub: Any) -> None:
@@ -103,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
         if not JOB_ID.fullmatch(args.job_id):
             raise ConfigError("JOBID", f"{args.job_id!r} is not a plain Slurm job id")
+    html = check_output_file(args.html, "--html") if args.html else None  # before the work
     records = load(args)
     summary = summarize_job(
         args.job_id, records.windows, records.findings, records.recommendations,
@@ -111,15 +113,14 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if records.undecodable:
         summary.skipped["undecodable"] = records.undecodable
-    if args.html:
+    if html is not None:
         from peerwatch.exporters.report import render_job_report
 
         events = [("job-events", e) for e in records.job_events]
         events += [("node-events", e) for e in records.node_events]
-        Path(args.html).write_text(
-            render_job_report(summary, records.windows, records.findings,
-                              summary.recommendations, events)
-        )  # fmt: skip
+        page = render_job_report(summary, records.windows, records.findings,
+                                 summary.recommendations, events)  # fmt: skip
+        write_output(html, page, "--html")
     if args.admin_comment:
         from peerwatch.producers.slurm.command import SlurmCommands
         from peerwatch.producers.slurm.job_comment import set_admin_comment

@@ -66,10 +66,9 @@ def run(args: argparse.Namespace) -> int:
     watch = watch_recovery(app, settings.stream.recovery_timeout_s)
     try:
         worker.execute_from_commandline()
-    except SystemExit as done:
-        if not watch.fired:
+    except SystemExit:
+        if not watch.fired:  # else faust's own status (0) would hide why it stopped
             raise
-        del done  # faust's own exit status says nothing of why it stopped
     finally:
         watch.stop()
     return EXIT_RECOVERY_STUCK if watch.fired else 0
