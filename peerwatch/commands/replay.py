@@ -82,6 +82,10 @@ def time_range(args: argparse.Namespace) -> Any:
         raise ConfigError("--from", "--from and --to are required with --kafka")
     if not args.kafka and not Path(args.archive).is_dir():
         raise ConfigError("--archive", f"{args.archive} is not a directory")
+    if not args.kafka:
+        from peerwatch.streams.offline.job_records import check_archive_prefix
+
+        check_archive_prefix(Path(args.archive), settings_of(args).topic_prefix)
     whole = (0, 0)
     if args.from_ is None or args.to is None:
         found = archive_span_ms(Path(args.archive), settings_of(args).topic_prefix)
