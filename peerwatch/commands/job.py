@@ -130,7 +130,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("JOBID", f"{args.job_id!r} is not a plain Slurm job id")
     html = check_output_file(args.html, "--html") if args.html else None  # before the work
     records = load(args)
-    if not records.knows(args.job_id):
+    # The epilog hook (--admin-comment) still writes its comment for a job with no record (a
+    # CPU job, say): "no GPU windows or findings found", and does not fail for it.
+    if not records.knows(args.job_id) and not args.admin_comment:
         if not args.quiet:
             print(f"peerwatch job: {unknown_job(args)}", file=sys.stderr)
         return EXIT_UNKNOWN_JOB

@@ -99,3 +99,23 @@ def test_a_request_deadline_holds_against_a_trickling_peer_with_a_long_read_time
             error = _in_thread(lambda: client.post_alerts([]))
             assert isinstance(error, ServiceError) and "within 0.5 s" in str(error)
         assert server.connections == 3
+
+
+def test_the_fuzz_target_holds_on_seeded_hostile_peers() -> None:
+    """scripts/fuzz_inputs.py's alertmanager target (make fuzz runs it for longer): seeded
+    hostile answers, each held."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "fuzz_inputs.py"
+    spec = importlib.util.spec_from_file_location("fuzz_inputs_am", script)
+    assert spec is not None and spec.loader is not None
+    fz = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_inputs_am"] = fz
+    try:
+        spec.loader.exec_module(fz)
+        result = fz.run(None, seed=12, targets=["alertmanager"], inputs=40)
+    finally:
+        sys.modules.pop("fuzz_inputs_am", None)
+    assert result.failures == [] and result.inputs == {"alertmanager": 40}
