@@ -990,23 +990,13 @@ def fuzz_alertmanager(rng: Random, tmp: Path) -> None:
     escapes it, a failed alert is kept for the retry, a good answer sends it, a refusal does not.
     """
     from fakes import FakeClock
-    from hostile_http import serving
+    from hostile_http import book_with_one_alert, serving
 
     from peerwatch.exporters.alertmanager import AlertmanagerClient, AlertSender
-    from peerwatch.exporters.alerts import AlertBook
 
     answer, kind = _hostile_answer(rng)
     clock = FakeClock()
-    book = AlertBook(finding_ttl_ms=3_600_000, resend_ms=60_000, resolved_retention_ms=900_000,
-                     max_alerts=10)  # fmt: skip
-    t_ms = clock.now_ms()
-    book.apply("StragglerFinding", {
-        "finding_id": "f1", "job_id": "1001", "node": "gpu00003", "gpu_index": 5,
-        "gpu_uuid": None, "status": "CONFIRMED", "window_start_ms": t_ms - 30_000,
-        "window_end_ms": t_ms, "features": [], "hard_rules": [], "windows_flagged": 4,
-        "windows_considered": 6, "first_flagged_ms": t_ms - 120_000, "peer_group_size": 16,
-        "reason": "slow", "cause": "THERMAL", "detected_ms": t_ms,
-    })  # fmt: skip
+    book = book_with_one_alert(clock.now_ms())
     with serving(answer) as server:
         client = AlertmanagerClient(server.url, ALERTMANAGER_TIMEOUT_S)
         sender = AlertSender(book, client, retry_max_s=8.0, clock=clock)

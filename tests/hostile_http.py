@@ -14,6 +14,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from peerwatch.exporters.alerts import AlertBook
 
 #: No answer goes on longer than this (s): a guard against a hung test, not a tested value.
 ANSWER_CAP_S = 30.0
@@ -163,3 +167,20 @@ def serving(answer: Answer) -> Iterator[HostileServer]:
         yield server
     finally:
         server.stop()
+
+
+def book_with_one_alert(now_ms: int) -> AlertBook:
+    """An alert book holding one firing alert (a CONFIRMED straggler finding at ``now_ms``):
+    what the sender under test has to deliver."""
+    from peerwatch.exporters.alerts import AlertBook
+
+    book = AlertBook(finding_ttl_ms=3_600_000, resend_ms=60_000, resolved_retention_ms=900_000,
+                     max_alerts=100)  # fmt: skip
+    book.apply("StragglerFinding", {
+        "finding_id": "f1", "job_id": "1001", "node": "gpu00003", "gpu_index": 5,
+        "gpu_uuid": None, "status": "CONFIRMED", "window_start_ms": now_ms - 30_000,
+        "window_end_ms": now_ms, "features": [], "hard_rules": [], "windows_flagged": 4,
+        "windows_considered": 6, "first_flagged_ms": now_ms - 120_000, "peer_group_size": 16,
+        "reason": "confirmed slow vs peers", "cause": "THERMAL", "detected_ms": now_ms,
+    })  # fmt: skip
+    return book

@@ -9,24 +9,20 @@ from typing import Any
 
 import pytest
 from fakes import FakeClock
-from hostile_http import HOSTILE_ANSWERS, Answer, accepted, header_of, serving
+from hostile_http import (
+    HOSTILE_ANSWERS,
+    Answer,
+    accepted,
+    book_with_one_alert,
+    header_of,
+    serving,
+)
 
 from peerwatch.errors import ServiceError
 from peerwatch.exporters.alertmanager import MAX_ANSWER_BYTES, AlertmanagerClient, AlertSender
-from peerwatch.exporters.alerts import AlertBook
 
 #: Guards against a hang only (a tick that never returns): never a measured bound.
 HANG_GUARD_S = 60.0
-
-
-def _finding(t_ms: int) -> dict[str, Any]:
-    return {
-        "finding_id": "f1", "job_id": "1001", "node": "gpu00003", "gpu_index": 5,
-        "gpu_uuid": None, "status": "CONFIRMED", "window_start_ms": t_ms - 30_000,
-        "window_end_ms": t_ms, "features": [], "hard_rules": [], "windows_flagged": 4,
-        "windows_considered": 6, "first_flagged_ms": t_ms - 120_000, "peer_group_size": 16,
-        "reason": "confirmed slow vs peers", "cause": "THERMAL", "detected_ms": t_ms,
-    }  # fmt: skip
 
 
 def _in_thread(fn: Any) -> Any:
@@ -49,9 +45,7 @@ def _in_thread(fn: Any) -> Any:
 @pytest.mark.parametrize("name", sorted(HOSTILE_ANSWERS))
 def test_a_hostile_answer_is_a_retried_failure_not_a_crash(name: str) -> None:
     clock = FakeClock()
-    book = AlertBook(finding_ttl_ms=3_600_000, resend_ms=60_000, resolved_retention_ms=900_000,
-                     max_alerts=100)  # fmt: skip
-    book.apply("StragglerFinding", _finding(clock.now_ms()))
+    book = book_with_one_alert(clock.now_ms())
     with serving(HOSTILE_ANSWERS[name]) as server:
         sender = AlertSender(book, AlertmanagerClient(server.url, 1.0), retry_max_s=8.0,
                              clock=clock)  # fmt: skip

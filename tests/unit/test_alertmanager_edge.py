@@ -11,11 +11,11 @@ from typing import Any
 import httpx
 import pytest
 from fakes import FakeClock
+from hostile_http import book_with_one_alert
 
 from peerwatch.cli import build_parser
 from peerwatch.errors import ConfigError, ServiceError
 from peerwatch.exporters.alertmanager import AlertmanagerClient, AlertSender
-from peerwatch.exporters.alerts import AlertBook
 from peerwatch.local.alertmanager import LocalAlertmanager
 from peerwatch.settings import AlertmanagerSettings
 
@@ -80,17 +80,8 @@ def test_client_failures_become_service_errors(handler: Any, message: str) -> No
 
 
 def test_a_client_fault_is_a_retried_failure_too(caplog: pytest.LogCaptureFixture) -> None:
-    book = AlertBook(finding_ttl_ms=3_600_000, resend_ms=60_000, resolved_retention_ms=900_000,
-                     max_alerts=100)  # fmt: skip
     clock = FakeClock()
-    t_ms = clock.now_ms()
-    book.apply("StragglerFinding", {
-        "finding_id": "f1", "job_id": "1001", "node": "gpu00003", "gpu_index": 5,
-        "gpu_uuid": None, "status": "CONFIRMED", "window_start_ms": t_ms - 30_000,
-        "window_end_ms": t_ms, "features": [], "hard_rules": [], "windows_flagged": 4,
-        "windows_considered": 6, "first_flagged_ms": t_ms - 120_000, "peer_group_size": 16,
-        "reason": "confirmed slow vs peers", "cause": "THERMAL", "detected_ms": t_ms,
-    })  # fmt: skip
+    book = book_with_one_alert(clock.now_ms())
     client = AlertmanagerClient("http://127.0.0.1:9093", 1.0, httpx.MockTransport(_odd))
     sender = AlertSender(book, client, retry_max_s=8.0, clock=clock)
     assert sender.tick() == 0 and sender.stats.failures == 1
