@@ -145,11 +145,15 @@ class LibrdkafkaLogger:
         if level > logging.DEBUG and is_transient(text):
             level = logging.DEBUG
         if level > logging.DEBUG and self.logger.isEnabledFor(level):
-            suffix = self.limiter.admit(msg % args if args else msg)
+            try:
+                line = msg % args if args else msg
+            except (TypeError, ValueError):  # not the shape confluent-kafka calls with
+                line = f"{msg} {args}"
+            suffix = self.limiter.admit(line)
             if suffix is None:
                 return
             if suffix:
-                msg, args = "%s%s", (msg % args if args else msg, suffix)
+                msg, args = "%s%s", (line, suffix)
         self.logger.log(level, msg, *args)
 
     def __reduce__(self) -> tuple[Any, ...]:  # configs cross process boundaries (spawn)
