@@ -31,6 +31,7 @@ from peerwatch.settings_base import (
     Secret,
     check_one_of,
     check_positive,
+    check_range,
     check_types,
     from_mapping,
     hints,
@@ -52,6 +53,8 @@ __all__ = [
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
 OTLP_PROTOCOLS = ("grpc", "http")
+#: Longest deadline of one POST to Alertmanager (s): it blocks the exporter's consume loop.
+MAX_ALERTMANAGER_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,9 @@ class AlertmanagerSettings:
     alertmanager start``."""
 
     url: str = setting("http://127.0.0.1:9093", "Alertmanager base URL (http:// or https://)")
-    timeout_s: float = setting(5.0, "timeout of one POST to Alertmanager (s)")
+    timeout_s: float = setting(
+        5.0, "deadline of one whole POST to Alertmanager, connect to last byte (s, at most 60)"
+    )
     resend_s: float = setting(
         60.0, "active alerts are re-sent this often (Prometheus resend_delay)"
     )
@@ -161,6 +166,8 @@ class AlertmanagerSettings:
         if not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"{t}.url", f"{self.url!r} must start with http(s)://")
         check_positive(self, t, "timeout_s", "resend_s", "retry_max_s", "resolved_retention_s")
+        # A POST blocks the exporter's consume loop: it must not hold it for long.
+        check_range(self, t, 0.0, MAX_ALERTMANAGER_TIMEOUT_S, "timeout_s")
         check_positive(self, t, "finding_ttl_s", "lookback_s", "max_alerts")
         if not 0 < self.port < 65536:
             raise ConfigError(f"{t}.port", f"must be a TCP port, got {self.port!r}")

@@ -34,6 +34,9 @@ hangs, and that what it keeps is right:
   damaged, removed or replaced by a folder, read by the agent's NIC sampler and judged by the
   health check's IB counter check: untouched values read as before, damaged counters are null
   (and counted) or valid, nothing raises.
+* alertmanager: the Alertmanager sender against a hostile HTTP peer on 127.0.0.1 (random
+  bytes, damaged answers, headers up to 300 KiB, short or lying bodies, endless bodies, one
+  byte at a time, silence): the tick returns, a failure keeps the alert for the retry.
 
     PYTHONPATH=. .venv/bin/python scripts/fuzz_inputs.py --seconds 60 [--seed 7] [--target T]
 
@@ -94,6 +97,9 @@ from peerwatch.schemas.registry import current_schema, raw_schema, strip_logical
 
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_DATA = ROOT / "tests" / "data" / "slurm"
+# The test helpers (the hostile HTTP peer, the fake clock) are shared with the tests.
+if str(ROOT / "tests") not in sys.path:
+    sys.path.append(str(ROOT / "tests"))
 #: One input taking longer than this is reported as a hang (the machine may be loaded: generous).
 SLOW_S = 20.0
 
@@ -1008,6 +1014,89 @@ def _kafka_settings(rng: Random, tmp: Path) -> None:
         _timed("live settings", lambda: live_settings(tree, records, 1_767_225_600_000))
 
 
+# -- alertmanager ------------------------------------------------------------------------------
+#: A good answer of Alertmanager to ``POST /api/v2/alerts``.
+GOOD_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n"
+#: The client's deadline per request in the fuzz loop (s): trickling answers end at it.
+ALERTMANAGER_TIMEOUT_S = 0.3
+
+
+def _hostile_answer(rng: Random) -> tuple[Any, str]:
+    """An answer (``hostile_http.Answer``) and what it is: "good" (must be sent), "refused" (a
+    well-formed non-2xx answer: must fail) or "hostile" (either, never a crash or a hang)."""
+    from hostile_http import send_for_ever
+
+    kind = rng.randrange(9)
+    if kind == 0:
+        return (lambda conn, stop: conn.sendall(GOOD_ANSWER)), "good"
+    if kind == 1:
+        status = rng.choice([301, 400, 404, 413, 429, 500, 503])
+        body = bytes(rng.randrange(256) for _ in range(rng.randint(0, 400)))
+        answer = (f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                  + body)  # fmt: skip
+        return (lambda conn, stop: conn.sendall(answer)), "refused"
+    if kind == 2:  # random bytes
+        junk = bytes(rng.randrange(256) for _ in range(rng.randint(0, 3000)))
+        return (lambda conn, stop: conn.sendall(junk)), "hostile"
+    if kind == 3:  # the good answer damaged (status line, headers or length)
+        damaged = mutate_bytes(GOOD_ANSWER, rng)
+        return (lambda conn, stop: conn.sendall(damaged)), "hostile"
+    if kind == 4:  # a header line of up to 300 KiB
+        pad = b"a" * rng.randint(1, 300 * 1024)
+        answer = b"HTTP/1.1 200 OK\r\nX-Pad: " + pad + b"\r\nContent-Length: 0\r\n\r\n"
+        return (lambda conn, stop: conn.sendall(answer)), "hostile"
+    if kind == 5:  # a body shorter, or chunks that lie about their size
+        head = rng.choice([b"Content-Length: %d\r\n" % rng.randint(1, 10**12),
+                           b"Transfer-Encoding: chunked\r\n"])  # fmt: skip
+        body = rng.choice([b"{}", b"5\r\nab\r\n", b"fffffffffffffffffff\r\n", b"-1\r\n", b""])
+        answer = b"HTTP/1.1 200 OK\r\n" + head + b"\r\n" + body
+        return (lambda conn, stop: conn.sendall(answer)), "hostile"
+    if kind == 6:  # a body without end
+        chunk = bytes(rng.randrange(256) for _ in range(rng.choice([1, 1024, 65536])))
+
+        def endless(conn: Any, stop: Any) -> None:
+            conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+            send_for_ever(conn, stop, chunk, 0.0)
+
+        return endless, "hostile"
+    if kind == 7:  # one byte at a time, in the status line, the headers or the body
+        start = GOOD_ANSWER[: rng.randrange(len(GOOD_ANSWER))]
+
+        def trickle(conn: Any, stop: Any) -> None:
+            conn.sendall(start)
+            send_for_ever(conn, stop, b"a", 0.02)
+
+        return trickle, "hostile"
+    return (lambda conn, stop: None), "hostile"  # hangs up without a word
+
+
+def fuzz_alertmanager(rng: Random, tmp: Path) -> None:
+    """The Alertmanager sender (``AlertSender.tick`` with its real httpx client) against a
+    hostile HTTP peer on 127.0.0.1: the tick returns within the deadline (plus slack), nothing
+    escapes it, a failed alert is kept for the retry, a good answer sends it, a refusal does not.
+    """
+    from fakes import FakeClock
+    from hostile_http import book_with_one_alert, serving
+
+    from peerwatch.exporters.alertmanager import AlertmanagerClient, AlertSender
+
+    answer, kind = _hostile_answer(rng)
+    clock = FakeClock()
+    book = book_with_one_alert(clock.now_ms())
+    with serving(answer) as server:
+        client = AlertmanagerClient(server.url, ALERTMANAGER_TIMEOUT_S)
+        sender = AlertSender(book, client, retry_max_s=8.0, clock=clock)
+        sent = _timed("AlertSender.tick", sender.tick)
+    if sent not in (0, 1) or sent + sender.stats.failures != 1:
+        raise Failure(f"tick sent {sent} with {sender.stats.failures} failures")
+    if kind == "good" and sent != 1:
+        raise Failure("a good answer was not taken")
+    if kind == "refused" and sent != 0:
+        raise Failure("a refusal was taken as sent")
+    if not sent and len(book.due(clock.now_ms())) != 1:
+        raise Failure("a failed alert was not kept for the retry")
+
+
 KAFKA_CONSUMERS: dict[str, Callable[[Random, Path], None]] = {
     "hot": _kafka_hot,
     "jobs": _kafka_jobs,
@@ -1325,7 +1414,10 @@ TARGETS: dict[str, Callable[[Random, Path], None]] = {
     "step-times": fuzz_step_times,
     "topic-folders": fuzz_topic_folders,
     "sysfs": fuzz_sysfs,
+    "alertmanager": fuzz_alertmanager,
 }
+#: Targets that open sockets on 127.0.0.1 (run by the integration tier, not the unit tier).
+NETWORK_TARGETS = frozenset({"alertmanager"})
 
 
 # -- driver ------------------------------------------------------------------------------------

@@ -9,10 +9,10 @@ import json
 import logging
 import signal
 import threading
-from pathlib import Path
 from typing import Any
 
 from peerwatch.commands import settings_of
+from peerwatch.output_paths import check_output_dir
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,10 @@ def run(args: argparse.Namespace) -> int:
         rotate_after_s=args.rotate_after_s,
         retention_days=args.retention_days,
     ).validate()
+    root = check_output_dir(args.dir, "--dir")  # before any Kafka work
     topics = archived_topics(settings.topic_prefix)
     ensure_topics(settings.kafka, catalogue(settings.topic_prefix))
-    writer = ArchiveWriter(Path(args.dir), topics, archive)
+    writer = ArchiveWriter(root, topics, archive)
     start = writer.recover()
     log.info("archive: %s, resuming %d partitions from the archive state", args.dir, len(start))
     source = KafkaArchiveSource(settings.kafka, args.group_id, sorted(topics), start)

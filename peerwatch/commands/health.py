@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         value = AvroCodec("HealthCheckResult").encode(result)
         topic = settings.topic_prefix + HEALTH.name
         delivery.send(topic, ctx.node.encode(), value, ts_ms=result["ts_ms"])
-        published = publish_outcome(close_bounded(delivery, args.kafka_timeout_s))
+        stats = close_bounded(delivery, args.kafka_timeout_s)
+        published = publish_outcome(stats, delivery.spooled_records if stats else 0)
         lock.release()
     if args.xid_state and cursor is not None:
         save_cursor(args.xid_state, phase, cursor)

@@ -16,6 +16,7 @@ from typing import Any
 
 from peerwatch.commands import settings_of
 from peerwatch.errors import ConfigError, ServiceError
+from peerwatch.output_paths import check_output_file, write_output
 
 
 def register(sub: Any) -> None:
@@ -65,6 +66,7 @@ def load(args: argparse.Namespace) -> Any:
     from peerwatch.streams.offline.job_records import (
         archive_has_samples,
         archive_job_records,
+        check_archive_prefix,
         kafka_job_records,
     )
 
@@ -73,9 +75,11 @@ def load(args: argparse.Namespace) -> Any:
         root = Path(args.archive)
         if not root.is_dir():
             raise ConfigError("--archive", f"{args.archive} is not a directory")
+        check_archive_prefix(root, settings.topic_prefix)
         records = archive_job_records(root, args.job_id, settings.topic_prefix)
         if (
             not records.windows
+            and records.knows(args.job_id)  # its events say which GPUs were its own
             and not args.no_replay
             and archive_has_samples(root, settings.topic_prefix)
         ):
@@ -94,6 +98,27 @@ def load(args: argparse.Namespace) -> Any:
         raise ServiceError(f"cannot read the job's records from Kafka: {exc}") from exc
 
 
+#: Exit status of ``peerwatch job`` for a job it finds no record of.
+EXIT_UNKNOWN_JOB = 1
+
+
+def unknown_job(args: argparse.Namespace) -> str:
+    """What to say of a job with no event, window or finding where it was looked for."""
+    from peerwatch.topics import JOB_EVENTS, JOB_WINDOWS
+
+    if args.archive:
+        return (
+            f"job {args.job_id} is unknown: {args.archive} holds no event, window or finding of it"
+        )
+    days = {t.name: t.retention_ms / 86_400_000 for t in (JOB_WINDOWS, JOB_EVENTS)}
+    return (
+        f"job {args.job_id} is unknown: Kafka holds no event, window or finding of it. Kafka "
+        f"keeps GPU windows {days[JOB_WINDOWS.name]:g} days and job events "
+        f"{days[JOB_EVENTS.name]:g} days (topic retention); an older job is read from the "
+        "archive: peerwatch job JOBID --archive DIR"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from peerwatch.job_view import render_text
     from peerwatch.streams.core.job_summary import summarize_job
@@ -103,7 +128,14 @@ def run(args: argparse.Namespace) -> int:
 
         if not JOB_ID.fullmatch(args.job_id):
             raise ConfigError("JOBID", f"{args.job_id!r} is not a plain Slurm job id")
+    html = check_output_file(args.html, "--html") if args.html else None  # before the work
     records = load(args)
+    # The epilog hook (--admin-comment) still writes its comment for a job with no record (a
+    # CPU job, say): "no GPU windows or findings found", and does not fail for it.
+    if not records.knows(args.job_id) and not args.admin_comment:
+        if not args.quiet:
+            print(f"peerwatch job: {unknown_job(args)}", file=sys.stderr)
+        return EXIT_UNKNOWN_JOB
     summary = summarize_job(
         args.job_id, records.windows, records.findings, records.recommendations,
         records.job_events, records.node_events, records.actions,
@@ -111,15 +143,14 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if records.undecodable:
         summary.skipped["undecodable"] = records.undecodable
-    if args.html:
+    if html is not None:
         from peerwatch.exporters.report import render_job_report
 
         events = [("job-events", e) for e in records.job_events]
         events += [("node-events", e) for e in records.node_events]
-        Path(args.html).write_text(
-            render_job_report(summary, records.windows, records.findings,
-                              summary.recommendations, events)
-        )  # fmt: skip
+        page = render_job_report(summary, records.windows, records.findings,
+                                 summary.recommendations, events)  # fmt: skip
+        write_output(html, page, "--html")
     if args.admin_comment:
         from peerwatch.producers.slurm.command import SlurmCommands
         from peerwatch.producers.slurm.job_comment import set_admin_comment

@@ -18,6 +18,7 @@ from typing import Any
 
 from peerwatch.commands import settings_of
 from peerwatch.errors import ConfigError, ServiceError
+from peerwatch.output_paths import check_output_file, write_output
 from peerwatch.settings import Settings, with_overrides
 
 
@@ -81,6 +82,10 @@ def time_range(args: argparse.Namespace) -> Any:
         raise ConfigError("--from", "--from and --to are required with --kafka")
     if not args.kafka and not Path(args.archive).is_dir():
         raise ConfigError("--archive", f"{args.archive} is not a directory")
+    if not args.kafka:
+        from peerwatch.streams.offline.job_records import check_archive_prefix
+
+        check_archive_prefix(Path(args.archive), settings_of(args).topic_prefix)
     whole = (0, 0)
     if args.from_ is None or args.to is None:
         found = archive_span_ms(Path(args.archive), settings_of(args).topic_prefix)
@@ -99,16 +104,18 @@ def run(args: argparse.Namespace) -> int:
     from peerwatch.streams.offline.replay import output_lines
 
     gc_tuning.tune()
+    # Checked before the replay: a path that cannot be written fails now, not after the work.
+    findings = check_output_file(args.findings, "--findings") if args.findings else None
+    report = check_output_file(args.report, "--report") if args.report else None
     result, span, extra = replay_from_args(args)
-    if args.findings:
-        with open(args.findings, "w") as fh:
-            fh.writelines(output_lines(result))
-    if args.report:
+    if findings is not None:
+        write_output(findings, "".join(output_lines(result)), "--findings")
+    if report is not None:
         from peerwatch.exporters.report import render_report
 
         page = render_report(result.windows, result.findings, result.recommendations,
                              result.events, from_ms=span.from_ms, to_ms=span.to_ms)  # fmt: skip
-        Path(args.report).write_text(page)
+        write_output(report, page, "--report")
     print(json.dumps({**result.summary(), **extra}))
     return 0
 

@@ -83,9 +83,16 @@ class StreamSettings:
         "is logged and counted in clock_skewed_nodes (s)",
     )
 
+    recovery_timeout_s: float = setting(
+        600.0,
+        "a worker whose faust table recovery reads no changelog record for this long logs an "
+        "error and exits (status 3) to be restarted (s)",
+    )
+
     def __post_init__(self) -> None:
         t = "stream"
         check_types(self, t)
+        check_positive(self, t, "recovery_timeout_s")
         check_at_least(self, t, 0, "lateness_s", "job_grace_s", "allocation_retention_s")
         check_at_least(self, t, 0, "silent_group_s")
         check_at_least(self, t, 2, "silent_fleet_min_nodes")

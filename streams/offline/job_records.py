@@ -48,6 +48,14 @@ class JobRecords:
     node_events: list[dict[str, Any]] = field(default_factory=list)
     undecodable: int = 0
 
+    def knows(self, job_id: str) -> bool:
+        """Whether anything was read of ``job_id`` itself: an event, a window or a finding."""
+        return any(
+            str(r.get("job_id")) == job_id
+            for rows in (self.job_events, self.windows, self.findings)
+            for r in rows
+        )
+
     def span_ms(self, job_id: str) -> tuple[int | None, int | None]:
         """The job's [start, end] from its events (None where unknown)."""
         starts: list[int] = []
@@ -120,6 +128,39 @@ def archive_has_samples(root: Path, topic_prefix: str = "") -> bool:
     from peerwatch.topics import SAMPLES
 
     return bool(archive_files(Path(root), topic_prefix + SAMPLES.name))
+
+
+def archive_prefixes(root: Path) -> list[str]:
+    """The topic prefixes of the catalogue topics the archive under ``root`` holds folders of
+    ("" for none), sorted."""
+    from peerwatch.topics import TOPICS
+
+    names = [t.name for t in TOPICS]
+    found: set[str] = set()
+    try:
+        folders = [p.name for p in Path(root).iterdir() if p.is_dir()]
+    except OSError:
+        return []
+    for folder in folders:
+        found |= {folder[: -len(n)] for n in names if folder.endswith(n)}
+    return sorted(found)
+
+
+def check_archive_prefix(root: Path, topic_prefix: str, option: str = "--archive") -> None:
+    """Raises ConfigError naming ``option`` when the archive under ``root`` holds topics, none
+    with ``topic_prefix``: saying which prefixes it does hold (a mismatch otherwise reads as an
+    archive where nothing happened)."""
+    from peerwatch.errors import ConfigError
+
+    held = archive_prefixes(root)
+    if not held or topic_prefix in held:  # an empty archive: the caller says what is missing
+        return
+    names = ", ".join(repr(p) for p in held)
+    raise ConfigError(
+        option,
+        f"{root} holds no topics with the prefix {topic_prefix!r} (setting topic_prefix, "
+        f"PEERWATCH_TOPIC_PREFIX); it holds the prefix{'es' if len(held) > 1 else ''} {names}",
+    )
 
 
 def archive_span_ms(root: Path, topic_prefix: str = "") -> tuple[int, int] | None:
