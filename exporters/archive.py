@@ -7,7 +7,7 @@ Design (append + committed lengths):
 * Each (topic, hour) being written is ``<root>/<topic>/<YYYY-MM-DD>T<HH>.avro.part``, an Avro
   object container (schema embedded, logical types stripped, zstandard-compressed). Records
   are appended as blocks; a block is only ever written whole by fastavro, but a kill can cut the
-  last one short, so readers (:func:`~peerwatch.exporters.archive_files.read_file`) stop at a cut
+  last one short, so readers (:func:`~peerwatch.io.archive.reader.read_file`) stop at a cut
   tail: everything before it is intact and checked by its sync marker.
 * :meth:`ArchiveWriter.commit` writes every open file's pending block, ``fsync``s the files and
   their folders, then replaces the state file ``<root>/_archive_state.json`` atomically (write a
@@ -41,17 +41,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from peerwatch.errors import PeerwatchError
-from peerwatch.exporters.archive_files import (
-    DEFAULT_CODEC,
+from peerwatch.files import fsync_dir, remove_stale_tmp, write_atomic
+from peerwatch.io.archive.layout import (
     HOUR_MS,
-    ContainerWriter,
-    body_encoder,
     hour_of,
     hour_start_ms,
     parse_file_name,
     topic_entries,
 )
-from peerwatch.files import fsync_dir, remove_stale_tmp, write_atomic
+from peerwatch.io.archive.writer import DEFAULT_CODEC, ContainerWriter, body_encoder
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 
 log = logging.getLogger(__name__)
@@ -321,7 +319,7 @@ class ArchiveWriter:
     def retain(self, now_ms: int) -> list[Path]:
         """Delete closed files (not ``.part``) whose hour ended before now - retention (none
         when it is 0); returns them. Misnamed entries are skipped with a warning (see
-        :func:`~peerwatch.exporters.archive_files.topic_entries`), never deleted."""
+        :func:`~peerwatch.io.archive.layout.topic_entries`), never deleted."""
         if self.settings.retention_days <= 0:
             return []
         retention_ms = int(self.settings.retention_days * 86_400_000)

@@ -67,14 +67,9 @@ from random import Random
 from typing import Any
 
 from peerwatch.errors import CodecError, PeerwatchError
-from peerwatch.exporters.archive_files import (
-    ContainerWriter,
-    ReadStats,
-    block_spans,
-    body_encoder,
-    raw_blocks,
-    read_file,
-)
+from peerwatch.io.archive.layout import ReadStats
+from peerwatch.io.archive.reader import block_spans, raw_blocks, read_file
+from peerwatch.io.archive.writer import ContainerWriter, body_encoder
 from peerwatch.producers.health.infiniband import check_ib_counters
 from peerwatch.producers.nic.counters import IB_COUNTERS
 from peerwatch.producers.nic.ports import discover_ports
@@ -982,7 +977,7 @@ def _kafka_drain(rng: Random, tmp: Path) -> None:
 def _kafka_replay(rng: Random, tmp: Path) -> None:
     """Replay from Kafka: the messages of a time range into input records (``message_records``,
     what ``kafka_records`` calls on what it consumed)."""
-    from peerwatch.exporters.archive_files import record_time_ms
+    from peerwatch.io.archive.layout import record_time_ms
     from peerwatch.streams.offline.replay import TimeRange, sort_records
     from peerwatch.streams.offline.replay_kafka import message_records
 

@@ -179,7 +179,7 @@ def _columns_fallback(wire: Any) -> Fn:
 
 
 def _lax_skipper(wire: Any) -> Fn:
-    from peerwatch.exporters.archive_files import lax_skipper
+    from peerwatch.io.archive.reader import lax_skipper
 
     return lax_skipper(wire)  # type: ignore[no-any-return]
 

@@ -53,7 +53,7 @@ class _Consumer(threading.Thread):
         super().__init__(name="demo-consumer", daemon=True)
         from confluent_kafka import Consumer
 
-        from peerwatch.exporters.archive_files import AvroFileSink
+        from peerwatch.io.archive.writer import AvroFileSink
         from peerwatch.kafka_config import consumer_config
         from peerwatch.topics import JOB_EVENTS, JOB_WINDOWS, RECOMMENDATIONS, STRAGGLERS
 
@@ -84,7 +84,7 @@ class _Consumer(threading.Thread):
 
     def _run(self) -> None:
         from peerwatch.errors import CodecError
-        from peerwatch.exporters.archive_files import record_time_ms
+        from peerwatch.io.archive.layout import record_time_ms
         from peerwatch.schemas.codec import decode_any
 
         self.consumer.subscribe(list(self.topics))

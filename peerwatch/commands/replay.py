@@ -227,7 +227,7 @@ def _replay(
         # Fetching and decoding are part of the replay's cost: the rate covers them.
         read_s = time.perf_counter() - t0
     else:
-        from peerwatch.exporters.archive_files import ReadStats
+        from peerwatch.io.archive.layout import ReadStats
 
         stats = ReadStats()
         records = archive_records(Path(args.archive), span, settings.topic_prefix, args.workers,
@@ -249,7 +249,7 @@ def _column_replay(
     (no C module, sample files of another schema version): then the decoded path runs. An
     archive out of order by more than ``--reorder-s`` is replayed again with a window wide enough
     (:func:`~peerwatch.streams.offline.sample_runs.wider_window_ms`), at most whole hours."""
-    from peerwatch.exporters.archive_files import ReadStats
+    from peerwatch.io.archive.layout import ReadStats
     from peerwatch.schemas.compiled import Unsupported
     from peerwatch.streams.core.pipeline import Pipeline
     from peerwatch.streams.offline.replay import column_archive_records, replay

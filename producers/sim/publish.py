@@ -88,7 +88,7 @@ def publish_to_kafka(
 
 def write_archive(fleet: Fleet, root: Path, topic_prefix: str = "") -> PublishStats:
     """Write every record to Avro container files under ``root`` plus ``labels.jsonl``; no Kafka."""
-    from peerwatch.exporters.archive_files import AvroFileSink
+    from peerwatch.io.archive.writer import AvroFileSink
 
     topics = {s: topic_prefix + t.name for s, t in STREAM_TOPICS.items()}
     sink = AvroFileSink(root, {topics[s]: t.value_schema or "" for s, t in STREAM_TOPICS.items()})

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peerwatch.exporters.archive_files import HOUR_MS, archive_files, read_file, record_time_ms
+from peerwatch.io.archive.layout import HOUR_MS, archive_files, record_time_ms
+from peerwatch.io.archive.reader import read_file
 from peerwatch.topics import (
     ACTIONS,
     JOB_EVENTS,
@@ -165,7 +166,7 @@ def check_archive_prefix(root: Path, topic_prefix: str, option: str = "--archive
 
 def archive_span_ms(root: Path, topic_prefix: str = "") -> tuple[int, int] | None:
     """[first hour start, last hour end) of the archive's sample files; None if it has none."""
-    from peerwatch.exporters.archive_files import hour_start_ms, parse_file_name
+    from peerwatch.io.archive.layout import hour_start_ms, parse_file_name
     from peerwatch.topics import SAMPLES
 
     hours = [

@@ -37,15 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from peerwatch.exporters.archive_files import (
-    HOUR_MS,
-    ReadStats,
-    archive_files,
-    read_container,
-    read_file,
-    record_time_ms,
-    split_file,
-)
+from peerwatch.io.archive.layout import HOUR_MS, ReadStats, archive_files, record_time_ms
+from peerwatch.io.archive.reader import read_container, read_file, split_file
 from peerwatch.schemas.registry import current_schema
 from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import (

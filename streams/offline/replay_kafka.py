@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from peerwatch.errors import CodecError
-from peerwatch.exporters.archive_files import record_time_ms
+from peerwatch.io.archive.layout import record_time_ms
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.streams.offline.replay import (
     INPUT_STREAMS,

@@ -490,7 +490,7 @@ def archive_raw(records: Sequence[Raw], root: Path, topic_prefix: str) -> int:
     """Write encoded records (topics under ``topic_prefix``; ``encode_fleet`` stamps each with
     its event time) as the archiver would: their Avro bodies, under their topic names without
     the prefix; returns how many were written."""
-    from peerwatch.exporters.archive_files import AvroFileSink
+    from peerwatch.io.archive.writer import AvroFileSink
 
     topics = {topic_prefix + t.name: t for t in STREAM_TOPICS.values()}
     codecs = {name: AvroCodec(t.value_schema or "") for name, t in topics.items()}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from peerwatch.exporters.archive import ArchiveSettings, ArchiveWriter
-from peerwatch.exporters.archive_files import HOUR_MS, ReadStats, topic_entries
+from peerwatch.io.archive.layout import HOUR_MS, ReadStats, topic_entries
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import write_archive
 from peerwatch.producers.sim.scenario import parse_scenario

@@ -13,14 +13,9 @@ from typing import Any
 import pytest
 from test_archive_names import SAMPLES, SCENARIO, T0  # a job with one slow GPU, 10 minutes
 
-from peerwatch.exporters.archive_files import (
-    ContainerWriter,
-    ReadStats,
-    body_encoder,
-    lax_skipper,
-    lenient_skipper,
-    read_file,
-)
+from peerwatch.io.archive.layout import ReadStats
+from peerwatch.io.archive.reader import lax_skipper, lenient_skipper, read_file
+from peerwatch.io.archive.writer import ContainerWriter, body_encoder
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import write_archive
 from peerwatch.producers.sim.scenario import parse_scenario

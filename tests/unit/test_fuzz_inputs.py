@@ -121,9 +121,9 @@ def test_a_replay_that_takes_a_nan_step_time_is_caught(
 def test_a_reader_that_takes_an_impossible_hour_is_caught(
     fz: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from peerwatch.exporters import archive_files
+    from peerwatch.io.archive import layout
 
-    monkeypatch.setattr(archive_files, "hour_start_ms", lambda hour: 0)  # any hour: 1970
+    monkeypatch.setattr(layout, "hour_start_ms", lambda hour: 0)  # any hour: 1970
     result = fz.run(None, seed=3, targets=["topic-folders"], inputs=10)
     assert any("counted" in f for f in result.failures)
 

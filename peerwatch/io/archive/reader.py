@@ -1,186 +1,33 @@
-"""Avro object container files per topic and hour: the archive layout shared by
-``peerwatch simulate --archive``, ``peerwatch archive`` and ``peerwatch replay``.
+"""Reading the archive's Avro object container files (every codec), block by block.
 
-Layout: ``<root>/<topic>/<YYYY-MM-DD>T<HH>.avro``, the record's event hour in UTC. Each file embeds
-its writer schema (logical types stripped: times are plain long ms) and is zstandard-compressed
-(deflate and null are written on request; every codec is read). The
-sync marker is derived from the topic and hour, so the same records always give byte-identical
-files.
-
-The archiver (:mod:`peerwatch.exporters.archive`) also leaves ``<hour>.avro.part`` (the hour it is
-still appending to) and ``<hour>.<k>.avro`` (records that arrived after their hour was closed);
-readers here read all three. A file whose last block is truncated (an archiver killed mid-write)
-is read up to its last complete block. An entry named like an archive file that cannot be one
-(an hour that does not exist, or outside 1970..9999; a folder) is skipped with a warning naming
-it and counted (:func:`topic_entries`), by the readers and by the archiver's recovery and
-retention alike.
+Each file embeds its writer schema; records are decoded by the codec's generated reader or, for
+whole blocks of samples, handed on raw (:func:`raw_blocks`) to the C column decoder. A file whose
+last block is truncated (an archiver killed mid-write) is read up to its last complete block; a
+corrupt block or record is skipped and counted (:class:`~.layout.ReadStats`), never a crash.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import importlib
 import io
-import json
 import logging
-import os
-import re
 import zlib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, Any
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
 
-from peerwatch.schemas.compiled import encode_long
-from peerwatch.schemas.registry import current_schema, raw_schema, strip_logical_types
+from peerwatch.io.archive.layout import ReadStats, archive_files
+from peerwatch.schemas.registry import current_schema, strip_logical_types
 
 log = logging.getLogger(__name__)
 
-HOUR_MS = 3_600_000
-#: Codec of the files written. On the demo's samples, zstandard in 1 MiB blocks wrote 3.6 times
-#: fewer bytes than deflate in fastavro's default 16 KB blocks (the format before), with 13
-#: times less CPU to compress and 6 times less to decompress (scripts/bench_archive_codec.py).
-DEFAULT_CODEC = "zstandard"
-#: Uncompressed bytes per block: larger blocks compress far better (repeated UUIDs, names);
-#: a reader holds one block at a time.
-BLOCK_BYTES = 1 << 20
-#: ``<YYYY-MM-DD>T<HH>`` then ``.avro``, ``.<k>.avro`` or ``.avro.part``; ASCII digits only
-#: (``\d`` alone takes any Unicode digit: a year in fullwidth digits names no file of ours).
-_FILE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})(?:\.(\d+))?\.avro(\.part)?$", re.ASCII)
+
 #: The most header bytes a container file may have (its schema is a few KB): a size in the
 #: header that reaches beyond is a corrupt header, never a read of that size.
 MAX_HEADER_BYTES = 1 << 24
-
-
-@dataclass
-class ReadStats:
-    """What readers of archive files skipped: records that did not decode (``bad_records``),
-    corrupt blocks stepped over to the next sync marker (``bad_blocks``; their records are not
-    known), files whose header is unreadable (``bad_files``), files cut inside a block
-    (``cut_tails``: an archiver killed mid-write, or corruption with no sync marker after it)
-    and entries of a topic folder named like an archive file that cannot be one (``misnamed``,
-    see :func:`topic_entries`)."""
-
-    bad_records: int = 0
-    bad_blocks: int = 0
-    bad_files: int = 0
-    cut_tails: int = 0
-    misnamed: int = 0
-
-    def add(self, other: ReadStats) -> None:
-        for name in _READ_STATS:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in _READ_STATS}
-
-
-_READ_STATS = ("bad_records", "bad_blocks", "bad_files", "cut_tails", "misnamed")
-
-
-#: Event times an archive file can be named by: 1970-01-01 up to the end of year 9999 (UTC).
-MAX_TS_MS = 253_402_300_800_000
-
-
-def hour_of(ts_ms: int) -> str:
-    """``YYYY-MM-DDTHH`` of an event time (UTC). Raises ValueError for a time before 1970 or
-    after year 9999 (no archive file is named by it)."""
-    if not 0 <= ts_ms < MAX_TS_MS:
-        raise ValueError(f"event time {ts_ms} ms is outside 1970..9999")
-    return dt.datetime.fromtimestamp(ts_ms // 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H")
-
-
-def hour_start_ms(hour: str) -> int:
-    """Epoch ms of the start of an ``YYYY-MM-DDTHH`` hour (UTC). Raises ValueError if malformed
-    (``2026-13-45T99``, year 0) or outside 1970..9999 (no event time is archived there)."""
-    parsed = dt.datetime.strptime(hour, "%Y-%m-%dT%H").replace(tzinfo=dt.UTC)
-    start = int(parsed.timestamp()) * 1000
-    if not 0 <= start < MAX_TS_MS:
-        raise ValueError(f"hour {hour} is outside 1970..9999")
-    return start
-
-
-def parse_file_name(name: str) -> tuple[str, int, bool] | None:
-    """``(hour, k, partial)`` of an archive file name, None for other files.
-
-    ``k`` is 0 for the hour's main file and ``k`` for ``<hour>.<k>.avro``; ``partial`` is True for
-    ``.avro.part`` (still being appended to).
-    """
-    m = _FILE_RE.fullmatch(name)  # not before a trailing newline, as $ alone allows
-    if m is None:
-        return None
-    return m.group(1), int(m.group(2) or 0), m.group(3) is not None
-
-
-def record_time_ms(record: Mapping[str, Any]) -> int | None:
-    """The event time of a peerwatch record (``ts_ms``, else ``window_start_ms``), ms; None if
-    it has neither."""
-    for name in ("ts_ms", "window_start_ms"):
-        value = record.get(name)
-        if isinstance(value, int):
-            return value
-    return None
-
-
-class ArchiveEntry(NamedTuple):
-    """One archive file of a topic folder (see :func:`parse_file_name`)."""
-
-    hour: str
-    k: int
-    partial: bool
-    start_ms: int
-    path: Path
-
-
-def topic_entries(folder: Path, stats: ReadStats | None = None) -> list[ArchiveEntry]:
-    """The archive files of one topic folder, by (hour, k); none when it is not a folder.
-
-    Other names (labels, temporary files) are ignored. An entry named like an archive file
-    that cannot be one (``2026-13-45T99.avro``, ``0000-01-01T00.avro``, a folder named
-    ``<hour>.avro``) is hostile input, never a crash of the replay or the archiver: skipped
-    with a warning naming it, counted in ``stats.misnamed``."""
-    found: list[ArchiveEntry] = []
-    try:
-        paths = sorted(Path(folder).iterdir())
-    except (NotADirectoryError, FileNotFoundError):
-        return []
-    for path in paths:
-        parsed = parse_file_name(path.name)
-        if parsed is None:
-            continue
-        try:
-            start = hour_start_ms(parsed[0])
-            if not path.is_file():
-                raise ValueError("not a regular file")
-        except ValueError as exc:
-            log.warning("archive: %s skipped, misnamed (%s)", path, exc)
-            if stats is not None:
-                stats.misnamed += 1
-            continue
-        found.append(ArchiveEntry(*parsed, start, path))
-    return sorted(found)
-
-
-def archive_files(
-    root: Path,
-    topic: str,
-    from_ms: int | None = None,
-    to_ms: int | None = None,
-    stats: ReadStats | None = None,
-) -> list[Path]:
-    """Files of ``topic`` under ``root`` whose hour overlaps ``[from_ms, to_ms)``, oldest hour
-    first (each hour's files together). ``stats``: counts the misnamed entries skipped (see
-    :func:`topic_entries`)."""
-    return [
-        e.path
-        for e in topic_entries(Path(root) / topic, stats)
-        if (from_ms is None or e.start_ms + HOUR_MS > from_ms)
-        and (to_ms is None or e.start_ms < to_ms)
-    ]
 
 
 def _canonical(schema: Any) -> str:
@@ -495,144 +342,6 @@ def _skip_bytes(data: bytes, pos: int) -> int:
     if n < 0:
         raise ValueError("negative length")
     return _need(data, pos + n)
-
-
-def _deflater(codec: str) -> Any:
-    if codec == "null":
-        return bytes
-    if codec == "deflate":
-
-        def deflate(data: bytes) -> bytes:
-            packer = zlib.compressobj(6, zlib.DEFLATED, -15)  # raw deflate, as Avro specifies
-            return packer.compress(data) + packer.flush()
-
-        return deflate
-    if codec == "zstandard":
-        return _zstd().compress
-    raise ValueError(f"codec {codec!r}")
-
-
-class ContainerWriter:
-    """Appends records to an Avro object container file as raw Avro bodies, in blocks of about
-    ``block_bytes``: a record already in Avro binary (a Kafka message's body, written with the
-    file's schema) is copied, not decoded and encoded again (fastavro's writer costs about
-    250 us per 8-GPU sample; a copy, nothing).
-
-    Why an own writer: no library here appends already-encoded bodies. fastavro's ``writer`` and
-    ``Writer`` take records and encode them; polars' and pyarrow's Avro support cannot write our
-    files (STACK.md). The container format is small (header, then count + size + body + sync per
-    block) and fastavro reads what this writes (tested for every codec).
-
-    A new (empty) file gets its header: ``schema`` (a wire schema), ``codec``, ``sync_marker``
-    (random when None). A file that has content is continued with its own header's codec and
-    sync marker (a recovered ``.part``). ``encode``: ``record -> body`` for :meth:`write`.
-    Raises ValueError for an unknown codec or a file that is not a container.
-    """
-
-    def __init__(
-        self,
-        fh: IO[bytes],
-        schema: Any,
-        encode: Any,
-        codec: str = DEFAULT_CODEC,
-        sync_marker: bytes | None = None,
-        block_bytes: int = BLOCK_BYTES,
-    ) -> None:
-        self.fh, self.encode, self.block_bytes = fh, encode, block_bytes
-        fh.seek(0, io.SEEK_END)
-        if fh.tell() == 0:
-            self.sync = sync_marker if sync_marker is not None else os.urandom(16)
-            meta = [(b"avro.schema", json.dumps(schema).encode()), (b"avro.codec", codec.encode())]
-            header = bytearray(b"Obj\x01" + encode_long(len(meta)))
-            for key, value in meta:
-                header += encode_long(len(key)) + key + encode_long(len(value)) + value
-            fh.write(bytes(header + encode_long(0) + self.sync))
-        else:
-            fh.seek(0)
-            head = fh.read(1 << 20)
-            _, self.sync = _header(head)
-            codec = str(fastavro.block_reader(io.BytesIO(head)).codec)
-            fh.seek(0, io.SEEK_END)
-        self._compress = _deflater(codec)
-        self._block = bytearray()
-        self._count = 0
-
-    def write_body(self, body: bytes | bytearray | memoryview) -> None:
-        """Append one record already encoded with the file's schema."""
-        self._block += body
-        self._count += 1
-        if len(self._block) >= self.block_bytes:
-            self._write_block()
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Append one record (encoded with ``encode``)."""
-        self.write_body(self.encode(record))
-
-    def _write_block(self) -> None:
-        data = self._compress(bytes(self._block))
-        self.fh.write(encode_long(self._count) + encode_long(len(data)) + data + self.sync)
-        self._block.clear()
-        self._count = 0
-
-    def flush(self) -> None:
-        """Write the pending records as a block (readers see whole blocks only) and flush."""
-        if self._count:
-            self._write_block()
-        self.fh.flush()
-
-
-def body_encoder(schema_name: str) -> Any:
-    """``record -> Avro body`` with the current schema ``schema_name`` (the codec's encoder)."""
-    from peerwatch.schemas.codec import HEADER_LEN, codec_for
-
-    codec = codec_for(schema_name)
-    return lambda record: codec.encode(record)[HEADER_LEN:]
-
-
-class AvroFileSink:
-    """Appends records to the file of their topic and hour; keeps each open file's writer."""
-
-    def __init__(
-        self, root: Path, topic_schemas: Mapping[str, str], codec: str = DEFAULT_CODEC
-    ) -> None:
-        self.root = Path(root)
-        self._schemas = dict(topic_schemas)
-        self._codec = codec
-        self._open: dict[tuple[str, str], tuple[IO[bytes], ContainerWriter]] = {}
-        self.records = 0
-
-    def write(self, topic: str, record: Mapping[str, Any], ts_ms: int) -> None:
-        """Append ``record`` (event time ``ts_ms``) to its topic's file of that hour."""
-        self._file(topic, ts_ms).write(record)
-        self.records += 1
-
-    def write_body(self, topic: str, body: bytes | bytearray | memoryview, ts_ms: int) -> None:
-        """Append a record already in Avro binary with the topic's current schema."""
-        self._file(topic, ts_ms).write_body(body)
-        self.records += 1
-
-    def _file(self, topic: str, ts_ms: int) -> ContainerWriter:
-        hour = hour_of(ts_ms)
-        key = (topic, hour)
-        entry = self._open.get(key)
-        if entry is None:
-            path = self.root / topic / f"{hour}.avro"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fh = path.open("wb")
-            # Times are written as plain long ms (logical types stripped) so that every reader
-            # gets the same ints the codec gives; the field docs say the unit.
-            name = self._schemas[topic]
-            schema = strip_logical_types(raw_schema(name))
-            marker = hashlib.sha256(f"{topic}|{hour}".encode()).digest()[:16]
-            writer = ContainerWriter(fh, schema, body_encoder(name), self._codec, marker)
-            entry = self._open[key] = (fh, writer)
-        return entry[1]
-
-    def close(self) -> None:
-        for fh, writer in self._open.values():
-            writer.flush()
-            fh.close()
-        self._open.clear()
 
 
 def read_archive(
