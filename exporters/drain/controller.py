@@ -213,7 +213,7 @@ class DrainController:
                 self.stats.deadletter += 1
                 self.stats.observe(state, self._settings.enforce)
                 return
-            cluster = ClusterView.of(self._slurm.nodes(), self._settings.partition_sizes)
+            cluster = self._cluster()
             self._reconcile(state, cluster, now_ms)
             decision = decide(rec, state, cluster, self._settings, now_ms)
             decision = self._carry_out(decision)
@@ -224,6 +224,11 @@ class DrainController:
         self.stats.outcome(str(decision.outcome))
         self.stats.decision_time_s += time.monotonic() - started_s
         log.info("%s %s %s", decision.outcome, decision.node, decision.detail)
+
+    def _cluster(self) -> ClusterView:
+        """Slurm's nodes now, with the size overrides of the settings. Raises SlurmCommandError."""
+        s = self._settings
+        return ClusterView.of(self._slurm.nodes(), s.partition_sizes, s.cluster_size)
 
     def _carry_out(self, decision: Decision) -> Decision:
         if not (decision.enforce and decision.outcome == Outcome.DRAINED):
@@ -305,7 +310,7 @@ class DrainController:
             due = expired_drains(state, now_ms)
             if not due:
                 return 0
-            cluster = ClusterView.of(self._slurm.nodes(), self._settings.partition_sizes)
+            cluster = self._cluster()
             self._reconcile(state, cluster, now_ms)
             for entry in due:
                 facts = cluster.nodes.get(entry.node)

@@ -131,7 +131,9 @@ def rec_msg(rid: str, offset: int = 0, node: str = "n1", **kw: Any) -> Msg:
 class Rig:
     def __init__(self, tmp: Path, settings: DrainSettings | None = None, **slurm_kw: Any) -> None:
         self.log: list[str] = []
-        self.settings = settings or DrainSettings(enforce=True, partition_sizes={"gpu": 100})
+        self.settings = settings or DrainSettings(
+            enforce=True, partition_sizes={"gpu": 100}, cluster_size=100
+        )
         self.store = StateStore(tmp / "state.json")
         nodes = {f"n{i}": NodeFacts(f"n{i}", "IDLE", (), None, None, ("gpu",)) for i in range(1, 4)}
         self.slurm = FakeSlurm(nodes, self.log, **slurm_kw)
@@ -168,7 +170,7 @@ def test_drain_then_deliver_then_commit(tmp_path: Path) -> None:
 
 
 def test_shadow_mode_never_calls_slurm_update(tmp_path: Path) -> None:
-    rig = Rig(tmp_path, DrainSettings(partition_sizes={"gpu": 100}))
+    rig = Rig(tmp_path, DrainSettings(partition_sizes={"gpu": 100}, cluster_size=100))
     rig.run([rec_msg("r1")])
     assert rig.slurm.drains == []
     [a] = rig.producer.actions()
@@ -251,9 +253,10 @@ def test_operator_resume_seen_in_node_events_starts_the_cooldown(tmp_path: Path)
     rig.run([event("n1", NOW_MS + 5_000, [], None)])
     assert rig.store.load().operator_resumes == {"n1": NOW_MS + 5_000}
     rig.slurm.resume("n1")
-    rig.run([rec_msg("r2", 2, job_ids=["43"])])
+    rig.run([rec_msg("r2", 2, job_ids=["43"], ts_ms=rig.clock.ms)])
     assert rig.producer.actions()[-1]["refusal"] == "operator_cooldown"
-    rig.run([rec_msg("r3", 3, job_ids=["44"], hard=True)])
+    # hard evidence taken after the resume skips the cooldown
+    rig.run([rec_msg("r3", 3, job_ids=["44"], hard=True, ts_ms=rig.clock.ms)])
     assert rig.producer.actions()[-1]["decision"] == "DRAINED"
 
 
@@ -262,12 +265,20 @@ def test_operator_resume_seen_in_slurm_starts_the_cooldown(tmp_path: Path) -> No
     rig.run([rec_msg("r1")])
     rig.slurm.resume("n1")  # by hand, not through peerwatch
     rig.clock.ms += 60_000
-    rig.run([rec_msg("r2", 1, job_ids=["43"])])
+    # seen at this decision: the evidence (NOW_MS) predates the resume, hard or not
+    rig.run([rec_msg("r2", 1, job_ids=["43"], hard=True)])
+    last = rig.producer.actions()[-1]
+    assert last["refusal"] == "evidence_before_resume" and "resumed the node" in last["detail"]
+    assert rig.slurm.drains == [("n1", "peerwatch: sm clock low")]
+    rig.clock.ms += 1000
+    rig.run([rec_msg("r3", 2, job_ids=["44"], ts_ms=rig.clock.ms)])
     assert rig.producer.actions()[-1]["refusal"] == "operator_cooldown"
 
 
 def test_auto_resume_on_expiry(tmp_path: Path) -> None:
-    settings = DrainSettings(enforce=True, partition_sizes={"gpu": 100}, auto_resume_on_expiry=True)
+    settings = DrainSettings(
+        enforce=True, partition_sizes={"gpu": 100}, cluster_size=100, auto_resume_on_expiry=True
+    )
     rig = Rig(tmp_path, settings)
     rig.run([rec_msg("r1", expires_ms=NOW_MS + 1000)])
     ctl, _ = rig.controller([])

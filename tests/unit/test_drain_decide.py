@@ -31,8 +31,9 @@ ENFORCE = DrainSettings(enforce=True, operator_cooldown_s=24 * 3600)
 
 
 def rec(node: str = "gpu001", rid: str = "r1", **kw: Any) -> dict[str, Any]:
+    """A recommendation; ``ts_ms`` None = evidence taken when it is decided (see ``run``)."""
     base: dict[str, Any] = {
-        "recommendation_id": rid, "node": node, "ts_ms": NOW_MS, "action": "DRAIN",
+        "recommendation_id": rid, "node": node, "ts_ms": None, "action": "DRAIN",
         "severity": "WARNING", "hard": False, "reason": "sm clock 12% below peers",
         "gpu_indices": [3], "job_ids": ["4242"], "partition": "gpu", "evidence": [],
         "expires_ms": None,
@@ -57,12 +58,16 @@ def run(
     state: ControllerState | None = None,
     step_ms: int = MIN_MS,
 ) -> tuple[list[Any], ControllerState]:
-    """Decide and record each recommendation in turn, ``step_ms`` apart."""
+    """Decide and record each recommendation in turn, ``step_ms`` apart; one without an evidence
+    time gets the time it is decided at (fresh evidence)."""
     state = state or ControllerState()
     view = view or cluster()
     out = []
     for i, r in enumerate(recs):
-        d = decide(r, state, view, settings, NOW_MS + i * step_ms)
+        now = NOW_MS + i * step_ms
+        if r["ts_ms"] is None:
+            r = {**r, "ts_ms": now}
+        d = decide(r, state, view, settings, now)
         apply_decision(state, d, settings)
         out.append(d)
     return out, state
@@ -173,7 +178,9 @@ def test_partition_below_fifty_nodes_drains_nothing_unless_a_floor_is_set() -> N
 
 
 def test_partition_size_override_from_settings() -> None:
-    view = ClusterView.of([NodeFacts("gpu001", "IDLE", (), None, None, ("gpu",))], {"gpu": 100})
+    view = ClusterView.of(
+        [NodeFacts("gpu001", "IDLE", (), None, None, ("gpu",))], {"gpu": 100}, cluster_size=100
+    )
     [d], _ = run([rec()], view=view)
     assert d.outcome == Outcome.DRAINED
 
@@ -233,13 +240,14 @@ def test_operator_cooldown_blocks_soft_but_not_hard() -> None:
     run([rec()], state=state)
     observe_node(state, NodeFacts("gpu001", "IDLE", (), None, None, ("gpu",)), NOW_MS + 5 * MIN_MS)
     assert state.operator_resumes["gpu001"] == NOW_MS + 5 * MIN_MS
-    later = NOW_MS + 2 * 3600_000
-    soft = decide(rec(rid="soft", job_ids=["1"]), state, cluster(), ENFORCE, later)
+    later = NOW_MS + 2 * 3600_000  # evidence taken after the resume
+    soft = decide(rec(rid="soft", job_ids=["1"], ts_ms=later), state, cluster(), ENFORCE, later)
     assert soft.refusal == Refusal.OPERATOR_COOLDOWN
-    hard = decide(rec(rid="hard", job_ids=["1"], hard=True), state, cluster(), ENFORCE, later)
-    assert hard.outcome == Outcome.DRAINED
+    hard = rec(rid="hard", job_ids=["1"], hard=True, ts_ms=later)
+    assert decide(hard, state, cluster(), ENFORCE, later).outcome == Outcome.DRAINED
+    after_ms = NOW_MS + 25 * 3600_000
     after = decide(
-        rec(rid="late", job_ids=["1"]), state, cluster(), ENFORCE, NOW_MS + 25 * 3600_000
+        rec(rid="late", job_ids=["1"], ts_ms=after_ms), state, cluster(), ENFORCE, after_ms
     )
     assert after.outcome == Outcome.DRAINED
 

@@ -21,7 +21,7 @@ VIEW = ClusterView.of([NodeFacts(f"n{i}", "IDLE", (), None, None, ("gpu",)) for 
 
 
 def rec(rid: str, node: str = "n1", job: str = "1") -> dict[str, object]:
-    return {"recommendation_id": rid, "node": node, "action": "DRAIN", "hard": False,
+    return {"recommendation_id": rid, "node": node, "action": "DRAIN", "hard": False, "ts_ms": NOW_MS,
             "reason": "slow", "job_ids": [job], "expires_ms": NOW_MS + HOUR_MS}  # fmt: skip
 
 
