@@ -45,6 +45,18 @@ RETRY_S = 2.0
 EXPIRY_CHECK_S = 30.0
 
 
+def offset_reset(store: StateStore) -> str:
+    """``auto.offset.reset`` for the controller's consumer group: where it starts when the group
+    has no committed offsets (a new group, or offsets Kafka expired).
+
+    Without a state file, "latest": nothing was decided yet, and the topic's backlog (30 days)
+    would be decided against today's cluster. With one, "earliest": the backlog since the last
+    commit is decided, and the decided ids and the freshness bounds keep it from acting twice or
+    on old evidence.
+    """
+    return "earliest" if store.path.exists() else "latest"
+
+
 @dataclass
 class DrainStats:
     """What the controller did (peerwatch's own telemetry reads it): recommendations by outcome,

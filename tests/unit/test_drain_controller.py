@@ -12,7 +12,12 @@ from fakes import FakeClock
 
 from peerwatch.errors import SlurmCommandError
 from peerwatch.exporters.drain.config import DrainSettings
-from peerwatch.exporters.drain.controller import AuditPublisher, DrainController, Topics
+from peerwatch.exporters.drain.controller import (
+    AuditPublisher,
+    DrainController,
+    Topics,
+    offset_reset,
+)
 from peerwatch.exporters.drain.decide import NodeFacts
 from peerwatch.exporters.drain.operations import describe, reset_breaker, resume_node
 from peerwatch.exporters.drain.slurm_ops import drain_argv, resume_argv
@@ -340,3 +345,26 @@ def test_stats_count_outcomes_dead_letters_and_the_ledger(tmp_path: Path) -> Non
     assert (s.recommendations, s.drained, s.refused, s.duplicate) == (3, 1, 1, 1)
     assert s.deadletter == 1 and s.drained_nodes == 1 and s.breaker_open is False
     assert s.outbox_depth == 0 and s.decision_time_s > 0
+
+
+def test_a_controller_without_state_starts_its_group_at_the_latest_offsets(tmp_path: Path) -> None:
+    # A new group (or expired offsets) with a fresh state file would re-decide the topic's
+    # 30 days of recommendations against today's cluster: start at the end instead.
+    store = StateStore(tmp_path / "state.json")
+    assert offset_reset(store) == "latest"
+    with store.transaction():
+        pass
+    assert offset_reset(store) == "earliest"  # decided ids and freshness bounds guard the backlog
+
+
+def test_refusals_for_old_evidence_are_audited_with_their_reason(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    old_ms = NOW_MS - 6 * 3600_000
+    rig.run([rec_msg("expired", 0, ts_ms=old_ms, expires_ms=NOW_MS - 5 * 3600_000),
+             rec_msg("stale", 1, node="n2", ts_ms=NOW_MS - 301_000, job_ids=["7"]),
+             rec_msg("ahead", 2, node="n3", ts_ms=NOW_MS + 3600_000, job_ids=["8"])])  # fmt: skip
+    assert rig.slurm.drains == []
+    got = {a["recommendation_id"]: a for a in rig.producer.actions()}
+    assert [(got[i]["decision"], got[i]["refusal"]) for i in ("expired", "stale", "ahead")] == [
+        ("REFUSED", "expired"), ("REFUSED", "stale"), ("REFUSED", "invalid_input")]  # fmt: skip
+    assert "expired at" in got["expired"]["detail"] and "301 s old" in got["stale"]["detail"]
