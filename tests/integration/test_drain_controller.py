@@ -282,6 +282,21 @@ def _cli(env: Env, *args: str, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, cwd=REPO, env=environ, text=True, **popen)
 
 
+def _cli_until(env: Env, log_path: Path, want: Callable[[list[dict[str, Any]]], bool],
+               *args: str) -> list[dict[str, Any]]:  # fmt: skip
+    """Run ``drain-controller run ARGS`` until the audit satisfies ``want``, then stop it with
+    SIGTERM (it must exit 0); returns the audit read."""
+    with log_path.open("a") as log:
+        proc = _cli(env, "run", *args, stderr=log)
+        try:
+            actions = env.actions(want)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+    assert proc.returncode == 0, log_path.read_text()[-2000:]
+    return actions
+
+
 def test_killed_mid_stream_and_restarted_does_not_act_twice(env: Env, tmp_path: Path) -> None:
     ids = [f"k{i}" for i in range(8)]
     # A controller that has state: its new group starts at the earliest offsets (without state
@@ -295,6 +310,7 @@ def test_killed_mid_stream_and_restarted_does_not_act_twice(env: Env, tmp_path: 
     finally:
         proc.send_signal(signal.SIGKILL)  # no chance to commit or clean up
         proc.wait(30)
+        log.close()
     assert first[0]["decision"] == "DRAINED"
     # The operator (through peerwatch) resumes the node: a replay that acted again would re-drain it.
     resumed = _cli(env, "resume", env.cluster.node, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -303,16 +319,9 @@ def test_killed_mid_stream_and_restarted_does_not_act_twice(env: Env, tmp_path: 
     assert out.startswith("RESUMED")
     env.cluster.wait_for_node_state(USABLE)
     env.send(rec(env, ids[0]))  # and one more duplicate of the drained recommendation
-    proc = _cli(env, "run", "--enforce", stderr=log)
-    try:
-        decided = lambda a: {x["recommendation_id"] for x in a} >= {env.prefix + i for i in ids} and sum(  # noqa: E731
-            1 for x in a if x["recommendation_id"] == env.prefix + ids[0]) >= 2  # fmt: skip
-        actions = env.actions(decided)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        log.close()
-    assert proc.returncode == 0, (tmp_path / "controller.log").read_text()[-2000:]
+    decided = lambda a: {x["recommendation_id"] for x in a} >= {env.prefix + i for i in ids} and sum(  # noqa: E731
+        1 for x in a if x["recommendation_id"] == env.prefix + ids[0]) >= 2  # fmt: skip
+    actions = _cli_until(env, tmp_path / "controller.log", decided, "--enforce")
     # One real decision per recommendation across both runs; every replay is a DUPLICATE. In
     # particular k0, replayed after the resume, did not drain the node again. (A recommendation
     # the killed run never reached is decided, once, by the restarted one: that one may drain.)
@@ -390,23 +399,16 @@ def test_without_state_the_group_starts_at_the_latest_offsets(env: Env, tmp_path
     """A fresh state file and a new group: the topic's backlog is not decided at all."""
     assert not env.state_file.exists()
     env.send(rec(env, "backlog"))
-    log = (tmp_path / "controller.log").open("w")
-    proc = _cli(env, "run", stderr=log)  # shadow mode: Slurm is not changed
-    try:
-        sent: list[str] = []
+    sent: list[str] = []
 
-        def decided(actions: list[dict[str, Any]]) -> bool:
-            # Keep publishing until the controller, assigned by now, decides one of them.
-            if not actions:
-                sent.append(f"new{len(sent)}")
-                env.send(rec(env, sent[-1]))
-            return bool(actions)
+    def decided(actions: list[dict[str, Any]]) -> bool:
+        # Keep publishing until the controller, assigned by now, decides one of them.
+        if not actions:
+            sent.append(f"new{len(sent)}")
+            env.send(rec(env, sent[-1]))
+        return bool(actions)
 
-        actions = env.actions(decided)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        log.close()
-    assert proc.returncode == 0, (tmp_path / "controller.log").read_text()[-2000:]
+    # shadow mode: Slurm is not changed
+    actions = _cli_until(env, tmp_path / "controller.log", decided)
     assert actions[0]["recommendation_id"] in {env.prefix + s for s in sent}
     assert env.prefix + "backlog" not in {a["recommendation_id"] for a in actions}
