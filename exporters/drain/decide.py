@@ -357,9 +357,7 @@ def decide(
                 Refusal.BREAKER_OPEN, f"shadow: the circuit breaker would open: {why}", **common
             )
     cluster_n = cluster.cluster_size
-    cap = min(
-        settings.max_drained_nodes, math.floor(cluster_n * settings.max_drained_pct / 100 + 1e-9)
-    )
+    cap = int(min(settings.max_drained_nodes, _allowed(cluster_n, settings.max_drained_pct, 0)))
     holding = set(ledger.drained) | (cluster.ours() if enforce else set())
     if len(holding) + 1 > cap:
         return refuse(
