@@ -159,9 +159,15 @@ def conform(tp: Any, value: Any, where: str) -> Any:
     if inner is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(where, f"must be a number, got {value!r}")
-        if not math.isfinite(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond every float
+            raise ConfigError(
+                where, f"must be finite, got an integer of {value.bit_length()} bits"
+            ) from None
+        if not math.isfinite(number):
             raise ConfigError(where, f"must be finite, got {value!r}")
-        return float(value)
+        return number
     if inner is str:
         if not isinstance(value, str):
             raise ConfigError(where, f"must be a string, got {type(value).__name__}")

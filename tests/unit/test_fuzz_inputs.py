@@ -30,7 +30,7 @@ def fz() -> Iterator[Any]:
 def test_every_target_holds_on_seeded_inputs(fz: Any) -> None:
     result = fz.run(None, seed=12, targets=sorted(fz.TARGETS), inputs=60)
     assert result.failures == []
-    assert result.inputs == {"archive": 60, "kafka": 60, "slurm": 60, "spool": 60}
+    assert result.inputs == {"archive": 60, "config": 60, "kafka": 60, "slurm": 60, "spool": 60}
 
 
 def test_a_reader_that_drops_the_rest_of_a_file_is_caught(

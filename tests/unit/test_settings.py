@@ -301,6 +301,7 @@ def test_nul_in_the_config_path_or_a_path_setting_names_it(
         ("policy.drain_expiry_s", 366 * 86400),
         ("policy.alert_expiry_s", 10**30),
         ("stream.lateness_s", 1e300),
+        ("stream.lateness_s", 10**4000),  # no float holds it: OverflowError before
         ("drain.job_window_s", 10**20),
         ("alertmanager.timeout_s", 1e9),
         ("detector.hard_xids", [79, 10**30]),
@@ -313,14 +314,15 @@ def test_numbers_have_upper_bounds_and_the_error_names_the_field(
 ) -> None:  # fmt: skip
     with pytest.raises(ConfigError) as exc:
         with_overrides(Settings(), {setting: value})
-    assert exc.value.field == setting and "must be between" in str(exc.value)
+    assert exc.value.field == setting
+    assert "must be between" in str(exc.value) or "must be finite" in str(exc.value)
     for var in [v for v in os.environ if v.startswith("PEERWATCH_")]:
         monkeypatch.delenv(var)
     if isinstance(value, int | float) and not isinstance(value, bool):
         table, name = setting.split(".")
         cfg = tmp_path / "pw.toml"
         cfg.write_text(f"[{table}]\n{name} = {value!r}\n")
-        _fails_naming(capsys, ["--config", str(cfg)], f"{setting}: must be between")
+        _fails_naming(capsys, ["--config", str(cfg)], f"{setting}: must be")
 
 
 def _numbers() -> list[tuple[str, str, object]]:
