@@ -162,9 +162,8 @@ def conform(tp: Any, value: Any, where: str) -> Any:
         try:
             number = float(value)
         except OverflowError:  # an integer beyond every float
-            raise ConfigError(
-                where, f"must be finite, got an integer of {value.bit_length()} bits"
-            ) from None
+            bits = int(value).bit_length()
+            raise ConfigError(where, f"must be finite, got an integer of {bits} bits") from None
         if not math.isfinite(number):
             raise ConfigError(where, f"must be finite, got {value!r}")
         return number
