@@ -30,9 +30,8 @@ from peerwatch.exporters.drain.config import DrainSettings
 from peerwatch.settings_base import (
     Secret,
     check_one_of,
-    check_positive,
-    check_range,
     check_types,
+    conform,
     from_mapping,
     hints,
     parse_text,
@@ -53,8 +52,7 @@ __all__ = [
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
 OTLP_PROTOCOLS = ("grpc", "http")
-#: Longest deadline of one POST to Alertmanager (s): it blocks the exporter's consume loop.
-MAX_ALERTMANAGER_TIMEOUT_S = 60.0
+DAY_S = 86400
 
 
 @dataclass(frozen=True)
@@ -114,13 +112,19 @@ class ExportSettings:
 
     endpoint: str = setting("http://127.0.0.1:4317", "collector URL (http:// or https://)")
     protocol: str = setting("grpc", "OTLP transport: grpc or http")
-    interval_s: float = setting(10.0, "metric export interval (s)")
-    timeout_s: float = setting(10.0, "timeout of one export (s)")
-    max_series: int = setting(100_000, "most metric series held; the oldest are dropped beyond")
-    stale_after_s: float = setting(900.0, "a series not updated this long is dropped (s)")
-    max_queued_events: int = setting(2048, "most log events queued for export")
-    event_batch_size: int = setting(512, "log events per export batch")
-    event_delay_s: float = setting(1.0, "longest wait before a log batch is exported (s)")
+    interval_s: float = setting(10.0, "metric export interval (s)", lo=0.001, hi=3600)
+    timeout_s: float = setting(10.0, "timeout of one export (s)", lo=0.01, hi=600)
+    max_series: int = setting(
+        100_000, "most metric series held; the oldest are dropped beyond", lo=1, hi=100000000
+    )
+    stale_after_s: float = setting(
+        900.0, "a series not updated this long is dropped (s)", lo=0.01, hi=30 * DAY_S
+    )
+    max_queued_events: int = setting(2048, "most log events queued for export", lo=1, hi=10000000)
+    event_batch_size: int = setting(512, "log events per export batch", lo=1, hi=10000000)
+    event_delay_s: float = setting(
+        1.0, "longest wait before a log batch is exported (s)", lo=0.001, hi=3600
+    )
 
     def __post_init__(self) -> None:
         t = "export"
@@ -128,8 +132,6 @@ class ExportSettings:
         check_one_of(self, t, "protocol", OTLP_PROTOCOLS)
         if not self.endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"{t}.endpoint", f"{self.endpoint!r} must start with http(s)://")
-        check_positive(self, t, "interval_s", "timeout_s", "stale_after_s", "event_delay_s")
-        check_positive(self, t, "max_series", "max_queued_events", "event_batch_size")
         if self.event_batch_size > self.max_queued_events:
             raise ConfigError(f"{t}.event_batch_size", "must not exceed max_queued_events")
 
@@ -142,35 +144,48 @@ class AlertmanagerSettings:
 
     url: str = setting("http://127.0.0.1:9093", "Alertmanager base URL (http:// or https://)")
     timeout_s: float = setting(
-        5.0, "deadline of one whole POST to Alertmanager, connect to last byte (s, at most 60)"
+        5.0,
+        "deadline of one whole POST to Alertmanager, connect to last byte (s; it blocks the "
+        "exporter's consume loop)",
+        lo=0.01,
+        hi=60,
     )
     resend_s: float = setting(
-        60.0, "active alerts are re-sent this often (Prometheus resend_delay)"
+        60.0, "active alerts are re-sent this often (Prometheus resend_delay)", lo=0.01, hi=DAY_S
     )
-    retry_max_s: float = setting(60.0, "longest wait between retries while Alertmanager fails (s)")
+    retry_max_s: float = setting(
+        60.0, "longest wait between retries while Alertmanager fails (s)", lo=0.01, hi=DAY_S
+    )
     resolved_retention_s: float = setting(
-        900.0, "resolved alerts are re-sent for this long after they end (s)"
+        900.0,
+        "resolved alerts are re-sent for this long after they end (s)",
+        lo=0.01,
+        hi=30 * DAY_S,
     )
     finding_ttl_s: float = setting(
-        3600.0, "a finding's alert ends this long after its last CONFIRMED heartbeat (s)"
+        3600.0,
+        "a finding's alert ends this long after its last CONFIRMED heartbeat (s)",
+        lo=0.01,
+        hi=30 * DAY_S,
     )
     lookback_s: float = setting(
-        7 * 86400.0, "on start, the topics are replayed from this far back to rebuild the alerts"
+        7 * 86400.0,
+        "on start, the topics are replayed from this far back to rebuild the alerts",
+        lo=0.01,
+        hi=365 * DAY_S,
     )
-    max_alerts: int = setting(10_000, "most alerts held; new ones beyond are counted and dropped")
-    port: int = setting(9093, "`peerwatch alertmanager start`: listen port on 127.0.0.1")
+    max_alerts: int = setting(
+        10_000, "most alerts held; new ones beyond are counted and dropped", lo=1, hi=10000000
+    )
+    port: int = setting(
+        9093, "`peerwatch alertmanager start`: listen port on 127.0.0.1", lo=1, hi=65535
+    )
 
     def __post_init__(self) -> None:
         t = "alertmanager"
         check_types(self, t)
         if not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"{t}.url", f"{self.url!r} must start with http(s)://")
-        check_positive(self, t, "timeout_s", "resend_s", "retry_max_s", "resolved_retention_s")
-        # A POST blocks the exporter's consume loop: it must not hold it for long.
-        check_range(self, t, 0.0, MAX_ALERTMANAGER_TIMEOUT_S, "timeout_s")
-        check_positive(self, t, "finding_ttl_s", "lookback_s", "max_alerts")
-        if not 0 < self.port < 65536:
-            raise ConfigError(f"{t}.port", f"must be a TCP port, got {self.port!r}")
 
 
 @dataclass(frozen=True)
@@ -181,8 +196,8 @@ class TelemetrySettings:
 
     endpoint: str = setting("", "collector URL for peerwatch's own metrics; empty: not exported")
     protocol: str = setting("grpc", "OTLP transport: grpc or http")
-    interval_s: float = setting(15.0, "export interval (s)")
-    timeout_s: float = setting(10.0, "timeout of one export (s)")
+    interval_s: float = setting(15.0, "export interval (s)", lo=0.001, hi=3600)
+    timeout_s: float = setting(10.0, "timeout of one export (s)", lo=0.01, hi=600)
 
     def __post_init__(self) -> None:
         t = "telemetry"
@@ -190,14 +205,13 @@ class TelemetrySettings:
         check_one_of(self, t, "protocol", OTLP_PROTOCOLS)
         if self.endpoint and not self.endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"{t}.endpoint", f"{self.endpoint!r} must start with http(s)://")
-        check_positive(self, t, "interval_s", "timeout_s")
 
 
 @dataclass(frozen=True)
 class AgentSettings:
     """``[agent]``: the per-node GPU agent (``peerwatch agent``)."""
 
-    interval_s: float = setting(1.0, "sampling interval (s)")
+    interval_s: float = setting(1.0, "sampling interval (s)", lo=0.001, hi=3600)
     allow_no_gpu: bool = setting(
         False, "without NVML, publish records with no GPUs instead of exiting 2"
     )
@@ -209,6 +223,8 @@ class AgentSettings:
         "read each GPU's energy counter at most this often (s; on the wall-clock grid; at most "
         "once a tick): the costliest NVML read of a tick (3.2 ms of CPU per GPU on an H200); "
         "between reads energy_mj is null and the next delta spans the interval",
+        lo=0.001,
+        hi=3600,
     )
     nic: bool = setting(
         True, "also publish the node's NIC ports (NodeNicSample on peerwatch.nic.samples) each tick"
@@ -222,11 +238,8 @@ class AgentSettings:
     )
 
     def __post_init__(self) -> None:
+        # interval_s >= 1 ms (its range): the agent's tick is whole milliseconds.
         check_types(self, "agent")
-        for name in ("interval_s", "energy_interval_s"):
-            value = getattr(self, name)
-            if round(value * 1000) <= 0:
-                raise ConfigError(f"agent.{name}", f"must be > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -255,8 +268,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         for name in ROOT_KEYS:
-            if not isinstance(getattr(self, name), str):
-                raise ConfigError(name, "must be a string")
+            conform(str, getattr(self, name), name)
 
 
 #: Table name -> its class, in the order of the printed tree.
@@ -275,6 +287,8 @@ ROOT_KEYS = ("spool_dir", "cache_dir", "state_dir", "topic_prefix")
 CONFIG_FILE_ENV = "PEERWATCH_CONFIG"
 #: The flat drain-controller file of earlier releases; its keys are the ``[drain]`` table's.
 DRAIN_FILE_ENV = "PEERWATCH_DRAIN_CONFIG"
+#: Largest config file read: the full tree printed by `peerwatch config` is about 20 KB.
+MAX_CONFIG_BYTES = 1 << 20
 #: Documented short names kept working; the derived name wins when both are set.
 ENV_ALIASES: dict[str, str] = {
     "PEERWATCH_KAFKA_BOOTSTRAP": "kafka.bootstrap_servers",
@@ -302,12 +316,29 @@ def _type_of(table: str, name: str) -> Any:
 
 
 def _read_toml(path: str | os.PathLike[str], where: str) -> dict[str, Any]:
+    """The TOML document at ``path``. Raises ConfigError naming ``where`` for a file that cannot
+    be read or is over MAX_CONFIG_BYTES, not UTF-8, not TOML, nested too deep or holding an
+    integer of more digits than Python converts."""
+    shown = repr(str(path))  # a hostile path prints escaped
     try:
-        return tomllib.loads(Path(path).read_text())
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(where, f"cannot read {path}: {exc.strerror}") from exc
+        raise ConfigError(where, f"cannot read {shown}: {exc.strerror}") from exc
+    except ValueError as exc:  # a NUL in the path
+        raise ConfigError(where, f"cannot read {shown}: {exc}") from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(where, f"{shown} is over {MAX_CONFIG_BYTES} bytes")
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(where, f"{shown} is not UTF-8 text: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(where, f"{path} is not valid TOML: {exc}") from exc
+        raise ConfigError(where, f"{shown} is not valid TOML: {exc}") from exc
+    except ValueError as exc:  # an integer over sys.get_int_max_str_digits() digits
+        raise ConfigError(where, f"{shown}: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError(where, f"{shown} nests arrays or tables too deep") from exc
 
 
 def from_tree(doc: Mapping[str, Any], base: Settings | None = None) -> Settings:
@@ -321,9 +352,7 @@ def from_tree(doc: Mapping[str, Any], base: Settings | None = None) -> Settings:
                 raise ConfigError(key, "must be a table")
             changes[key] = from_mapping(TABLES[key], key, value, getattr(base, key))
         elif key in ROOT_KEYS:
-            if not isinstance(value, str):
-                raise ConfigError(key, f"must be a string, got {type(value).__name__}")
-            changes[key] = value
+            changes[key] = conform(str, value, key)
         else:
             raise ConfigError(key, f"unknown setting (tables: {', '.join(TABLES)})")
     return replace(base, **changes)

@@ -37,6 +37,9 @@ hangs, and that what it keeps is right:
 * alertmanager: the Alertmanager sender against a hostile HTTP peer on 127.0.0.1 (random
   bytes, damaged answers, headers up to 300 KiB, short or lying bodies, endless bodies, one
   byte at a time, silence): the tick returns, a failure keeps the alert for the retry.
+* config: the printed settings tree with hostile values on random settings (out of range,
+  NaN, 4,301-digit integers, NULs, 3,000-deep nesting) or damaged bytes, and hostile
+  environment values: loaded within every declared range, or a ConfigError naming the setting.
 
     PYTHONPATH=. .venv/bin/python scripts/fuzz_inputs.py --seconds 60 [--seed 7] [--target T]
 
@@ -1092,6 +1095,58 @@ def fuzz_alertmanager(rng: Random, tmp: Path) -> None:
         raise Failure("a failed alert was not kept for the retry")
 
 
+# -- config ----------------------------------------------------------------------------------
+HOSTILE_CONFIG_VALUES = [
+    "0", "-1", "1e308", "-1e308", "inf", "nan", "9223372036854775807", "18446744073709551616",
+    "9" * 4301, "1" * 4000, "0.0000000001", "true", '""', '"a\\u0000b"', '"' + "x" * 5000 + '"',
+    "[" * 3000 + "]" * 3000, "{a=" * 3000 + "1" + "}" * 3000, "[1, 2, 99999999999]",
+    "{ gpu = -1 }", "{ gpu = 1e300 }", '"\\u202eevil"',
+]  # fmt: skip
+
+
+def fuzz_config(rng: Random, tmp: Path) -> None:
+    """The config file and environment: the printed tree (``peerwatch config``) with hostile
+    values put on random settings, or its bytes damaged (not UTF-8, NULs, cut); and hostile
+    environment values. Loading gives settings whose every number lies within its declared
+    range, or a ConfigError naming the setting (or the file); nothing else escapes."""
+    from dataclasses import fields as dc_fields
+
+    from peerwatch.errors import ConfigError
+    from peerwatch.settings import TABLES, Settings, catalogue, env_name, load_settings
+    from peerwatch.settings_base import range_of
+    from peerwatch.settings_doc import to_toml
+
+    lines = to_toml(Settings()).splitlines()
+    settable = [i for i, line in enumerate(lines) if " = " in line and not line.startswith("#")]
+    for _ in range(rng.randint(1, 4)):
+        i = rng.choice(settable)
+        lines[i] = lines[i].split(" = ", 1)[0] + " = " + rng.choice(HOSTILE_CONFIG_VALUES)
+    data = ("\n".join(lines) + "\n").encode()
+    if rng.random() < 0.3:
+        data = mutate_bytes(data, rng)
+    cfg = tmp / "pw.toml"
+    cfg.write_bytes(bytes(data))
+    env: dict[str, str] = {}
+    if rng.random() < 0.5:
+        table, name, _ = rng.choice(list(catalogue()))
+        env[env_name(table, name)] = rng.choice(HOSTILE_CONFIG_VALUES).strip('"')
+    try:
+        tree = _timed("config", lambda: load_settings(cfg, env=env))
+    except ConfigError as exc:
+        if not exc.field:
+            raise Failure(f"config error naming no setting: {exc}") from exc
+        return
+    for table, cls in TABLES.items():
+        for f in dc_fields(cls):
+            bounds, value = range_of(f), getattr(getattr(tree, table), f.name)
+            if (
+                bounds is not None
+                and isinstance(value, int | float)
+                and not bounds[0] <= value <= bounds[1]
+            ):
+                raise Failure(f"{table}.{f.name} = {value!r} loaded outside {bounds}")
+
+
 KAFKA_CONSUMERS: dict[str, Callable[[Random, Path], None]] = {
     "hot": _kafka_hot,
     "jobs": _kafka_jobs,
@@ -1410,6 +1465,7 @@ TARGETS: dict[str, Callable[[Random, Path], None]] = {
     "topic-folders": fuzz_topic_folders,
     "sysfs": fuzz_sysfs,
     "alertmanager": fuzz_alertmanager,
+    "config": fuzz_config,
 }
 #: Targets that open sockets on 127.0.0.1 (run by the integration tier, not the unit tier).
 NETWORK_TARGETS = frozenset({"alertmanager"})

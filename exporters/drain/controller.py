@@ -45,6 +45,18 @@ RETRY_S = 2.0
 EXPIRY_CHECK_S = 30.0
 
 
+def offset_reset(store: StateStore) -> str:
+    """``auto.offset.reset`` for the controller's consumer group: where it starts when the group
+    has no committed offsets (a new group, or offsets Kafka expired).
+
+    Without a state file, "latest": nothing was decided yet, and the topic's backlog (30 days)
+    would be decided against today's cluster. With one, "earliest": the backlog since the last
+    commit is decided, and the decided ids and the freshness bounds keep it from acting twice or
+    on old evidence.
+    """
+    return "earliest" if store.path.exists() else "latest"
+
+
 @dataclass
 class DrainStats:
     """What the controller did (peerwatch's own telemetry reads it): recommendations by outcome,
@@ -216,7 +228,7 @@ class DrainController:
                 self.stats.deadletter += 1
                 self.stats.observe(state, self._settings.enforce)
                 return
-            cluster = ClusterView.of(self._slurm.nodes(), self._settings.partition_sizes)
+            cluster = self._cluster()
             self._reconcile(state, cluster, now_ms)
             decision = decide(rec, state, cluster, self._settings, now_ms)
             decision = self._carry_out(decision)
@@ -227,6 +239,11 @@ class DrainController:
         self.stats.outcome(str(decision.outcome))
         self.stats.decision_time_s += time.monotonic() - started_s
         log.info("%s %s %s", decision.outcome, decision.node, decision.detail)
+
+    def _cluster(self) -> ClusterView:
+        """Slurm's nodes now, with the size overrides of the settings. Raises SlurmCommandError."""
+        s = self._settings
+        return ClusterView.of(self._slurm.nodes(), s.partition_sizes, s.cluster_size)
 
     def _carry_out(self, decision: Decision) -> Decision:
         if not (decision.enforce and decision.outcome == Outcome.DRAINED):
@@ -308,7 +325,7 @@ class DrainController:
             due = expired_drains(state, now_ms)
             if not due:
                 return 0
-            cluster = ClusterView.of(self._slurm.nodes(), self._settings.partition_sizes)
+            cluster = self._cluster()
             self._reconcile(state, cluster, now_ms)
             for entry in due:
                 facts = cluster.nodes.get(entry.node)

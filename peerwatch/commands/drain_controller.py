@@ -15,7 +15,12 @@ from peerwatch.clock import SYSTEM_CLOCK
 from peerwatch.commands import settings_of
 from peerwatch.errors import ServiceError
 from peerwatch.exporters.drain.config import DrainSettings
-from peerwatch.exporters.drain.controller import AuditPublisher, DrainController, Topics
+from peerwatch.exporters.drain.controller import (
+    AuditPublisher,
+    DrainController,
+    Topics,
+    offset_reset,
+)
 from peerwatch.exporters.drain.operations import describe, reset_breaker, resume_node
 from peerwatch.exporters.drain.slurm_ops import ScontrolSlurm
 from peerwatch.exporters.drain.state import StateStore
@@ -93,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
-    consumer = Consumer(consumer_config(settings.kafka, drain.group_id))
+    reset = offset_reset(store)  # before the controller's first save creates the file
+    consumer = Consumer(
+        consumer_config(settings.kafka, drain.group_id, **{"auto.offset.reset": reset})
+    )
     controller = DrainController(consumer, _publisher(settings, drain), slurm, store, drain,
                                  _topics(settings))  # fmt: skip
     from peerwatch.exporters.self_telemetry import start_self_telemetry

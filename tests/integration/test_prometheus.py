@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from peerwatch.exporters.consume import kafka_export_loop
+from peerwatch.exporters.drain.state import ControllerState, StateStore
 from peerwatch.exporters.otlp import series_per_gpu_window
 from peerwatch.exporters.otlp_sdk import otlp_sink
 from peerwatch.producers.sim.fleet import Fleet
@@ -180,6 +181,9 @@ def fleet_run(
     archive_log, drain_log = tmp / "archive.log", tmp / "drain.log"
     archiver = _cli(["archive", "--dir", str(tmp / "archive"), "--group-id", f"{prefix}archive"],
                     env, archive_log)  # fmt: skip
+    # With a state file its new group starts at the earliest offsets (without, at the latest:
+    # recommendations made before its partitions were assigned would never be decided).
+    StateStore(tmp / "drain-state.json").save(ControllerState())
     drain = _cli(["drain-controller", "run", "--state-file", str(tmp / "drain-state.json"),
                   "--slurm-bin", str(slurm_cluster.bin_dir)],
                  {**env, "PEERWATCH_DRAIN_GROUP_ID": f"{prefix}drain"}, drain_log)  # fmt: skip

@@ -30,7 +30,7 @@ def fz() -> Iterator[Any]:
 def test_every_target_holds_on_seeded_inputs(fz: Any) -> None:
     result = fz.run(None, seed=12, targets=sorted(set(fz.TARGETS) - fz.NETWORK_TARGETS), inputs=60)
     assert result.failures == []
-    assert result.inputs == {"archive": 60, "kafka": 60, "slurm": 60, "spool": 60,
+    assert result.inputs == {"archive": 60, "config": 60, "kafka": 60, "slurm": 60, "spool": 60,
                              "spool-segments": 60, "step-times": 60, "sysfs": 60,
                              "topic-folders": 60}  # fmt: skip
 
