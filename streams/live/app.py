@@ -198,7 +198,7 @@ def build_app(settings: Settings) -> faust.App:
         (Defined here: importing mode's services at module level runs a subprocess.)"""
 
         async def on_started(self) -> None:
-            from peerwatch.exporters.self_telemetry import start_self_telemetry
+            from peerwatch.exporters.telemetry_start import start_self_telemetry
 
             nonlocal hot
             if cfg.hot_process:
