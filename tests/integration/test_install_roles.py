@@ -81,6 +81,20 @@ def test_agent_extra_installs_only_what_a_node_needs(agent_venv: Path) -> None:
     assert probe.returncode != 0 and "No module named 'numba'" in probe.stderr
 
 
+def test_the_wheel_carries_the_released_schemas(agent_venv: Path) -> None:
+    # Every decoder reads them (writer schemas of earlier releases): a wheel without them
+    # cannot decode anything.
+    code = ("from peerwatch.schemas import registry; "
+            "print(sorted(registry.writer_schemas('JobEvent')))")  # fmt: skip
+    done = _run([str(agent_venv / "bin" / "python"), "-c", code])
+    assert done.returncode == 0, done.stderr[-2000:]
+    released = sorted((ROOT / "schemas" / "released").glob("*.avsc"))
+    shipped = _run([str(agent_venv / "bin" / "python"), "-c",
+                    "import importlib.resources as r; "
+                    "print(sorted(p.name for p in r.files('peerwatch.schemas').joinpath('released').iterdir()))"])  # fmt: skip
+    assert shipped.stdout.strip() == str(sorted(p.name for p in released))
+
+
 @pytest.mark.parametrize("command", ["agent", "health", "slurm"])
 def test_node_commands_run_from_the_agent_install(agent_venv: Path, command: str) -> None:
     done = _run([str(agent_venv / "bin" / "peerwatch"), command, "--help"], cwd=agent_venv)
