@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         retention_days=args.retention_days,
     ).validate()
     topics = archived_topics(settings.topic_prefix)
-    ensure_topics(settings.kafka, catalogue(settings.topic_prefix))
+    ensure_topics(settings.kafka, catalogue(settings.topic_prefix, settings.stream.node_partitions))
     writer = ArchiveWriter(Path(args.dir), topics, archive)
     start = writer.recover()
     log.info("archive: %s, resuming %d partitions from the archive state", args.dir, len(start))

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from peerwatch.errors import ConfigError
+from peerwatch.topics import NODE_PARTITIONS
 from peerwatch.settings_base import (
     check_at_least,
     check_one_of,
@@ -48,6 +49,12 @@ class StreamSettings:
     )
     job_grace_s: float = setting(
         30.0, "how long past a window's end a job waits for nodes still missing (s)"
+    )
+    node_partitions: int = setting(
+        NODE_PARTITIONS,
+        "partitions of the samples topic and of the topics co-partitioned with it (node events, "
+        "health results, job windows): the most workers the hot path can use; fixed when the "
+        "topics are created (docs/sizing.md: how many, and how to grow it)",
     )
     batch_max: int = setting(2000, "most samples the hot stage aggregates in one batch")
     batch_within_s: float = setting(0.2, "longest wait to fill a hot-stage batch (s)")
@@ -89,6 +96,7 @@ class StreamSettings:
         check_at_least(self, t, 0, "lateness_s", "job_grace_s", "allocation_retention_s")
         check_at_least(self, t, 0, "silent_group_s")
         check_at_least(self, t, 2, "silent_fleet_min_nodes")
+        check_at_least(self, t, 1, "node_partitions")
         check_positive(self, t, "silent_after_s", "silent_check_s", "clock_skew_warn_s")
         if self.silent_group_s >= self.silent_after_s:
             raise ConfigError(f"{t}.silent_group_s", "must be below silent_after_s")

@@ -82,7 +82,7 @@ def internal_topics(settings: Settings) -> list[TopicSpec]:
     that faust never auto-creates them with other counts and every agent finds them at start."""
     cfg = settings.stream
     app_id = settings.topic_prefix + cfg.app_id
-    by_schema = {t.value_schema: t for t in catalogue(settings.topic_prefix)}
+    by_schema = {t.value_schema: t for t in catalogue(settings.topic_prefix, cfg.node_partitions)}
     nodes, jobs = by_schema["NodeGpuSample"].partitions, by_schema["JobEvent"].partitions
     day_ms = 24 * 3600 * 1000
     return [
@@ -98,7 +98,7 @@ def build_app(settings: Settings) -> faust.App:
     settings are the tree's ``[stream]``, ``[detector]`` and ``[policy]`` tables."""
     cfg = settings.stream
     prefix = settings.topic_prefix
-    topics = {t.value_schema or "deadletter": t for t in catalogue(prefix)}
+    topics = {t.value_schema or "deadletter": t for t in catalogue(prefix, cfg.node_partitions)}
     app_id = prefix + cfg.app_id
     datadir = expand(settings.state_dir) / "faust" / app_id
     datadir.mkdir(parents=True, exist_ok=True)
