@@ -16,7 +16,6 @@ from functools import cached_property
 from typing import Any
 
 from peerwatch.errors import ConfigError
-from peerwatch.topics import NODE_PARTITIONS
 from peerwatch.settings_base import (
     check_at_least,
     check_one_of,
@@ -27,6 +26,7 @@ from peerwatch.settings_base import (
     setting,
     to_plain,
 )
+from peerwatch.topics import NODE_PARTITIONS
 
 PERSISTENCE_MODES = ("k_of_n", "cusum")
 FEATURES = ("clk", "thr", "sm", "step")

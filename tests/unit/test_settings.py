@@ -271,7 +271,9 @@ def test_only_secrets_are_read_from_credentials(tmp_path: Path) -> None:
 
 def test_an_unreadable_credential_names_the_setting(tmp_path: Path) -> None:
     (tmp_path / "peerwatch_kafka.sasl_password").mkdir()  # a folder: reading it fails
-    with pytest.raises(ConfigError, match=r"kafka\.sasl_password: cannot read the credential .*peerwatch_kafka"):
+    with pytest.raises(
+        ConfigError, match=r"kafka\.sasl_password: cannot read the credential .*peerwatch_kafka"
+    ):
         load_settings(env={**SASL_ENV, "CREDENTIALS_DIRECTORY": str(tmp_path)})
 
 
