@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from peerwatch import __version__
 from peerwatch.errors import PeerwatchError
+from peerwatch.extras import missing_extra
 
 #: Subcommand -> module in peerwatch.commands providing ``register(subparsers)``.
 COMMANDS: dict[str, str] = {
@@ -65,6 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except PeerwatchError as exc:
         print(f"peerwatch {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # A command of a role whose extra is not installed (pip install 'peerwatch[agent]' on
+        # a node, then `peerwatch stream`): name the extra instead of a traceback.
+        missing = missing_extra(exc)
+        if missing is None:
+            raise
+        print(f"peerwatch {args.command}: {missing}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -373,6 +373,42 @@ def _env_values(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: systemd's LoadCredential= directory (``$CREDENTIALS_DIRECTORY``, set for the service only).
+CREDENTIALS_ENV = "CREDENTIALS_DIRECTORY"
+#: The credential id of the units' ``LoadCredential=peerwatch:<folder>``, plus systemd's "_".
+CREDENTIAL_PREFIX = "peerwatch_"
+
+
+def _credential_values(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Secret settings from systemd credentials: the file
+    ``$CREDENTIALS_DIRECTORY/peerwatch_<table>.<field>`` (the units'
+    ``LoadCredential=peerwatch:/etc/peerwatch/credentials`` loads each file of that folder, e.g.
+    ``kafka.sasl_password``, under the ``peerwatch_`` prefix), its content without the trailing
+    newline (an empty one counts as unset). The secret never enters the environment, where
+    ``/proc/<pid>/environ`` and child processes would see it. Raises ConfigError naming the
+    setting for a credential that cannot be read."""
+    folder = env.get(CREDENTIALS_ENV)
+    out: dict[str, dict[str, Any]] = {}
+    if not folder:
+        return out
+    for table, name, _ in catalogue():
+        inner = _type_of(table, name)
+        if Secret not in (inner, *getattr(inner, "__args__", ())):
+            continue
+        where = f"{table}.{name}" if table else name
+        path = Path(folder) / (CREDENTIAL_PREFIX + where)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(where, f"cannot read the credential {path}: {exc}") from exc
+        value = text.rstrip("\r\n")
+        if value:  # an empty file counts as unset, as an empty variable does
+            out.setdefault(table, {})[name] = Secret(value)
+    return out
+
+
 def load_settings(
     config_file: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -381,7 +417,8 @@ def load_settings(
 ) -> Settings:
     """The process settings: defaults < TOML config file (``config_file`` or
     ``$PEERWATCH_CONFIG``; a flat drain file, ``drain_file`` or ``$PEERWATCH_DRAIN_CONFIG``, is
-    read as its ``[drain]`` table) < environment. Raises :class:`ConfigError` naming the field."""
+    read as its ``[drain]`` table) < systemd credentials (secrets only, see
+    :func:`_credential_values`) < environment. Raises :class:`ConfigError` naming the field."""
     env = os.environ if env is None else env
     doc: dict[str, Any] = {}
     path = config_file or env.get(CONFIG_FILE_ENV)
@@ -393,7 +430,8 @@ def load_settings(
         if not isinstance(drain, Mapping):
             raise ConfigError("drain", "must be a table")
         doc["drain"] = {**drain, **_read_toml(drain_path, DRAIN_FILE_ENV)}
-    for table, values in _env_values(env).items():
+    # Credentials first, so that an environment variable set on purpose still wins.
+    for table, values in [*_credential_values(env).items(), *_env_values(env).items()]:
         if table:
             section = doc.get(table, {})
             if not isinstance(section, Mapping):

@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         channel=channel,
     )
     log.info("agent: run %s, every %d ms to %s", run_id, interval_ms, agent.topic)
-    from peerwatch.exporters.self_telemetry import start_self_telemetry
+    from peerwatch.exporters.telemetry_start import start_self_telemetry
 
     telemetry = start_self_telemetry(
         settings.telemetry, "agent", functools.partial(agent_snapshot, agent, delivery)

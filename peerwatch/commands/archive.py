@@ -39,6 +39,11 @@ def run(args: argparse.Namespace) -> int:
     from peerwatch.topic_admin import ensure_topics
     from peerwatch.topics import catalogue
 
+    if args.codec == "zstandard":
+        # fastavro's zstandard codec needs it at the first block: fail before any work if the
+        # archive extra is not installed (the CLI names the extra).
+        import zstandard  # noqa: F401
+
     settings = settings_of(args)
     archive = ArchiveSettings(
         codec=args.codec,
@@ -49,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     ).validate()
     root = check_output_dir(args.dir, "--dir")  # before any Kafka work
     topics = archived_topics(settings.topic_prefix)
-    ensure_topics(settings.kafka, catalogue(settings.topic_prefix))
+    ensure_topics(settings.kafka, catalogue(settings.topic_prefix, settings.stream.node_partitions))
     writer = ArchiveWriter(root, topics, archive)
     start = writer.recover()
     log.info("archive: %s, resuming %d partitions from the archive state", args.dir, len(start))
@@ -68,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     import dataclasses
 
-    from peerwatch.exporters.self_telemetry import start_self_telemetry
+    from peerwatch.exporters.telemetry_start import start_self_telemetry
 
     loop = ArchiveLoop(source, writer, topics, deadletter=deadletter)
     telemetry = start_self_telemetry(

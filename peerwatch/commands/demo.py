@@ -149,7 +149,10 @@ def run(args: argparse.Namespace) -> int:
     settings = replace(
         settings, topic_prefix=prefix, stream=replace(settings.stream, app_id="demo-stream")
     )
-    ensure_topics(settings.kafka, [*catalogue(prefix), *internal_topics(settings)])
+    ensure_topics(
+        settings.kafka,
+        [*catalogue(prefix, settings.stream.node_partitions), *internal_topics(settings)],
+    )
     now_ms = int(time.time() * 1000)
     scenario = load_scenario(_scenario_path(args))
     interval_ms = int(args.interval_s * 1000)

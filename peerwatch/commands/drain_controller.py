@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     )
     controller = DrainController(consumer, _publisher(settings, drain), slurm, store, drain,
                                  _topics(settings))  # fmt: skip
-    from peerwatch.exporters.self_telemetry import start_self_telemetry
+    from peerwatch.exporters.telemetry_start import start_self_telemetry
 
     telemetry = start_self_telemetry(
         settings.telemetry, "drain-controller", lambda: dataclasses.asdict(controller.stats)

@@ -47,6 +47,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--dcgm-level", type=int, default=1, help="dcgmi diag level in the epilog (0: never run it)"
     )
+    p.add_argument(
+        "--dcgm-unavailable",
+        choices=["ok", "warning", "unknown", "critical"],
+        default="warning",
+        help="status when dcgmi is installed but cannot run (host engine down, timeout); "
+        "default warning: a monitor's missing tool must not drain the node",
+    )
     p.add_argument("--xid-state", type=Path, help="the agent's XID state file (JSON lines)")
     p.add_argument(
         "--warn-exit-code",
@@ -114,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         ib_expected_rate_gbps=args.ib_expected_rate_gbps,
         dcgm_level=max(args.dcgm_level, 1),
         dcgm_phases=frozenset({"EPILOG"}) if args.dcgm_level > 0 else frozenset(),
+        dcgm_unavailable_status=args.dcgm_unavailable.upper(),
     )
     result, _ = run_health(
         phase,

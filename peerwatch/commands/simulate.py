@@ -82,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
         from peerwatch.topic_admin import ensure_topics
         from peerwatch.topics import catalogue
 
-        ensure_topics(settings.kafka, catalogue(settings.topic_prefix))
+        ensure_topics(
+            settings.kafka, catalogue(settings.topic_prefix, settings.stream.node_partitions)
+        )
         delivery = Delivery(
             settings.kafka,
             DeliverySettings(spool_dir=expand(settings.spool_dir) / "simulate"),

@@ -58,7 +58,13 @@ def run(args: argparse.Namespace) -> int:
 
     gc_tuning.tune()
     settings = settings_of(args, overrides(args))
-    ensure_topics(settings.kafka, [*catalogue(settings.topic_prefix), *internal_topics(settings)])
+    ensure_topics(
+        settings.kafka,
+        [
+            *catalogue(settings.topic_prefix, settings.stream.node_partitions),
+            *internal_topics(settings),
+        ],
+    )
     # What this worker runs with, for replays of its time (peerwatch replay --settings-from live).
     publish_settings(settings, int(time.time() * 1000))
     app = build_app(settings)

@@ -18,7 +18,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_of(args)
-    specs = catalogue(settings.topic_prefix)
+    specs = catalogue(settings.topic_prefix, settings.stream.node_partitions)
     if args.action == "list":
         for t in specs:
             print(f"{t.name:34} key={t.key:12} value={t.value_schema or 'raw bytes':20} "

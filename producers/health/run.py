@@ -10,7 +10,10 @@ Choices (documented for operators):
   the GPU checks are skipped and that is OK.
 * ``dcgmi diag`` runs only in the phases listed in ``dcgm_phases`` (default: epilog only, because
   it takes the GPUs for minutes) and only when the binary is on PATH; absent binary is OK
-  ("skipped"), not UNKNOWN, so nodes without DCGM are not flagged.
+  ("skipped"), not UNKNOWN, so nodes without DCGM are not flagged. A ``dcgmi`` that is there but
+  cannot run (nv-hostengine down, timeout) is ``dcgm_unavailable_status``: WARNING by default, so
+  a monitor's own broken tool does not drain every node it runs on at each epilog; UNKNOWN or
+  CRITICAL for sites that want such nodes drained.
 * A check that raises unexpectedly becomes UNKNOWN for that check; the run itself never raises.
 """
 
@@ -35,7 +38,13 @@ from peerwatch.producers.health.checks import (
     check_remap,
     check_xids,
 )
-from peerwatch.producers.health.dcgm import Runner, Which, check_dcgm_diag, subprocess_runner
+from peerwatch.producers.health.dcgm import (
+    DEFAULT_UNAVAILABLE_STATUS,
+    Runner,
+    Which,
+    check_dcgm_diag,
+    subprocess_runner,
+)
 from peerwatch.producers.health.infiniband import (
     DEFAULT_SYSFS_ROOT,
     IbThresholds,
@@ -63,6 +72,7 @@ class HealthSettings:
     dcgm_level: int = 1
     dcgm_phases: frozenset[str] = frozenset({"EPILOG"})
     dcgm_timeout_s: float = 900.0
+    dcgm_unavailable_status: str = DEFAULT_UNAVAILABLE_STATUS
 
 
 @dataclass
@@ -182,7 +192,10 @@ def run_health(
             checks += _guard(
                 "dcgm_diag",
                 lambda: check_dcgm_diag(
-                    deps.runner, settings.dcgm_level, timeout_s=settings.dcgm_timeout_s
+                    deps.runner,
+                    settings.dcgm_level,
+                    timeout_s=settings.dcgm_timeout_s,
+                    unavailable_status=settings.dcgm_unavailable_status,
                 ),
             )
 

@@ -24,6 +24,7 @@ from peerwatch.settings_base import (
     setting,
     to_plain,
 )
+from peerwatch.topics import NODE_PARTITIONS
 
 DAY_S = 86400
 PERSISTENCE_MODES = ("k_of_n", "cusum")
@@ -53,6 +54,14 @@ class StreamSettings:
     )
     batch_within_s: float = setting(
         0.2, "longest wait to fill a hot-stage batch (s)", lo=0.001, hi=60
+    )
+    node_partitions: int = setting(
+        NODE_PARTITIONS,
+        "partitions of the samples topic and of the topics co-partitioned with it (node events, "
+        "health results, job windows): the most workers the hot path can use; fixed when the "
+        "topics are created (docs/sizing.md: how many, and how to grow it)",
+        lo=1,
+        hi=100_000,
     )
     hot_process: bool = setting(
         True,

@@ -84,7 +84,7 @@ def internal_topics(settings: Settings) -> list[TopicSpec]:
     policy agent crashing on ``PartitionsMismatch`` at every restart of it, 0 partitions)."""
     cfg = settings.stream
     app_id = settings.topic_prefix + cfg.app_id
-    by_schema = {t.value_schema: t for t in catalogue(settings.topic_prefix)}
+    by_schema = {t.value_schema: t for t in catalogue(settings.topic_prefix, cfg.node_partitions)}
     nodes, jobs = by_schema["NodeGpuSample"].partitions, by_schema["JobEvent"].partitions
     day_ms = 24 * 3600 * 1000
     return [
@@ -108,7 +108,7 @@ def build_app(settings: Settings) -> faust.App:
     settings are the tree's ``[stream]``, ``[detector]`` and ``[policy]`` tables."""
     cfg = settings.stream
     prefix = settings.topic_prefix
-    topics = {t.value_schema or "deadletter": t for t in catalogue(prefix)}
+    topics = {t.value_schema or "deadletter": t for t in catalogue(prefix, cfg.node_partitions)}
     app_id = prefix + cfg.app_id
     datadir = expand(settings.state_dir) / "faust" / app_id
     datadir.mkdir(parents=True, exist_ok=True)
@@ -203,7 +203,7 @@ def build_app(settings: Settings) -> faust.App:
         (Defined here: importing mode's services at module level runs a subprocess.)"""
 
         async def on_started(self) -> None:
-            from peerwatch.exporters.self_telemetry import start_self_telemetry
+            from peerwatch.exporters.telemetry_start import start_self_telemetry
 
             nonlocal hot
             if cfg.hot_process:

@@ -405,3 +405,47 @@ def test_state_retention_has_the_recommendations_retention_as_floor() -> None:
         assert exc.value.field == "drain.state_retention_s"
     ok = load_settings(env={"PEERWATCH_DRAIN_STATE_RETENTION_S": str(floor_s)})
     assert ok.drain.state_retention_s == floor_s == 30 * 86400
+
+
+SASL_ENV = {
+    "PEERWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+    "PEERWATCH_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+    "PEERWATCH_KAFKA_SASL_USERNAME": "agent",
+}
+
+
+def test_secrets_come_from_systemd_credentials(tmp_path: Path) -> None:
+    # LoadCredential=peerwatch:/etc/peerwatch/credentials puts its kafka.sasl_password here.
+    (tmp_path / "peerwatch_kafka.sasl_password").write_text("hunter2\n")
+    (tmp_path / "peerwatch_kafka.ssl_key_password").write_text("k3y")
+    s = load_settings(env={**SASL_ENV, "CREDENTIALS_DIRECTORY": str(tmp_path)})
+    assert s.kafka.sasl_password == Secret("hunter2")  # the file's newline is not the password's
+    assert s.kafka.ssl_key_password == Secret("k3y")
+    assert producer_config(s.kafka)["sasl.password"] == "hunter2"
+
+
+def test_an_environment_secret_beats_the_credential(tmp_path: Path) -> None:
+    (tmp_path / "peerwatch_kafka.sasl_password").write_text("from-file")
+    env = {**SASL_ENV, "CREDENTIALS_DIRECTORY": str(tmp_path),
+           "PEERWATCH_KAFKA_SASL_PASSWORD": "from-env"}  # fmt: skip
+    assert load_settings(env=env).kafka.sasl_password == Secret("from-env")
+
+
+def test_only_secrets_are_read_from_credentials(tmp_path: Path) -> None:
+    (tmp_path / "peerwatch_kafka.bootstrap_servers").write_text("elsewhere:9092")
+    s = load_settings(env={"CREDENTIALS_DIRECTORY": str(tmp_path)})
+    assert s.kafka.bootstrap_servers == "127.0.0.1:9092" and s.kafka.sasl_password is None
+
+
+def test_an_unreadable_credential_names_the_setting(tmp_path: Path) -> None:
+    (tmp_path / "peerwatch_kafka.sasl_password").mkdir()  # a folder: reading it fails
+    with pytest.raises(
+        ConfigError, match=r"kafka\.sasl_password: cannot read the credential .*peerwatch_kafka"
+    ):
+        load_settings(env={**SASL_ENV, "CREDENTIALS_DIRECTORY": str(tmp_path)})
+
+
+def test_an_empty_credential_counts_as_unset(tmp_path: Path) -> None:
+    # An empty file (a placeholder left by an installer) is not an empty password.
+    (tmp_path / "peerwatch_kafka.sasl_password").write_text("")
+    assert load_settings(env={"CREDENTIALS_DIRECTORY": str(tmp_path)}).kafka.sasl_password is None
