@@ -57,14 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(first if first in COMMANDS else None)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from peerwatch.display import setup_logging
+
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
         code: int = args.func(args)
     except PeerwatchError as exc:
-        print(f"peerwatch {args.command}: {exc}", file=sys.stderr)
+        from peerwatch.display import TEXT_MAX_CHARS, display_text
+
+        print(f"peerwatch {args.command}: {display_text(exc, TEXT_MAX_CHARS * 4)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
