@@ -75,13 +75,20 @@ def render(renderables: list[Any], *, width: int = 100, colour: bool = False) ->
     return buf.getvalue()
 
 
-def table(*headings: str, right: tuple[int, ...] = (), title: str | None = None) -> Table:
+def table(
+    *headings: str,
+    right: tuple[int, ...] = (),
+    keep: tuple[int, ...] = (0,),
+    title: str | None = None,
+) -> Table:
     """A plain table: a bold header, no box lines (copy-paste friendly), the columns ``right``
-    (indexes) right-aligned for numbers. Columns shrink and wrap to the console's width."""
+    (indexes) right-aligned for numbers. Columns shrink and wrap to the console's width, the
+    columns ``keep`` (default the first: a name) last, and never within a word."""
     t = Table(title=title, title_justify="left", box=None, header_style="bold",
               pad_edge=False, show_edge=False)  # fmt: skip
     for i, h in enumerate(headings):
-        t.add_column(h, justify="right" if i in right else "left", overflow="fold")
+        t.add_column(h, justify="right" if i in right else "left", overflow="fold",
+                     no_wrap=i in keep)  # fmt: skip
     return t
 
 

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from peerwatch.commands import settings_of
+from peerwatch.display import display_text
 from peerwatch.topics import catalogue
 
 
@@ -20,13 +21,18 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     specs = catalogue(settings.topic_prefix)
     if args.action == "list":
+        from peerwatch.console import make_console, table, user_text
+
+        grid = table("topic", "key", "value", "partitions", "cleanup", right=(3,), keep=(0, 2))
         for t in specs:
-            print(f"{t.name:34} key={t.key:12} value={t.value_schema or 'raw bytes':20} "
-                  f"partitions={t.partitions:<3} cleanup={t.cleanup_policy}")  # fmt: skip
+            grid.add_row(user_text(t.name, 120), t.key, t.value_schema or "raw bytes",
+                         str(t.partitions), t.cleanup_policy)  # fmt: skip
+        make_console().print(grid)
         return 0
     from peerwatch.topic_admin import ensure_topics
 
     for change in ensure_topics(settings.kafka, specs, replication_factor=args.replication_factor):
         differs = f"; config differs: {'; '.join(change.mismatches)}" if change.mismatches else ""
-        print(f"{change.outcome:8} {change.name} ({change.partitions} partitions{differs})")
+        print(display_text(f"{change.outcome:8} {change.name} ({change.partitions} partitions"
+                           f"{differs})", 1000))  # fmt: skip
     return 0
