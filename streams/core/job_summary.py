@@ -35,7 +35,13 @@ from peerwatch.streams.core.job_inputs import (
     windows_of,
 )
 from peerwatch.streams.core.robust import median, quantile
-from peerwatch.streams.core.slowdown import lead_feature, slow_z, slowdown, slowdown_text
+from peerwatch.streams.core.slowdown import (
+    duration_text,
+    lead_feature,
+    slow_z,
+    slowdown,
+    slowdown_text,
+)
 
 #: Finding statuses that flag a GPU, worst first.
 FLAGGING: tuple[str, ...] = ("HARD_ERROR", "CONFIRMED", "SUSPECT")
@@ -330,14 +336,6 @@ def _job_info(summary: JobSummary, events: Iterable[Any], skips: Skips) -> None:
     summary.gpus = len(gpus)
 
 
-def _minutes(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def verdict(summary: JobSummary) -> str:
     """The one line for the job's owner (see the module doc)."""
     if not summary.flagged:
@@ -345,7 +343,9 @@ def verdict(summary: JobSummary) -> str:
             return f"job {summary.job_id}: no GPU windows or findings found for this job"
         span = ""
         if summary.first_window_ms is not None and summary.last_window_ms is not None:
-            span = f" over {_minutes((summary.last_window_ms - summary.first_window_ms) / 1000)}"
+            span = (
+                f" over {duration_text((summary.last_window_ms - summary.first_window_ms) / 1000)}"
+            )
         text = f"job {summary.job_id}: no GPU stood out from its {len(summary.rows)} peers{span}"
         shared = sum(summary.job_findings.values())
         if shared:
@@ -358,7 +358,7 @@ def verdict(summary: JobSummary) -> str:
     else:
         how = slowdown_text(g.feature, g.slow_frac)
         how = f"was {how}" if g.feature == "thr" and g.slow_frac is not None else f"ran {how}"
-        what = f"GPU {g.gpu_index} on {g.node} {how} for {_minutes(g.slow_s)}"
+        what = f"GPU {g.gpu_index} on {g.node} {how} for {duration_text(g.slow_s)}"
     parts = [what, f"cause {g.cause}" if g.cause != "UNKNOWN" else "cause not named"]
     if g.node_outcome:
         parts.append(g.node_outcome)

@@ -103,3 +103,12 @@ def slowdown_text(feature: str | None, value: float | None) -> str:
     if feature == "thr":
         return f"throttled {value * 100:.0f} points more than its peers"
     return f"{value * 100:.1f}% {'off' if feature == 'sm' else 'slow'} ({words})"
+
+
+def duration_text(seconds: float) -> str:
+    """``45 s``, ``18 min``, ``2.5 h``: how long a GPU was slow, for people."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
