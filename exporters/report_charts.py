@@ -150,7 +150,19 @@ CHART_SCRIPT = """
         return d.percent ? (v * 100).toFixed(0) + "%" : v.toPrecision(3);
       });
     };
-    var series = [{label: "time (UTC)"},
+    // 24-hour UTC ticks: seconds only where a tick is not on a whole minute, the date past a day.
+    var clock = function (u, vals) {
+      var span = vals.length > 1 ? vals[vals.length - 1] - vals[0] : 0;
+      var secs = vals.some(function (v) { return v % 60 !== 0; });
+      return vals.map(function (v) {
+        var iso = new Date(v * 1e3).toISOString();
+        var t = secs ? iso.substr(11, 8) : iso.substr(11, 5);
+        return span > 86400 ? iso.substr(5, 5) + " " + t : t;
+      });
+    };
+    var series = [{label: "time (UTC)", value: function (u, v) {
+      return v == null ? "-" : new Date(v * 1e3).toISOString().substr(0, 19).replace("T", " ");
+    }},
       {label: "peers p10", stroke: EDGE, width: 1, value: fmt},
       {label: "peer median", stroke: MEDIAN, width: 1.5, value: fmt},
       {label: "peers p90", stroke: EDGE, width: 1, value: fmt}];
@@ -163,7 +175,7 @@ CHART_SCRIPT = """
       title: d.title, width: 620, height: 240, tzDate: utc,
       scales: {x: {time: true}, y: {range: function () { return d.y; }}},
       series: series, bands: [{series: [3, 1], fill: BAND}],
-      axes: [{label: "UTC"}, {values: tick, size: 56}],
+      axes: [{label: "UTC", values: clock}, {values: tick, size: 56}],
       cursor: {drag: {x: true, y: false}, sync: {key: "job-" + d.job}},
       legend: {live: true}
     }, data, el);

@@ -18,6 +18,7 @@ from peerwatch.console import render, table, user_text
 from peerwatch.display import TEXT_MAX_CHARS
 from peerwatch.streams.core.job_inputs import TABLE_SIGNALS
 from peerwatch.streams.core.job_summary import GpuRow, JobSummary
+from peerwatch.streams.core.advice import advice
 from peerwatch.streams.core.slowdown import slowdown_text
 
 #: Column headings and formats of the per-GPU table (short signal name -> heading, value format).
@@ -104,6 +105,7 @@ def _flagged_block(summary: JobSummary) -> list[Any]:
         out += [Text("      ") + user_text(e, TEXT_MAX_CHARS) for e in g.evidence]
         if g.node_outcome:
             out.append(Text(f"      {g.node_outcome} at {fmt_time(g.node_outcome_ms)}"))
+        out.append(Text("      what to do: ") + user_text(advice(g), TEXT_MAX_CHARS * 2))
     out.append(Text(""))
     return out
 
