@@ -16,9 +16,9 @@ from rich.text import Text
 
 from peerwatch.console import render, table, user_text
 from peerwatch.display import TEXT_MAX_CHARS
+from peerwatch.streams.core.advice import advice
 from peerwatch.streams.core.job_inputs import TABLE_SIGNALS
 from peerwatch.streams.core.job_summary import GpuRow, JobSummary
-from peerwatch.streams.core.advice import advice
 from peerwatch.streams.core.slowdown import slowdown_text
 
 #: Column headings and formats of the per-GPU table (short signal name -> heading, value format).

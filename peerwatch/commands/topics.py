@@ -23,7 +23,9 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "list":
         from peerwatch.console import make_console, table, user_text
 
-        grid = table("topic", "key", "value", "partitions", "cleanup", right=(3,), keep=(0, 2, 3, 4))
+        grid = table(
+            "topic", "key", "value", "partitions", "cleanup", right=(3,), keep=(0, 2, 3, 4)
+        )
         for t in specs:
             grid.add_row(user_text(t.name, 120), t.key, t.value_schema or "raw bytes",
                          str(t.partitions), t.cleanup_policy)  # fmt: skip
