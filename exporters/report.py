@@ -28,8 +28,7 @@ from peerwatch.exporters.report_charts import (
     chart_head,
     chart_scripts,
 )
-from peerwatch.producers.slurm.errors import SlurmParseError
-from peerwatch.producers.slurm.hostlist import compress
+from peerwatch.producers.slurm.hostlist import hostlist_text as hostlist
 from peerwatch.streams.core.robust import quantile
 
 SIGNALS: tuple[tuple[str, str], ...] = (
@@ -110,16 +109,6 @@ def chart_html(
             series[key][int(w["window_start_ms"])] = float(v)
     data = chart_data(job_id, signal, title, peer_band(windows, signal), series, max_points)
     return "" if data is None else chart_div(data)
-
-
-def hostlist(nodes: Iterable[str]) -> str:
-    """Node names as a Slurm hostlist (``gpu[00000-00031]``); names a hostlist cannot hold
-    (``[``, ``]``, ``,`` in them) are listed as they are."""
-    names = sorted({str(n) for n in nodes})
-    try:
-        return compress(names)
-    except SlurmParseError:
-        return ", ".join(names)
 
 
 def _evidence(f: Mapping[str, Any]) -> str:

@@ -11,11 +11,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from peerwatch.console import render, table, user_text
 from peerwatch.display import TEXT_MAX_CHARS
+from peerwatch.producers.slurm.hostlist import hostlist_text
 from peerwatch.streams.core.advice import advice
 from peerwatch.streams.core.job_inputs import TABLE_SIGNALS
 from peerwatch.streams.core.job_summary import GpuRow, JobSummary
@@ -96,16 +98,16 @@ def _flagged_block(summary: JobSummary) -> list[Any]:
             else f"flagged since {fmt_time(g.first_flagged_ms)} (latest finding "
             f"{fmt_time(g.last_flagged_ms)}, not cleared)"
         )
-        head = Text("  ") + Text(f"{g.status:<10} ", style="red")
+        head = Text(f"{g.status:<10} ", style="red")
         head += user_text(g.node, 40, style="red") + Text(f" GPU {g.gpu_index}", style="red")
         head += Text("  cause ") + user_text(g.cause, 24, style="yellow") + Text(f"  {when}")
-        out.append(head)
-        if g.feature is not None:
-            out.append(Text(f"      slowdown: {slowdown_text(g.feature, g.slow_frac)}"))
-        out += [Text("      ") + user_text(e, TEXT_MAX_CHARS) for e in g.evidence]
+        out.append(Padding(head, (0, 0, 0, 2)))
+        lines = [Text(f"slowdown: {slowdown_text(g.feature, g.slow_frac)}")] if g.feature else []
+        lines += [user_text(e, TEXT_MAX_CHARS) for e in g.evidence]
         if g.node_outcome:
-            out.append(Text(f"      {g.node_outcome} at {fmt_time(g.node_outcome_ms)}"))
-        out.append(Text("      what to do: ") + user_text(advice(g), TEXT_MAX_CHARS * 2))
+            lines.append(Text(f"{g.node_outcome} at {fmt_time(g.node_outcome_ms)}"))
+        lines.append(Text("what to do: ") + user_text(advice(g), TEXT_MAX_CHARS * 2))
+        out += [Padding(line, (0, 0, 0, 6)) for line in lines]  # wrapped lines stay indented
     out.append(Text(""))
     return out
 
@@ -123,7 +125,8 @@ def renderables(summary: JobSummary, *, all_gpus: bool = False) -> list[Any]:
     out: list[Any] = [
         title,
         Text(
-            f"{s.gpus} GPUs on {len(s.nodes)} nodes · windows {fmt_time(s.first_window_ms, True)}"
+            f"{s.gpus} GPUs on {len(s.nodes)} nodes ({display(hostlist_text(s.nodes), 200)})"
+            f" · windows {fmt_time(s.first_window_ms, True)}"
             f" to {fmt_time(s.last_window_ms)} UTC · {s.windows} GPU windows "
             f"({s.gated_windows} gated)"
         ),
@@ -152,11 +155,11 @@ def renderables(summary: JobSummary, *, all_gpus: bool = False) -> list[Any]:
     return out
 
 
-def display(value: Any) -> str:
-    """A short field (a job id) as :func:`peerwatch.display.display_text` shows it."""
+def display(value: Any, max_chars: int = 40) -> str:
+    """A field (a job id, a hostlist) as :func:`peerwatch.display.display_text` shows it."""
     from peerwatch.display import display_text
 
-    return display_text(value, 40)
+    return display_text(value, max_chars)
 
 
 def render_text(
