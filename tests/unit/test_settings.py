@@ -237,3 +237,21 @@ def test_docs_list_every_setting() -> None:
     for table, name, _ in catalogue():
         assert f"`{table + '.' if table else ''}{name}`" in doc
         assert f"`{env_name(table, name)}`" in doc
+
+
+def test_config_says_where_each_value_came_from(tmp_path: Path) -> None:
+    from peerwatch.settings import setting_sources
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('topic_prefix = "t."\n[detector]\nwindow_s = 10\n[kafka]\nclient_id = "x"\n')
+    env = {"PEERWATCH_KAFKA_BOOTSTRAP": "h:1", "PEERWATCH_KAFKA_CLIENT_ID": "from-env"}
+    sources = setting_sources(cfg, env)
+    assert sources == {
+        "topic_prefix": f"file {cfg}", "detector.window_s": f"file {cfg}",
+        "kafka.client_id": "env PEERWATCH_KAFKA_CLIENT_ID",  # the environment wins over the file
+        "kafka.bootstrap_servers": "env PEERWATCH_KAFKA_BOOTSTRAP",
+    }  # fmt: skip
+    text = to_toml(load_settings(cfg, env), sources)
+    assert f"window_s = 10  # [file {cfg}]" in text
+    assert 'bootstrap_servers = "h:1"  # [env PEERWATCH_KAFKA_BOOTSTRAP]' in text
+    assert "lateness_s = " in text and "  # [default] " in text
