@@ -101,13 +101,13 @@ def _flagged_block(summary: JobSummary) -> list[Any]:
         head = Text(f"{g.status:<10} ", style="red")
         head += user_text(g.node, 40, style="red") + Text(f" GPU {g.gpu_index}", style="red")
         head += Text("  cause ") + user_text(g.cause, 24, style="yellow") + Text(f"  {when}")
-        out.append(Padding(head, (0, 0, 0, 2)))
+        out.append(Padding(head, (0, 0, 0, 2), expand=False))
         lines = [Text(f"slowdown: {slowdown_text(g.feature, g.slow_frac)}")] if g.feature else []
         lines += [user_text(e, TEXT_MAX_CHARS) for e in g.evidence]
         if g.node_outcome:
             lines.append(Text(f"{g.node_outcome} at {fmt_time(g.node_outcome_ms)}"))
         lines.append(Text("what to do: ") + user_text(advice(g), TEXT_MAX_CHARS * 2))
-        out += [Padding(line, (0, 0, 0, 6)) for line in lines]  # wrapped lines stay indented
+        out += [Padding(line, (0, 0, 0, 6), expand=False) for line in lines]  # wrapped lines stay indented
     out.append(Text(""))
     return out
 
