@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from peerwatch.console import CountProgress, EventTimeProgress, render, user_text
 from peerwatch.display import ELLIPSIS, display_text, is_displayable
@@ -84,3 +87,13 @@ def test_log_lines_escape_hostile_text() -> None:
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "job %s", ("\x1b[2J\u202e",), None)
     line = SafeFormatter("%(levelname)s %(message)s").format(record)
     assert line == "INFO job \\x1b[2J\\u202e"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), st.binary()), st.integers(min_value=1, max_value=200))
+def test_any_text_displays_safe_and_within_its_cap(raw: str | bytes, cap: int) -> None:
+    shown = display_text(raw, cap)
+    assert is_displayable(shown) and len(shown) <= cap
+    assert not any(0xD800 <= ord(c) <= 0xDFFF for c in shown)  # encodable by any terminal
+    out = render([user_text(raw, cap)], width=80, colour=True)
+    assert not re.search("\x1b(?!\\[[0-9;]*m)", out)  # no escape but rich's own colours
