@@ -43,10 +43,19 @@ def test_every_query_uses_the_datasource_variable(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_counters_only_through_rate_or_increase(name: str) -> None:
+    """A counter is read through rate()/increase(), or, for a series born inside the range (a
+    counter series starts at its first event: increase() misses it), as ``X unless X offset R``
+    beside ``increase(X[R]) and X offset R``, never as a raw total."""
     for expr in exprs(dashboard(name)):
-        for m in re.finditer(r"\b[a-z_:]+_total\b", expr):
-            before = expr[: m.start()]
-            assert re.search(r"(rate|increase)\($", before), f"{m.group()} raw in {expr}"
+        for m in re.finditer(r"\b[a-z_:]+_total\b(\{[^}]*\})?", expr):
+            before, after = expr[: m.start()], expr[m.end() :]
+            through = re.search(r"(rate|increase)\($", before)
+            born = after.startswith(" offset ") or (
+                after.startswith(" unless ") and m.group() + " offset " in after
+            )
+            assert through or born, f"{m.group()} raw in {expr}"
+            if born:  # the new-series idiom always sits beside the reset-safe increase()
+                assert f"increase({m.group()}[" in expr
 
 
 def test_fleet_and_job_filter_by_cluster_partition_and_user() -> None:
