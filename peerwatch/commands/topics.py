@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
             from peerwatch.topic_admin import broker_state
 
             try:
-                held = broker_state(settings.kafka, specs, timeout_s=10.0)
+                held = broker_state(settings.kafka, list(specs), timeout_s=10.0)
             except ServiceError as exc:
                 print(f"topics: the broker was not asked ({display_text(exc, 300)})",
                       file=sys.stderr)  # fmt: skip
