@@ -335,6 +335,7 @@ def render_job_report(
     section of that job (charts, findings, recommendations, timeline). Self-contained."""
     from peerwatch.job_view import shown_rows
     from peerwatch.streams.core.advice import advice
+    from peerwatch.streams.core.slowdown import slowdown_text
 
     s = summary
     job = str(s.job_id)
@@ -347,6 +348,7 @@ def render_job_report(
     flagged = "".join(
         f'<tr class="flagged-gpu" data-node="{_e(g.node)}" data-gpu="{g.gpu_index}">'
         f"<td>{_e(g.node)} GPU {g.gpu_index}</td><td>{_e(g.status)}</td><td>{_e(g.cause)}</td>"
+        f"<td>{_e(slowdown_text(g.feature, g.slow_frac) if g.feature else '')}</td>"
         f"<td>{_t(g.first_flagged_ms)[11:]}"
         f"{f' to {_t(g.cleared_ms)[11:]} (cleared)' if g.cleared_ms else ' (not cleared)'}</td>"
         f"<td>{'<br>'.join(_e(x) for x in g.evidence)}</td><td>{_e(g.node_outcome or '')}</td>"
@@ -355,7 +357,8 @@ def render_job_report(
     )
     flagged_table = (
         '<h2>Flagged GPUs</h2><table class="flagged"><tr><th>GPU</th><th>status</th>'
-        "<th>cause</th><th>flagged (UTC)</th><th>evidence</th><th>node</th><th>what to do</th>"
+        "<th>cause</th><th>slowdown</th><th>flagged (UTC)</th><th>evidence</th><th>node</th>"
+        "<th>what to do</th>"
         "</tr>"
         f"{flagged}</table>"
         if s.flagged
@@ -375,6 +378,7 @@ def render_job_report(
         f"{_t(s.first_window_ms)} to {_t(s.last_window_ms)[11:]} UTC · {s.windows} GPU windows</p>"
         f'<p class="verdict {"bad" if s.flagged else "ok"}">{_e(s.verdict)}</p>'
         f"{flagged_table}"
-        f"<h2>GPUs against their {len(s.rows)} peers</h2>{gpu_table_html(s, shown_rows(s))}"
+        f"<h2>GPUs against their {len(s.rows)} peers (means over the job)</h2>"
+        f"{gpu_table_html(s, shown_rows(s))}"
         f"{section}",
     )

@@ -216,3 +216,4 @@ def test_job_page_has_verdict_flagged_gpus_table_and_the_jobs_section() -> None:
     assert len(d.find("div", data_job="42")) == 4 and d.find("section", data_job="42")
     assert "n9" not in text  # node events of other nodes stay out
     assert "recommended for draining; if the job is still running slow" in text
+    assert f"{summary.flagged[0].slow_frac * 100:.1f}% slow (SM clock)" in text  # the one figure
