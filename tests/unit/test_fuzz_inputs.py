@@ -30,7 +30,7 @@ def fz() -> Iterator[Any]:
 def test_every_target_holds_on_seeded_inputs(fz: Any) -> None:
     result = fz.run(None, seed=12, targets=sorted(fz.TARGETS), inputs=60)
     assert result.failures == []
-    assert result.inputs == {"archive": 60, "kafka": 60, "slurm": 60, "spool": 60}
+    assert result.inputs == {"archive": 60, "display": 60, "kafka": 60, "slurm": 60, "spool": 60}
 
 
 def test_a_reader_that_drops_the_rest_of_a_file_is_caught(
@@ -104,3 +104,11 @@ def test_a_dead_letter_that_drops_the_original_key_is_caught(
     monkeypatch.setattr(fz, "KAFKA_CONSUMERS", {"export": fz.KAFKA_CONSUMERS["export"]})
     result = fz.run(None, seed=3, targets=["kafka"], inputs=20)
     assert any("lost the original key" in f for f in result.failures)
+
+
+def test_an_unescaped_view_is_caught(fz: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import peerwatch.console
+
+    monkeypatch.setattr(peerwatch.console, "display_text", lambda value, max_chars=80: str(value))
+    result = fz.run(None, seed=12, targets=["display"], inputs=5)
+    assert len(result.failures) == 5 and "reached the terminal" in result.failures[0]
