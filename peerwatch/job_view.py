@@ -107,7 +107,9 @@ def _flagged_block(summary: JobSummary) -> list[Any]:
         if g.node_outcome:
             lines.append(Text(f"{g.node_outcome} at {fmt_time(g.node_outcome_ms)}"))
         lines.append(Text("what to do: ") + user_text(advice(g), TEXT_MAX_CHARS * 2))
-        out += [Padding(line, (0, 0, 0, 6), expand=False) for line in lines]  # wrapped lines stay indented
+        out += [
+            Padding(line, (0, 0, 0, 6), expand=False) for line in lines
+        ]  # wrapped lines stay indented
     out.append(Text(""))
     return out
 
