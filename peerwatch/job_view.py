@@ -127,8 +127,9 @@ def renderables(summary: JobSummary, *, all_gpus: bool = False) -> list[Any]:
     out: list[Any] = [
         title,
         Text(
-            f"{s.gpus} GPUs on {len(s.nodes)} nodes ({display(hostlist_text(s.nodes), 200)})"
-            f" · windows {fmt_time(s.first_window_ms, True)}"
+            f"{s.gpus} GPUs on {len(s.nodes)} nodes"
+            + (f" ({display(hostlist_text(s.nodes), 200)})" if s.nodes else "")
+            + f" · windows {fmt_time(s.first_window_ms, True)}"
             f" to {fmt_time(s.last_window_ms)} UTC · {s.windows} GPU windows "
             f"({s.gated_windows} gated)"
         ),
