@@ -358,8 +358,11 @@ def from_tree(doc: Mapping[str, Any], base: Settings | None = None) -> Settings:
     return replace(base, **changes)
 
 
-def _env_values(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+def _env_values(env: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The settings the environment sets (table -> field -> value), and each one's variable
+    (``table.field`` -> variable name)."""
     out: dict[str, dict[str, Any]] = {}
+    used: dict[str, str] = {}
     named = {env_name(t, n): (t, n) for t, n, _ in catalogue()}
     for var, dotted in ENV_ALIASES.items():
         table, _, name = dotted.partition(".")
@@ -370,7 +373,50 @@ def _env_values(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         if text:  # an empty variable counts as unset
             where = f"{table}.{name}" if table else name
             out.setdefault(table, {})[name] = parse_text(_type_of(table, name), text, where)
-    return out
+            used[where] = var
+    return out, used
+
+
+def _layers(
+    config_file: str | os.PathLike[str] | None,
+    env: Mapping[str, str],
+    drain_file: str | os.PathLike[str] | None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The merged TOML-shaped tree of file, drain file and environment, and where each value
+    set in it came from (``table.field`` -> ``file PATH``, ``drain file PATH``, ``env VAR``).
+    Raises ConfigError."""
+    doc: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    path = config_file or env.get(CONFIG_FILE_ENV)
+    if path:
+        doc = _read_toml(path, CONFIG_FILE_ENV)
+        for key, value in doc.items():
+            names = value if isinstance(value, Mapping) and key in TABLES else {"": None}
+            for name in names:
+                sources[f"{key}.{name}" if name else key] = f"file {path}"
+    drain_path = drain_file or env.get(DRAIN_FILE_ENV)
+    if drain_path:
+        drain = doc.get("drain", {})
+        if not isinstance(drain, Mapping):
+            raise ConfigError("drain", "must be a table")
+        extra = _read_toml(drain_path, DRAIN_FILE_ENV)
+        doc["drain"] = {**drain, **extra}
+        sources.update({f"drain.{name}": f"drain file {drain_path}" for name in extra})
+    values, used = _env_values(env)
+    credentials = _credential_values(env)
+    # Credentials first, so that an environment variable set on purpose still wins.
+    for table, fields_set in [*credentials.items(), *values.items()]:
+        if table:
+            section = doc.get(table, {})
+            if not isinstance(section, Mapping):
+                raise ConfigError(table, "must be a table")
+            doc[table] = {**section, **fields_set}
+        else:
+            doc.update(fields_set)
+    sources.update({f"{t}.{n}" if t else n: f"credential {CREDENTIAL_PREFIX}{t}.{n}"
+                    for t, names in credentials.items() for n in names})  # fmt: skip
+    sources.update({dotted: f"env {var}" for dotted, var in used.items()})
+    return doc, sources
 
 
 #: systemd's LoadCredential= directory (``$CREDENTIALS_DIRECTORY``, set for the service only).
@@ -419,28 +465,22 @@ def load_settings(
     ``$PEERWATCH_CONFIG``; a flat drain file, ``drain_file`` or ``$PEERWATCH_DRAIN_CONFIG``, is
     read as its ``[drain]`` table) < systemd credentials (secrets only, see
     :func:`_credential_values`) < environment. Raises :class:`ConfigError` naming the field."""
-    env = os.environ if env is None else env
-    doc: dict[str, Any] = {}
-    path = config_file or env.get(CONFIG_FILE_ENV)
-    if path:
-        doc = _read_toml(path, CONFIG_FILE_ENV)
-    drain_path = drain_file or env.get(DRAIN_FILE_ENV)
-    if drain_path:
-        drain = doc.get("drain", {})
-        if not isinstance(drain, Mapping):
-            raise ConfigError("drain", "must be a table")
-        doc["drain"] = {**drain, **_read_toml(drain_path, DRAIN_FILE_ENV)}
-    # Credentials first, so that an environment variable set on purpose still wins.
-    for table, values in [*_credential_values(env).items(), *_env_values(env).items()]:
-        if table:
-            section = doc.get(table, {})
-            if not isinstance(section, Mapping):
-                raise ConfigError(table, "must be a table")
-            doc[table] = {**section, **values}
-        else:
-            doc.update(values)
+    doc, _ = _layers(config_file, os.environ if env is None else env, drain_file)
     # Build once from everything: cross-field checks (SASL needs a user) see the final values.
     return from_tree(doc)
+
+
+def setting_sources(
+    config_file: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    drain_file: str | os.PathLike[str] | None = None,
+) -> dict[str, str]:
+    """Where each setting :func:`load_settings` would read comes from: ``table.field`` ->
+    ``file PATH``, ``drain file PATH`` or ``env VAR``; settings not listed keep their default.
+    Raises ConfigError as :func:`load_settings` does."""
+    _, sources = _layers(config_file, os.environ if env is None else env, drain_file)
+    return sources
 
 
 def with_overrides(settings: Settings, overrides: Mapping[str, Any]) -> Settings:

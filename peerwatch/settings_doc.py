@@ -44,13 +44,20 @@ def toml_value(value: Any) -> str:
     raise TypeError(f"no TOML form for {value!r}")
 
 
-def _lines(table: str, obj: Any, names: tuple[str, ...] | None = None) -> list[str]:
+def _lines(
+    table: str,
+    obj: Any,
+    names: tuple[str, ...] | None = None,
+    sources: Mapping[str, str] | None = None,
+) -> list[str]:
     plain = to_plain(obj)
     out = []
     for f in obj.__dataclass_fields__.values():
         if names is not None and f.name not in names:
             continue
         raw, doc = getattr(obj, f.name), doc_of(f)
+        if sources is not None:
+            doc = f"[{sources.get(f'{table}.{f.name}' if table else f.name, 'default')}] {doc}"
         if isinstance(raw, Secret):
             out.append(f"# {f.name}: secret, not printed (set ${env_name(table, f.name)})")
         elif raw is None:
@@ -60,15 +67,17 @@ def _lines(table: str, obj: Any, names: tuple[str, ...] | None = None) -> list[s
     return out
 
 
-def to_toml(settings: Settings) -> str:
-    """The effective tree as TOML: secrets omitted, unset values commented out."""
+def to_toml(settings: Settings, sources: Mapping[str, str] | None = None) -> str:
+    """The effective tree as TOML: secrets omitted, unset values commented out. With
+    ``sources`` (:func:`peerwatch.settings.setting_sources`), each value's comment starts with
+    where it came from: ``[default]``, ``[file PATH]``, ``[drain file PATH]`` or ``[env VAR]``."""
     lines = [
         "# peerwatch settings: defaults < config file < environment (PEERWATCH_<TABLE>_<FIELD>).",
         "# Secrets are omitted; give them in the environment.",
-        *_lines("", settings, ROOT_KEYS),
+        *_lines("", settings, ROOT_KEYS, sources),
     ]
     for table in TABLES:
-        lines += ["", f"[{table}]", *_lines(table, getattr(settings, table))]
+        lines += ["", f"[{table}]", *_lines(table, getattr(settings, table), None, sources)]
     return "\n".join(lines) + "\n"
 
 

@@ -1455,6 +1455,88 @@ def fuzz_sysfs(rng: Random, tmp: Path) -> None:
     shutil.rmtree(root)
 
 
+# -- display: hostile Slurm text through every view ---------------------------------------------
+#: Pieces a hostile job name is made of: escape sequences, C1 controls, bidi overrides and
+#: isolates, zero-width characters, rich markup, HTML, surrogates, long runs.
+_DISPLAY_PIECES = (
+    "\x1b[2J",
+    "\x1b]0;title\x07",
+    "\x1b]8;;http://e/\x1b\\",
+    "\x9b31m",
+    "\x07",
+    "\r",
+    "\n",
+    "\u202e",
+    "\u2066",
+    "\u200b",
+    "\ufeff",
+    "[bold]",
+    "[/]",
+    "[link=http://e]",
+    "</script>",
+    "<img src=x>",
+    "&amp;",
+    "\udcff",
+    "名前",
+    "x" * 300,
+    "gpu00001",
+    " ",
+)
+#: An escape the views may emit themselves: rich's colour codes (SGR).
+_SGR = __import__("re").compile("\x1b\\[[0-9;]*m")
+
+
+def _hostile_text(rng: Random) -> str:
+    return "".join(rng.choice(_DISPLAY_PIECES) for _ in range(rng.randint(1, 8)))
+
+
+def fuzz_display(rng: Random, tmp: Path) -> None:
+    """Hostile job names, users, nodes and causes through the job view (plain and coloured, 80
+    and 160 columns), the demo view and the report pages: no control or bidi character reaches
+    the output, and no record text becomes markup."""
+    from peerwatch.demo_view import DemoView
+    from peerwatch.display import is_displayable
+    from peerwatch.exporters.report import render_job_report, render_report
+    from peerwatch.job_view import render_text
+    from peerwatch.streams.core.job_summary import summarize_job
+
+    evil = [_hostile_text(rng) for _ in range(4)]
+    t0 = 1_767_225_600_000
+    windows = [
+        {"job_id": "7", "node": node, "gpu_index": g, "window_start_ms": t0 + i * 30_000,
+         "window_end_ms": t0 + (i + 1) * 30_000, "clk_ratio": 0.9 if (node, g) == (evil[0], 1) else 1.0,
+         "throttle_frac": 0.0, "sm_frac": 0.9, "power_ratio": 0.8, "score": 6.0 if g == 1 else 0.0}
+        for i in range(6) for node in (evil[0], "n0") for g in range(2)
+    ]  # fmt: skip
+    finding = {
+        "finding_id": "f", "job_id": "7", "node": evil[0], "gpu_index": 1, "status": "CONFIRMED",
+        "window_start_ms": t0, "window_end_ms": t0 + 30_000, "cause": evil[1], "reason": evil[2],
+        "features": [{"feature": "clk", "value": 0.9, "peer_median": 1.0, "mad": 0.01, "z": -9.0}],
+        "hard_rules": [evil[3]], "windows_flagged": 4, "windows_considered": 4,
+    }  # fmt: skip
+    job = {"job_id": "7", "kind": "STARTED", "ts_ms": t0, "user": evil[1], "job_name": evil[2],
+           "account": evil[3], "allocations": [{"node": evil[0], "gpu_indices": [0, 1]}]}  # fmt: skip
+    summary = summarize_job("7", windows, [finding], [], [job])
+    view = DemoView()
+    view.on_job_event(job)
+    view.on_finding(finding)
+    view.on_recommendation({"node": evil[0], "action": "DRAIN", "severity": evil[1],
+                            "gpu_indices": [1], "cause": evil[2]})  # fmt: skip
+    texts = [render_text(summary, colour=c, width=w) for c in (False, True) for w in (80, 160)]
+    texts += [view.render(80), view.render(160), view.summary([])[0]]
+    for text in texts:
+        if not is_displayable(_SGR.sub("", text).replace("\n", "")):
+            raise Failure(f"a control or bidi character reached the terminal: {text[:200]!r}")
+    events = [("job-events", job)]
+    for page in (render_job_report(summary, windows, [finding], [], events),
+                 render_report(windows, [finding], [], events)):  # fmt: skip
+        body = page.split("<body>", 1)[1].split("<script>", 1)[0]  # before uPlot's code
+        if not is_displayable(body.replace("\n", "")) or "<img src=x>" in body:
+            raise Failure(f"record text reached the page unescaped: {body[:200]!r}")
+        if "</script><" in body.split('type="application/json">', 1)[-1].split("</script>", 1)[0]:
+            raise Failure("chart data closed its script element")
+
+
 TARGETS: dict[str, Callable[[Random, Path], None]] = {
     "archive": fuzz_archive,
     "spool": fuzz_spool,
@@ -1466,6 +1548,7 @@ TARGETS: dict[str, Callable[[Random, Path], None]] = {
     "sysfs": fuzz_sysfs,
     "alertmanager": fuzz_alertmanager,
     "config": fuzz_config,
+    "display": fuzz_display,
 }
 #: Targets that open sockets on 127.0.0.1 (run by the integration tier, not the unit tier).
 NETWORK_TARGETS = frozenset({"alertmanager"})

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,19 +38,15 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _colour(args: argparse.Namespace) -> bool:
-    if args.color != "auto":
-        return bool(args.color == "always")
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
 def _replayed(args: argparse.Namespace, records: Any) -> Any:
     """The archive's samples of the job through the pipeline (``peerwatch replay --job``)."""
     from peerwatch.cli import build_parser
     from peerwatch.commands.replay import replay_from_args
 
     argv = ["--config", args.config] if args.config else []
-    argv += ["replay", "--archive", args.archive, "--job", args.job_id, "--no-progress"]
+    argv += ["replay", "--archive", args.archive, "--job", args.job_id]
+    if args.quiet:  # elsewhere the bar shows on a terminal only (peerwatch.console)
+        argv.append("--no-progress")
     replay_args = build_parser("replay").parse_args(argv)
     result, _, _ = replay_from_args(replay_args, keep_windows=True)
     records.windows = result.windows
@@ -120,7 +115,6 @@ def unknown_job(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peerwatch.job_view import render_text
     from peerwatch.streams.core.job_summary import summarize_job
 
     if args.admin_comment:
@@ -161,5 +155,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary.to_json(), sort_keys=True))
     else:
-        sys.stdout.write(render_text(summary, colour=_colour(args), all_gpus=args.all))
+        from rich.console import Group
+
+        from peerwatch.console import make_console, wants_colour
+        from peerwatch.job_view import renderables
+
+        console = make_console(colour=wants_colour(args.color))
+        console.print(Group(*renderables(summary, all_gpus=args.all)))
     return 0

@@ -68,7 +68,11 @@ def register(sub: Any) -> None:
                    help="how far samples of an archive may be out of event-time order for it "
                         "to be read as a stream, the span of samples held (default 30; an "
                         "archive out of order by more is read again with a window twice its lag)")  # fmt: skip
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is none unless stderr is a terminal)",
+    )
     p.set_defaults(func=run)
 
 
@@ -124,7 +128,8 @@ def replay_from_args(args: argparse.Namespace, keep_windows: bool | None = None)
     """Run the replay the options ``args`` describe; returns (ReplayResult, TimeRange, extra
     facts for the summary). ``keep_windows``: default, only with ``--report``. Raises
     ConfigError for bad options and ServiceError when Kafka cannot be read."""
-    from peerwatch.streams.offline.replay import Progress, live_equivalent_settings
+    from peerwatch.console import EventTimeProgress
+    from peerwatch.streams.offline.replay import live_equivalent_settings
 
     if keep_windows is not None:
         args.keep_windows = keep_windows
@@ -135,7 +140,8 @@ def replay_from_args(args: argparse.Namespace, keep_windows: bool | None = None)
     tree = with_overrides(_replay_settings(args, span, extra), _overrides(args))
     pipeline = live_equivalent_settings(tree)
     keep = _scope(args, span, extra)
-    progress = None if args.no_progress else Progress(span, sys.stderr)
+    progress = EventTimeProgress(span.from_ms, span.to_ms, sys.stderr,
+                                 enabled=not args.no_progress)  # fmt: skip
     result = None
     if not args.kafka and args.workers <= 1:
         result = _column_replay(args, span, pipeline, keep, progress, extra)

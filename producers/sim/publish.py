@@ -86,8 +86,14 @@ def publish_to_kafka(
     return stats
 
 
-def write_archive(fleet: Fleet, root: Path, topic_prefix: str = "") -> PublishStats:
-    """Write every record to Avro container files under ``root`` plus ``labels.jsonl``; no Kafka."""
+def write_archive(
+    fleet: Fleet,
+    root: Path,
+    topic_prefix: str = "",
+    on_tick: Callable[[int, PublishStats], None] | None = None,
+) -> PublishStats:
+    """Write every record to Avro container files under ``root`` plus ``labels.jsonl``; no Kafka.
+    ``on_tick`` is called after each tick with its time (epoch ms) and the counts so far."""
     from peerwatch.io.archive.writer import AvroFileSink
 
     topics = {s: topic_prefix + t.name for s, t in STREAM_TOPICS.items()}
@@ -101,6 +107,8 @@ def write_archive(fleet: Fleet, root: Path, topic_prefix: str = "") -> PublishSt
                 stats.records += 1
                 stats.node_records += rec.stream == "samples"
             stats.sim_end_ms = tick_ms
+            if on_tick is not None:
+                on_tick(tick_ms, stats)
     finally:
         sink.close()
     with (Path(root) / "labels.jsonl").open("w") as fh:

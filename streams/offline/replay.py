@@ -29,13 +29,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
-import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Protocol
 
 from peerwatch.io.archive.layout import HOUR_MS, ReadStats, archive_files, record_time_ms
 from peerwatch.io.archive.reader import read_container, read_file, split_file
@@ -334,38 +333,14 @@ def keep_output(out: Output, job: str | None = None, node: str | None = None) ->
     return job is None and (node is None or out.key == node)
 
 
-class Progress:
-    """A plain-text progress bar on a stream (stderr), in event time; redrawn at most
-    ``every_s`` seconds apart."""
+class Progress(Protocol):
+    """Where a replay reports how far it got, in event time: ``update`` now and then with the
+    event time reached and the records read, ``done`` at the end (the command's progress bar:
+    :class:`peerwatch.console.EventTimeProgress`)."""
 
-    def __init__(self, span: TimeRange, out: IO[str] | None = sys.stderr, every_s: float = 0.25,
-                 clock: Callable[[], float] = time.monotonic, width: int = 30) -> None:  # fmt: skip
-        self.span, self.out, self.every_s, self.clock, self.width = span, out, every_s, clock, width
-        self._start_s = clock()
-        self._last_s = -1e18
+    def update(self, ts_ms: int, records: int, force: bool = False) -> None: ...
 
-    def render(self, ts_ms: int, records: int) -> str:
-        """The bar for event time ``ts_ms`` after ``records`` records."""
-        total = max(1, self.span.to_ms - self.span.from_ms)
-        frac = min(1.0, max(0.0, (ts_ms - self.span.from_ms) / total))
-        filled = int(frac * self.width)
-        rate = records / max(1e-9, self.clock() - self._start_s)
-        bar = "#" * filled + "-" * (self.width - filled)
-        return f"\rreplay [{bar}] {frac * 100:5.1f}% {records} records {rate:,.0f}/s"
-
-    def update(self, ts_ms: int, records: int, force: bool = False) -> None:
-        now = self.clock()
-        if self.out is None or (not force and now - self._last_s < self.every_s):
-            return
-        self._last_s = now
-        self.out.write(self.render(ts_ms, records))
-        self.out.flush()
-
-    def done(self, records: int) -> None:
-        if self.out is not None:
-            self.update(self.span.to_ms, records, force=True)
-            self.out.write("\n")
-            self.out.flush()
+    def done(self, records: int) -> None: ...
 
 
 @dataclass

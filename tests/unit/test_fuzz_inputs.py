@@ -30,8 +30,8 @@ def fz() -> Iterator[Any]:
 def test_every_target_holds_on_seeded_inputs(fz: Any) -> None:
     result = fz.run(None, seed=12, targets=sorted(set(fz.TARGETS) - fz.NETWORK_TARGETS), inputs=60)
     assert result.failures == []
-    assert result.inputs == {"archive": 60, "config": 60, "kafka": 60, "slurm": 60, "spool": 60,
-                             "spool-segments": 60, "step-times": 60, "sysfs": 60,
+    assert result.inputs == {"archive": 60, "config": 60, "display": 60, "kafka": 60, "slurm": 60,
+                             "spool": 60, "spool-segments": 60, "step-times": 60, "sysfs": 60,
                              "topic-folders": 60}  # fmt: skip
 
 
@@ -139,3 +139,11 @@ def test_a_sysfs_reader_that_trusts_the_file_is_caught(
     monkeypatch.setattr(fz, "NicReader", Naive)
     result = fz.run(None, seed=3, targets=["sysfs"], inputs=20)
     assert any("ValueError" in f for f in result.failures)
+
+
+def test_an_unescaped_view_is_caught(fz: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import peerwatch.console
+
+    monkeypatch.setattr(peerwatch.console, "display_text", lambda value, max_chars=80: str(value))
+    result = fz.run(None, seed=12, targets=["display"], inputs=5)
+    assert len(result.failures) == 5 and "reached the terminal" in result.failures[0]

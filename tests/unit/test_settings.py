@@ -449,3 +449,21 @@ def test_an_empty_credential_counts_as_unset(tmp_path: Path) -> None:
     # An empty file (a placeholder left by an installer) is not an empty password.
     (tmp_path / "peerwatch_kafka.sasl_password").write_text("")
     assert load_settings(env={"CREDENTIALS_DIRECTORY": str(tmp_path)}).kafka.sasl_password is None
+
+
+def test_config_says_where_each_value_came_from(tmp_path: Path) -> None:
+    from peerwatch.settings import setting_sources
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('topic_prefix = "t."\n[detector]\nwindow_s = 10\n[kafka]\nclient_id = "x"\n')
+    env = {"PEERWATCH_KAFKA_BOOTSTRAP": "h:1", "PEERWATCH_KAFKA_CLIENT_ID": "from-env"}
+    sources = setting_sources(cfg, env)
+    assert sources == {
+        "topic_prefix": f"file {cfg}", "detector.window_s": f"file {cfg}",
+        "kafka.client_id": "env PEERWATCH_KAFKA_CLIENT_ID",  # the environment wins over the file
+        "kafka.bootstrap_servers": "env PEERWATCH_KAFKA_BOOTSTRAP",
+    }  # fmt: skip
+    text = to_toml(load_settings(cfg, env), sources)
+    assert f"window_s = 10  # [file {cfg}]" in text
+    assert 'bootstrap_servers = "h:1"  # [env PEERWATCH_KAFKA_BOOTSTRAP]' in text
+    assert "lateness_s = " in text and "  # [default] " in text
