@@ -85,8 +85,9 @@ def _common(settings: KafkaSettings) -> dict[str, Any]:
         conf["sasl.mechanism"] = settings.sasl_mechanism
     if settings.sasl_username:
         conf["sasl.username"] = settings.sasl_username
-    if settings.sasl_password:
-        conf["sasl.password"] = settings.sasl_password.reveal()
+    password = settings.password()
+    if password:
+        conf["sasl.password"] = password
     for key, value in (
         ("ssl.ca.location", settings.ssl_ca_location),
         ("ssl.certificate.location", settings.ssl_certificate_location),
@@ -141,6 +142,7 @@ def aiokafka_kwargs(settings: KafkaSettings) -> dict[str, Any]:
         kwargs["sasl_mechanism"] = settings.sasl_mechanism
     if settings.sasl_username:
         kwargs["sasl_plain_username"] = settings.sasl_username
-    if settings.sasl_password:
-        kwargs["sasl_plain_password"] = settings.sasl_password.reveal()
+    password = settings.password()
+    if password:
+        kwargs["sasl_plain_password"] = password
     return kwargs

@@ -65,6 +65,12 @@ class KafkaSettings:
     sasl_mechanism: str | None = setting(None, "one of " + ", ".join(SASL_MECHANISMS))
     sasl_username: str | None = setting(None, "SASL user")
     sasl_password: Secret | None = setting(None, "SASL password (secret)")
+    sasl_password_file: str | None = setting(
+        None,
+        "file holding the SASL password (e.g. a systemd credential, "
+        "$CREDENTIALS_DIRECTORY/kafka-password); read when a client is made; wins over "
+        "sasl_password",
+    )
     ssl_ca_location: str | None = setting(None, "CA bundle file (PEM)")
     ssl_certificate_location: str | None = setting(None, "client certificate file (PEM)")
     ssl_key_location: str | None = setting(None, "client key file (PEM)")
@@ -96,12 +102,31 @@ class KafkaSettings:
                     f"be one of {', '.join(SASL_MECHANISMS)}",
                 )
             if self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
-                self.sasl_username and self.sasl_password
+                self.sasl_username and (self.sasl_password or self.sasl_password_file)
             ):
                 raise ConfigError(
                     f"{t}.sasl_username",
-                    f"sasl_username and sasl_password are required with {self.sasl_mechanism}",
+                    f"sasl_username and sasl_password (or sasl_password_file) are required with "
+                    f"{self.sasl_mechanism}",
                 )
+
+    def password(self) -> str | None:
+        """The SASL password: ``sasl_password_file``'s content (trailing newline dropped) or
+        ``sasl_password``. Call it where a client is configured, never to print. Raises
+        ConfigError naming ``kafka.sasl_password_file`` when the file cannot be read or is
+        empty."""
+        if self.sasl_password_file:
+            path = os.path.expandvars(os.path.expanduser(self.sasl_password_file))
+            try:
+                text = Path(path).read_text().rstrip("\r\n")
+            except OSError as exc:
+                raise ConfigError(
+                    "kafka.sasl_password_file", f"cannot read {path}: {exc.strerror}"
+                ) from exc
+            if not text:
+                raise ConfigError("kafka.sasl_password_file", f"{path} is empty")
+            return text
+        return self.sasl_password.reveal() if self.sasl_password else None
 
 
 @dataclass(frozen=True)

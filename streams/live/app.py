@@ -70,7 +70,7 @@ def _credentials(settings: Settings) -> Any:
     if kafka.sasl_mechanism:
         return faust.SASLCredentials(
             username=kafka.sasl_username,
-            password=kafka.sasl_password.reveal() if kafka.sasl_password else None,
+            password=kafka.password(),
             ssl_context=kw.get("ssl_context"),
             mechanism=kafka.sasl_mechanism,
         )
