@@ -150,8 +150,15 @@ def apply_acls(admin: object, pairs: Sequence[tuple[str, Grant]], timeout_s: flo
     resource = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP}
     pattern = {"literal": ResourcePatternType.LITERAL, "prefixed": ResourcePatternType.PREFIXED}
     acls = [
-        AclBinding(resource[g.resource], g.name, pattern[g.pattern], principal, "*",
-                   operation[g.operation], AclPermissionType.ALLOW)  # fmt: skip
+        AclBinding(
+            resource[g.resource],
+            g.name,
+            pattern[g.pattern],
+            principal,
+            "*",
+            operation[g.operation],
+            AclPermissionType.ALLOW,
+        )
         for principal, g in pairs
     ]
     if not acls:

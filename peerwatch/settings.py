@@ -7,7 +7,8 @@ Tables (each a frozen dataclass that validates itself, :mod:`peerwatch.settings_
 :class:`~peerwatch.streams.core.settings.PolicySettings` · ``[drain]``
 :class:`~peerwatch.exporters.drain.config.DrainSettings` · ``[export]`` :class:`ExportSettings` ·
 ``[alertmanager]`` :class:`AlertmanagerSettings` · ``[agent]`` :class:`AgentSettings` ·
-``[telemetry]`` :class:`TelemetrySettings`; the paths shared by every process are top-level keys.
+``[telemetry]`` :class:`TelemetrySettings` · ``[signing]``
+:class:`~peerwatch.signing.SigningSettings`; the paths shared by every process are top-level keys.
 
 The config file is TOML (``--config FILE`` or ``$PEERWATCH_CONFIG``). Environment names are
 derived from the fields: ``PEERWATCH_<TABLE>_<FIELD>`` (``PEERWATCH_<FIELD>`` for top-level keys),
@@ -37,6 +38,7 @@ from peerwatch.settings_base import (
     parse_text,
     setting,
 )
+from peerwatch.signing import SigningSettings
 from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
 
 __all__ = [
@@ -260,6 +262,7 @@ class Settings:
     alertmanager: AlertmanagerSettings = field(default_factory=AlertmanagerSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    signing: SigningSettings = field(default_factory=SigningSettings)
 
     def __post_init__(self) -> None:
         for name in ROOT_KEYS:
@@ -278,6 +281,7 @@ TABLES: dict[str, type] = {
     "alertmanager": AlertmanagerSettings,
     "agent": AgentSettings,
     "telemetry": TelemetrySettings,
+    "signing": SigningSettings,
 }
 ROOT_KEYS = ("spool_dir", "cache_dir", "state_dir", "topic_prefix")
 CONFIG_FILE_ENV = "PEERWATCH_CONFIG"

@@ -49,6 +49,8 @@ class Refusal(StrEnum):
     SLURM_ERROR = "slurm_error"
     #: An ALERT recommendation: audited, never drains.
     ALERT_ONLY = "alert_only"
+    #: Not signed by a stream worker's key (exporters/drain/provenance.py): never decided.
+    UNVERIFIED_SOURCE = "unverified_source"
 
 
 @dataclass(frozen=True)

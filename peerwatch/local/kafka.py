@@ -262,7 +262,13 @@ class LocalKafka(ServiceFiles):
         if (self.home / "data" / "meta.properties").exists():
             return
         cluster_id = _cluster_id()
-        args = ["kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config)]
+        args = [
+            "kafka.tools.StorageTool",
+            "format",
+            f"--cluster-id={cluster_id}",
+            "-c",
+            str(config),
+        ]
         argfile = self.home / "format.args"
         if self.secure:
             # The admin must exist before the broker starts (it is the inter-broker user); its
@@ -325,9 +331,10 @@ class LocalKafka(ServiceFiles):
 
         upserts = [
             UserScramCredentialUpsertion(
-                user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
+                user,
+                ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
                 self._password(user).encode(),
-            )  # fmt: skip
+            )
             for user in self.role_users()
         ]
         if not upserts:
