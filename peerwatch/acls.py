@@ -14,6 +14,7 @@ IdempotentWrite on the cluster; none uses transactions, so none has a Transactio
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -91,6 +92,8 @@ def grants(
         out = _topics(p, (HEALTH,), "Write")
     elif role == "stream":
         out = _topics(p, STREAM_INPUTS, "Read") + _topics(p, STREAM_OUTPUTS, "Write")
+        # It checks the whole catalogue at start (partition counts: co-partitioning).
+        out += _topics(p, TOPICS, "Describe", "DescribeConfigs")
         # Its own topics: repartition topics, faust's changelogs and leader topic (created by
         # the worker, hence Create and DescribeConfigs); its groups: the app and the hot stage.
         out += [Grant("topic", app_id, "prefixed", op)
@@ -108,7 +111,7 @@ def grants(
         # It checks the whole catalogue at start (describes partitions and configs).
         archived = [t for t in TOPICS if t.value_schema]
         out = _topics(p, archived, "Read") + _topics(p, (DEADLETTER,), "Write")
-        out += _topics(p, TOPICS, "DescribeConfigs")
+        out += _topics(p, TOPICS, "Describe", "DescribeConfigs")
         out.append(Grant("group", ARCHIVER_GROUPS, "prefixed", "Read"))
     else:
         raise KeyError(role)
@@ -131,17 +134,20 @@ def bindings(users: Mapping[str, str], **kwargs: str) -> list[tuple[str, Grant]]
 
 
 def apply_acls(admin: object, pairs: Sequence[tuple[str, Grant]], timeout_s: float = 30.0) -> int:
-    """Create every binding with ``admin`` (a confluent-kafka AdminClient); returns how many.
-    Creating an existing binding is a no-op on the broker. Raises KafkaException (e.g. the
-    admin principal may not alter ACLs) or ServiceError when Kafka does not answer."""
+    """Create every binding with ``admin`` (a confluent-kafka AdminClient) and wait until the
+    broker describes them all (in force); returns how many. Creating an existing binding is a
+    no-op on the broker. Raises KafkaException (e.g. the admin principal may not alter ACLs) or
+    ServiceError when Kafka does not answer or the bindings are not in force in ``timeout_s``."""
     from confluent_kafka.admin import (  # type: ignore[attr-defined]
         AclBinding,
+        AclBindingFilter,
         AclOperation,
         AclPermissionType,
         ResourcePatternType,
         ResourceType,
     )
 
+    from peerwatch.errors import ServiceError
     from peerwatch.topic_admin import _result
 
     operation = {"Read": AclOperation.READ, "Write": AclOperation.WRITE,
@@ -166,4 +172,19 @@ def apply_acls(admin: object, pairs: Sequence[tuple[str, Grant]], timeout_s: flo
     futures = admin.create_acls(acls, request_timeout=timeout_s)  # type: ignore[attr-defined]
     for binding, future in futures.items():
         _result(future, timeout_s, f"create ACL {binding}")
-    return len(acls)
+    # The controller has them; the broker's authorizer applies them once it has replayed the
+    # metadata (tried: a write right after creation was refused). Return when it describes all.
+    wanted = set(acls)
+    any_binding = AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+        AclPermissionType.ANY,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while True:
+        future = admin.describe_acls(any_binding, request_timeout=timeout_s)  # type: ignore[attr-defined]
+        missing = wanted - set(_result(future, timeout_s, "describe ACLs"))
+        if not missing:
+            return len(acls)
+        if time.monotonic() >= deadline:
+            raise ServiceError(f"{len(missing)} ACL bindings not in force after {timeout_s:g} s")
+        time.sleep(0.1)
