@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from peerwatch.topics import (
     ACTIONS,
@@ -175,9 +176,11 @@ def apply_acls(admin: object, pairs: Sequence[tuple[str, Grant]], timeout_s: flo
     # The controller has them; the broker's authorizer applies them once it has replayed the
     # metadata (tried: a write right after creation was refused). Return when it describes all.
     wanted = set(acls)
+    # None matches any name, principal and host (the stubs say str).
+    anything: Any = None
     any_binding = AclBindingFilter(
-        ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
-        AclPermissionType.ANY,
+        ResourceType.ANY, anything, ResourcePatternType.ANY, anything, anything,
+        AclOperation.ANY, AclPermissionType.ANY,
     )  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while True:

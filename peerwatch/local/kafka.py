@@ -324,12 +324,13 @@ class LocalKafka(ServiceFiles):
         from confluent_kafka.admin import (  # type: ignore[attr-defined]
             ScramCredentialInfo,
             ScramMechanism,
+            UserScramCredentialAlteration,
             UserScramCredentialUpsertion,
         )
 
         from peerwatch.kafka_config import admin_config
 
-        upserts = [
+        upserts: list[UserScramCredentialAlteration] = [
             UserScramCredentialUpsertion(
                 user,
                 ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
