@@ -19,7 +19,8 @@ def register(sub: Any) -> None:
                    help="KRaft controller port (default: the broker port + 100, 9192)")  # fmt: skip
     p.add_argument("--secure", action="store_true",
                    help="SASL_SSL (SCRAM-SHA-512) with the project's own CA, ACLs enforced, one "
-                        "user per role; passwords and certificates under the state dir")  # fmt: skip
+                        "user per role; passwords and certificates under the state dir (give it to "
+                        "status too)")  # fmt: skip
     p.add_argument(
         "--timeout",
         type=float,

@@ -10,6 +10,7 @@ Slurm (run this module under ``flock /tmp/pw-slurm.lock``) and leaves the node r
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
@@ -255,8 +256,9 @@ def secrets_of(area: Area) -> list[str]:
 
 
 def test_every_role_works_end_to_end_with_its_own_credentials(
-    area: Area, idle_node: SlurmCluster, tmp_path: Path
+    area: Area, idle_node: SlurmCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)
     node = idle_node.node
     codecs = {s: AvroCodec(str(t.value_schema)) for s, t in STREAM_TOPICS.items()}
     by_role: dict[str, list[tuple[str, bytes, bytes]]] = {"agent": [], "slurm": []}
@@ -316,12 +318,15 @@ def test_every_role_works_end_to_end_with_its_own_credentials(
         assert consume(area.role("archiver"), "peerwatch-archive-test", [area.topic(SAMPLES)], 1)
         log_text = worker.log_path.read_text(errors="replace")
 
-    # Nothing secret in the worker's command line, its log, or the broker's log.
+    # Nothing secret in the worker's command line, its log, the broker's log, or what the
+    # clients and the drain controller logged here.
     broker_log = area.broker.log_file.read_text(errors="replace")
+    assert "drain controller running in SHADOW mode" in caplog.text  # the logs were captured
     for secret in secrets_of(area):
         assert secret not in cmdline
         assert secret not in log_text
         assert secret not in broker_log
+        assert secret not in caplog.text
 
 
 # -- refusals ----------------------------------------------------------------------------------
