@@ -149,9 +149,9 @@ class Verifier:
         kid = kid_raw.decode("utf-8", "replace")
         signing_key = self.keys.get(kid)
         if signing_key is None:
-            return Verdict(False, f"forged: unknown key id {kid!r}", kid)
+            return Verdict(False, f"forged: unknown key id {kid}", kid)
         if not hmac.compare_digest(signing_key.mac(key, value or b""), sig):
-            return Verdict(False, f"forged: signature does not match key {kid!r}", kid)
+            return Verdict(False, f"forged: signature does not match key {kid}", kid)
         return Verdict(True, "signed", kid)
 
 
