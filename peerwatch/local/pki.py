@@ -38,7 +38,7 @@ def _name(common_name: str) -> x509.Name:
 
 def write_private(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` readable by its owner only (created so: never world-readable)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # new folders: the owner's only
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
