@@ -485,3 +485,26 @@ def test_forged_recommendation_never_drains_a_node(
     last = actions(area, 5)[4]
     assert last["decision"] == ("DRAINED" if enforce else "SHADOWED"), last
     assert len(slurm.drains) == (1 if enforce else 0)
+
+
+def test_topics_and_acls_commands_set_up_a_prefix_as_the_admin(broker: LocalKafka) -> None:
+    prefix = f"c{uuid.uuid4().hex[:8]}."
+    admin = broker.client_settings()
+    env = {**os.environ, "PEERWATCH_TOPIC_PREFIX": prefix,
+           "PEERWATCH_KAFKA_BOOTSTRAP": broker.bootstrap,
+           "PEERWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+           "PEERWATCH_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+           "PEERWATCH_KAFKA_SASL_USERNAME": ADMIN_USER,
+           "PEERWATCH_KAFKA_SASL_PASSWORD_FILE": str(admin.sasl_password_file),
+           "PEERWATCH_KAFKA_SSL_CA_LOCATION": str(admin.ssl_ca_location)}  # fmt: skip
+    cli = str(Path(sys.executable).with_name("peerwatch"))
+    for args in (["topics", "create"], ["topics", "acls", "--apply"]):
+        out = subprocess.run([cli, *args], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    want = bindings(default_users(), topic_prefix=prefix, app_id=prefix + APP)
+    assert f"applied {len(want)} ACL bindings" in out.stdout
+    # In force: the agent writes its samples under the prefix and no one else's topic.
+    agent = broker.client_settings("peerwatch-agent")
+    assert produce(agent, [(prefix + SAMPLES.name, b"n", b"x")]) == [None]
+    [err] = produce(agent, [(prefix + RECOMMENDATIONS.name, b"n", b"x")])
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
