@@ -107,6 +107,12 @@ class _Commands:
         parser: argparse.ArgumentParser = self.action.add_parser(name, **kwargs)
         return parser
 
+    @property
+    def choices(self) -> dict[str, argparse.ArgumentParser]:
+        """The parsers added so far, by command name (as the subparsers action's)."""
+        found: dict[str, argparse.ArgumentParser] = self.action.choices
+        return found
+
 
 def _grouped(helps: dict[str, str]) -> str:
     lines = []

@@ -22,6 +22,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "zstandard": "archive",
     "opentelemetry": "telemetry",
     "httpx": "export",
+    "cryptography": "local",
     "grpc": "telemetry",
     # confluent_kafka.schema_registry's own dependencies (confluent-kafka[schemaregistry])
     "authlib": "registry",

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from peerwatch.errors import KafkaAuthError
 from peerwatch.settings import KafkaSettings
 
 #: Producer defaults for telemetry: nothing lost, nothing duplicated by retries, keys partitioned
@@ -168,9 +169,54 @@ def client_logger() -> LibrdkafkaLogger:
     return _CLIENT_LOGGER
 
 
+#: librdkafka error names of authentication and TLS errors ...
+AUTH_ERROR_NAMES = frozenset({"_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "_SSL"})
+#: ... and the texts (lower case) that make one a refusal retrying cannot cure: the broker
+#: refused the credentials, or the TLS handshake failed (a certificate not from the trusted
+#: CA). librdkafka also reports a connection lost mid-handshake as _AUTHENTICATION ("SASL
+#: authentication error: SaslAuthenticateRequest failed: Local: Broker transport failure"):
+#: that one is transient and left to its retries.
+REFUSAL_TEXT: tuple[str, ...] = (
+    "authentication failed",
+    "invalid credentials",
+    "certificate verify failed",
+    "handshake failed",
+)
+
+
+class AuthGuard:
+    """Every confluent-kafka client's default ``error_cb``: on an authentication or TLS error it
+    raises :class:`~peerwatch.errors.KafkaAuthError` naming the user and the cause, which
+    confluent-kafka re-raises from the client's ``poll``/``consume``/``flush``: the process
+    stops with the reason instead of reconnecting forever (librdkafka never gives up on its
+    own). Other errors are left to librdkafka's log lines (:class:`LibrdkafkaLogger`)."""
+
+    def __init__(self, user: str | None, mechanism: str | None) -> None:
+        self.user = user
+        self.mechanism = mechanism
+
+    def __call__(self, err: Any) -> None:
+        name, text = str(err.name()), str(err.str())
+        if name not in AUTH_ERROR_NAMES or not any(t in text.lower() for t in REFUSAL_TEXT):
+            return
+        if name == "_SSL":
+            raise KafkaAuthError(
+                f"TLS handshake with Kafka failed ({text}): is kafka.ssl_ca_location the "
+                "CA that signed the broker's certificate?"
+            )
+        raise KafkaAuthError(
+            f"Kafka refused the credentials of user {self.user!r} ({self.mechanism}): "
+            f"{text}; check kafka.sasl_username and kafka.sasl_password(_file)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # configs cross process boundaries (spawn)
+        return (AuthGuard, (self.user, self.mechanism))
+
+
 def _common(settings: KafkaSettings) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "logger": client_logger(),
+        "error_cb": AuthGuard(settings.sasl_username, settings.sasl_mechanism),
         "bootstrap.servers": settings.bootstrap_servers,
         "client.id": settings.client_id,
         "security.protocol": settings.security_protocol,
@@ -179,8 +225,9 @@ def _common(settings: KafkaSettings) -> dict[str, Any]:
         conf["sasl.mechanism"] = settings.sasl_mechanism
     if settings.sasl_username:
         conf["sasl.username"] = settings.sasl_username
-    if settings.sasl_password:
-        conf["sasl.password"] = settings.sasl_password.reveal()
+    password = settings.password()
+    if password:
+        conf["sasl.password"] = password
     for key, value in (
         ("ssl.ca.location", settings.ssl_ca_location),
         ("ssl.certificate.location", settings.ssl_certificate_location),
@@ -235,6 +282,7 @@ def aiokafka_kwargs(settings: KafkaSettings) -> dict[str, Any]:
         kwargs["sasl_mechanism"] = settings.sasl_mechanism
     if settings.sasl_username:
         kwargs["sasl_plain_username"] = settings.sasl_username
-    if settings.sasl_password:
-        kwargs["sasl_plain_password"] = settings.sasl_password.reveal()
+    password = settings.password()
+    if password:
+        kwargs["sasl_plain_password"] = password
     return kwargs

@@ -7,7 +7,8 @@ Tables (each a frozen dataclass that validates itself, :mod:`peerwatch.settings_
 :class:`~peerwatch.streams.core.settings.PolicySettings` · ``[drain]``
 :class:`~peerwatch.exporters.drain.config.DrainSettings` · ``[export]`` :class:`ExportSettings` ·
 ``[alertmanager]`` :class:`AlertmanagerSettings` · ``[agent]`` :class:`AgentSettings` ·
-``[telemetry]`` :class:`TelemetrySettings`; the paths shared by every process are top-level keys.
+``[telemetry]`` :class:`TelemetrySettings` · ``[signing]``
+:class:`~peerwatch.signing.SigningSettings`; the paths shared by every process are top-level keys.
 
 The config file is TOML (``--config FILE`` or ``$PEERWATCH_CONFIG``). Environment names are
 derived from the fields: ``PEERWATCH_<TABLE>_<FIELD>`` (``PEERWATCH_<FIELD>`` for top-level keys),
@@ -37,6 +38,7 @@ from peerwatch.settings_base import (
     parse_text,
     setting,
 )
+from peerwatch.signing import SigningSettings
 from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
 
 __all__ = [
@@ -66,6 +68,12 @@ class KafkaSettings:
     sasl_mechanism: str | None = setting(None, "one of " + ", ".join(SASL_MECHANISMS))
     sasl_username: str | None = setting(None, "SASL user")
     sasl_password: Secret | None = setting(None, "SASL password (secret)")
+    sasl_password_file: str | None = setting(
+        None,
+        "file holding the SASL password (e.g. a systemd credential, "
+        "$CREDENTIALS_DIRECTORY/kafka-password); read when a client is made; wins over "
+        "sasl_password",
+    )
     ssl_ca_location: str | None = setting(None, "CA bundle file (PEM)")
     ssl_certificate_location: str | None = setting(None, "client certificate file (PEM)")
     ssl_key_location: str | None = setting(None, "client key file (PEM)")
@@ -97,12 +105,31 @@ class KafkaSettings:
                     f"be one of {', '.join(SASL_MECHANISMS)}",
                 )
             if self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
-                self.sasl_username and self.sasl_password
+                self.sasl_username and (self.sasl_password or self.sasl_password_file)
             ):
                 raise ConfigError(
                     f"{t}.sasl_username",
-                    f"sasl_username and sasl_password are required with {self.sasl_mechanism}",
+                    f"sasl_username and sasl_password (or sasl_password_file) are required with "
+                    f"{self.sasl_mechanism}",
                 )
+
+    def password(self) -> str | None:
+        """The SASL password: ``sasl_password_file``'s content (trailing newline dropped) or
+        ``sasl_password``. Call it where a client is configured, never to print. Raises
+        ConfigError naming ``kafka.sasl_password_file`` when the file cannot be read or is
+        empty."""
+        if self.sasl_password_file:
+            path = os.path.expandvars(os.path.expanduser(self.sasl_password_file))
+            try:
+                text = Path(path).read_text().rstrip("\r\n")
+            except OSError as exc:
+                raise ConfigError(
+                    "kafka.sasl_password_file", f"cannot read {path}: {exc.strerror}"
+                ) from exc
+            if not text:
+                raise ConfigError("kafka.sasl_password_file", f"{path} is empty")
+            return text
+        return self.sasl_password.reveal() if self.sasl_password else None
 
 
 @dataclass(frozen=True)
@@ -265,6 +292,7 @@ class Settings:
     alertmanager: AlertmanagerSettings = field(default_factory=AlertmanagerSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    signing: SigningSettings = field(default_factory=SigningSettings)
 
     def __post_init__(self) -> None:
         for name in ROOT_KEYS:
@@ -282,6 +310,7 @@ TABLES: dict[str, type] = {
     "alertmanager": AlertmanagerSettings,
     "agent": AgentSettings,
     "telemetry": TelemetrySettings,
+    "signing": SigningSettings,
 }
 ROOT_KEYS = ("spool_dir", "cache_dir", "state_dir", "topic_prefix")
 CONFIG_FILE_ENV = "PEERWATCH_CONFIG"

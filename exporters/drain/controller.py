@@ -32,10 +32,12 @@ from peerwatch.exporters.drain.decide import (
     forget_resumed,
     observe_node,
 )
+from peerwatch.exporters.drain.provenance import refusal_of, unverified_decision
 from peerwatch.exporters.drain.slurm_ops import SlurmOps
 from peerwatch.exporters.drain.state import ControllerState, StateStore
 from peerwatch.io.deadletter import dead_letter_headers, produce_dead_letter
 from peerwatch.schemas.codec import AvroCodec
+from peerwatch.signing import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class DrainStats:
     deadletter: int = 0
     node_events: int = 0
     audit_failures: int = 0
+    unverified: int = 0
     decision_time_s: float = 0.0
     outbox_depth: int | None = None
     drained_nodes: int | None = None
@@ -164,8 +167,10 @@ class DrainController:
         topics: Topics,
         clock: Clock = SYSTEM_CLOCK,
         sleep: Callable[[float], None] = time.sleep,
+        verifier: Verifier | None = None,
     ) -> None:
         self._consumer = consumer
+        self._verifier = verifier
         self._publisher = publisher
         self._slurm = slurm
         self._store = store
@@ -218,6 +223,14 @@ class DrainController:
         started_s = time.monotonic()
         source = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
         with self._store.transaction() as state:
+            why = refusal_of(self._verifier, msg)
+            if why is not None:
+                decision = unverified_decision(msg.key(), why, self._settings.enforce, now_ms)
+                state.outbox.append(action_record(decision, source))
+                self.stats.unverified += 1
+                self.stats.refused += 1
+                log.warning("refused %s from %s: %s", decision.node, source, decision.detail)
+                return
             try:
                 rec = self._rec_codec.decode(msg.value() or b"")
             except CodecError as exc:

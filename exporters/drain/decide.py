@@ -63,6 +63,8 @@ class Refusal(StrEnum):
     EVIDENCE_BEFORE_RESUME = "evidence_before_resume"
     #: The drain would take peerwatch-drained nodes of the whole cluster above the cap.
     CLUSTER_CAP = "cluster_cap"
+    #: Not signed by a stream worker's key (exporters/drain/provenance.py): never decided.
+    UNVERIFIED_SOURCE = "unverified_source"
 
 
 @dataclass(frozen=True)

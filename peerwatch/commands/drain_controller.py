@@ -98,12 +98,15 @@ def run(args: argparse.Namespace) -> int:
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    from peerwatch.signing import verifier_of
+
+    verifier = verifier_of(settings.signing)  # before connecting: a bad key file exits at once
     reset = offset_reset(store)  # before the controller's first save creates the file
     consumer = Consumer(
         consumer_config(settings.kafka, drain.group_id, **{"auto.offset.reset": reset})
     )
     controller = DrainController(consumer, _publisher(settings, drain), slurm, store, drain,
-                                 _topics(settings))  # fmt: skip
+                                 _topics(settings), verifier=verifier)  # fmt: skip
     from peerwatch.exporters.telemetry_start import start_self_telemetry
 
     telemetry = start_self_telemetry(

@@ -1,5 +1,7 @@
-"""``peerwatch topics create|list`` — the topic catalogue on a real cluster; ``list`` shows
-beside each catalogue topic what the broker holds (partitions, configs that differ, missing)."""
+"""``peerwatch topics create|list|acls`` — the topic catalogue on a real cluster (``list`` shows
+beside each catalogue topic what the broker holds: partitions, configs that differ, missing), and
+the ACLs of each role's principal (:mod:`peerwatch.acls`; ``acls`` prints them, ``acls --apply``
+creates them as the configured Kafka user, who must be allowed to alter ACLs)."""
 
 from __future__ import annotations
 
@@ -13,15 +15,56 @@ from peerwatch.topics import catalogue
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("topics", help="create or list the catalogue's topics")
-    p.add_argument("action", choices=["create", "list"])
+    p = sub.add_parser("topics", help="create or list the catalogue's topics, or their ACLs")
+    p.add_argument("action", choices=["create", "list", "acls"])
     p.add_argument("--replication-factor", type=int, default=1)
     p.add_argument("--catalogue-only", action="store_true",
                    help="list: the catalogue alone, without asking the broker")  # fmt: skip
+    p.add_argument("--apply", action="store_true",
+                   help="acls: create the bindings on the cluster (else only print them)")  # fmt: skip
+    p.add_argument("--user", action="append", default=[], metavar="ROLE=NAME",
+                   help="acls: the SASL user of a role (default peerwatch-<role>); repeatable")  # fmt: skip
     p.set_defaults(func=run)
 
 
+def _users(pairs: list[str]) -> dict[str, str]:
+    from peerwatch.acls import ROLES, default_users
+    from peerwatch.errors import ConfigError
+
+    users = default_users()
+    for pair in pairs:
+        role, sep, name = pair.partition("=")
+        if not sep or role not in ROLES or not name.strip():
+            raise ConfigError(
+                "--user", f"{pair!r} is not ROLE=NAME with ROLE one of {', '.join(ROLES)}"
+            )
+        users[role] = name.strip()
+    return users
+
+
+def _acls(args: argparse.Namespace) -> int:
+    from peerwatch.acls import apply_acls, bindings
+
+    settings = settings_of(args)
+    pairs = bindings(
+        _users(args.user), topic_prefix=settings.topic_prefix,
+        app_id=settings.topic_prefix + settings.stream.app_id, drain_group=settings.drain.group_id,
+    )  # fmt: skip
+    for principal, g in pairs:
+        print(f"{principal:32} {g.operation:16} {g.resource:6} {g.pattern:9} {g.name}")
+    if args.apply:
+        from confluent_kafka.admin import AdminClient
+
+        from peerwatch.kafka_config import admin_config
+
+        count = apply_acls(AdminClient(admin_config(settings.kafka)), pairs)
+        print(f"applied {count} ACL bindings")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.action == "acls":
+        return _acls(args)
     settings = settings_of(args)
     specs = catalogue(settings.topic_prefix, settings.stream.node_partitions)
     if args.action == "list":

@@ -42,6 +42,7 @@ import mode
 
 from peerwatch.io.deadletter import dead_letter_headers, without_payload
 from peerwatch.settings import Settings, expand
+from peerwatch.signing import signer_of
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.pipeline import PolicyStage
@@ -70,7 +71,7 @@ def _credentials(settings: Settings) -> Any:
     if kafka.sasl_mechanism:
         return faust.SASLCredentials(
             username=kafka.sasl_username,
-            password=kafka.sasl_password.reveal() if kafka.sasl_password else None,
+            password=kafka.password(),
             ssl_context=kw.get("ssl_context"),
             mechanism=kafka.sasl_mechanism,
         )
@@ -272,6 +273,8 @@ def build_app(settings: Settings) -> faust.App:
                 await dead(event, "invalid", str(exc))
 
     # -- stage 4: the drain policy, keyed by node (the pure PolicyStage; see handlers) ----------
+    # Recommendations carry the stream's HMAC when [signing] has a key (peerwatch.signing).
+    signer = signer_of(settings.signing)
     policy_handler = PolicyHandler(
         PolicyStage(settings.policy), policy_table, findings_topic=findings_t.get_topic_name(),
         health_topic=health_t.get_topic_name(), counters=counters,
@@ -288,7 +291,8 @@ def build_app(settings: Settings) -> faust.App:
                 await dead(event, "invalid", str(exc))
                 continue
             for key, value in recs:
-                await recs_out.send(key=key, value=value)
+                headers = signer.headers(key, value) if signer is not None else None
+                await recs_out.send(key=key, value=value, headers=headers)
 
     # -- rebalances: stages 3 and 4 hold their tables' state in memory too; a partition that
     # comes back after another worker held it must be read from the tables again (see forget).
