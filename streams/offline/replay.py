@@ -262,14 +262,18 @@ def archive_records(
         for hour in sorted(hours):
             tasks: list[tuple[str, str | bytes, frozenset[str] | None]] = []
             file_of: list[int] = []  # each task's file (its index in the hour)
+            layouts: list[ReadStats] = []  # what cutting each file into parts skipped
             for i, (stream, path) in enumerate(hours[hour]):
+                layout = ReadStats()
                 try:
-                    parts = split_file(path, part_bytes, stats)
-                    tasks += [(stream, part, keep_nodes) for part in parts]
-                    file_of += [i] * len(parts)
-                except ValueError:  # not even a header: read_file logs and skips it
-                    tasks.append((stream, str(path), keep_nodes))
-                    file_of.append(i)
+                    parts: list[str | bytes] = list(split_file(path, part_bytes, layout))
+                except ValueError:
+                    parts = []
+                if not parts:  # no header or no whole block: read_file judges it, as elsewhere
+                    parts, layout = [str(path)], ReadStats()
+                tasks += [(stream, part, keep_nodes) for part in parts]
+                file_of += [i] * len(parts)
+                layouts.append(layout)
             with bulk_load():
                 decoded = []
                 bad_files: set[int] = set()
@@ -281,7 +285,12 @@ def archive_records(
                     if stats is not None:
                         stats.add(skipped)
                 if stats is not None:
+                    # A file with an unreadable header counts once, as in the other modes: as a
+                    # bad file, not also by what its blocks' layout skipped.
                     stats.bad_files += len(bad_files)
+                    for i, layout in enumerate(layouts):
+                        if i not in bad_files:
+                            stats.add(layout)
                 admitted = _admitted(decoded, span)
                 del decoded
             yield from admitted
