@@ -41,6 +41,7 @@ from peerwatch.exporters.archive_files import (
     HOUR_MS,
     ReadStats,
     archive_files,
+    in_current_version,
     read_container,
     read_file,
     record_time_ms,
@@ -265,11 +266,15 @@ def archive_records(
             layouts: list[ReadStats] = []  # what cutting each file into parts skipped
             for i, (stream, path) in enumerate(hours[hour]):
                 layout = ReadStats()
-                try:
-                    parts: list[str | bytes] = list(split_file(path, part_bytes, layout))
-                except ValueError:
-                    parts = []
-                if not parts:  # no header or no whole block: read_file judges it, as elsewhere
+                parts: list[str | bytes] = []
+                # Only a file of the current schema is cut into parts: fastavro reads another
+                # version (or judges a bad header) and ends at its first fault, where each
+                # part would go on past it.
+                schema = current_schema(str(INPUT_STREAMS[stream].value_schema))
+                if in_current_version(path, schema):
+                    with contextlib.suppress(ValueError):
+                        parts = list(split_file(path, part_bytes, layout))
+                if not parts:  # read whole by read_file, as the other modes read it
                     parts, layout = [str(path)], ReadStats()
                 tasks += [(stream, part, keep_nodes) for part in parts]
                 file_of += [i] * len(parts)
