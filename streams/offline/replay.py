@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from peerwatch.io.archive.layout import HOUR_MS, ReadStats, archive_files, record_time_ms
-from peerwatch.io.archive.reader import read_container, read_file, split_file
+from peerwatch.io.archive.reader import in_current_version, read_container, read_file, split_file
 from peerwatch.schemas.registry import current_schema
 from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import (
@@ -254,14 +254,22 @@ def archive_records(
         for hour in sorted(hours):
             tasks: list[tuple[str, str | bytes, frozenset[str] | None]] = []
             file_of: list[int] = []  # each task's file (its index in the hour)
+            layouts: list[ReadStats] = []  # what cutting each file into parts skipped
             for i, (stream, path) in enumerate(hours[hour]):
-                try:
-                    parts = split_file(path, part_bytes, stats)
-                    tasks += [(stream, part, keep_nodes) for part in parts]
-                    file_of += [i] * len(parts)
-                except ValueError:  # not even a header: read_file logs and skips it
-                    tasks.append((stream, str(path), keep_nodes))
-                    file_of.append(i)
+                layout = ReadStats()
+                parts: list[str | bytes] = []
+                # Only a file of the current schema is cut into parts: fastavro reads another
+                # version (or judges a bad header) and ends at its first fault, where each
+                # part would go on past it.
+                schema = current_schema(str(INPUT_STREAMS[stream].value_schema))
+                if in_current_version(path, schema):
+                    with contextlib.suppress(ValueError):
+                        parts = list(split_file(path, part_bytes, layout))
+                if not parts:  # read whole by read_file, as the other modes read it
+                    parts, layout = [str(path)], ReadStats()
+                tasks += [(stream, part, keep_nodes) for part in parts]
+                file_of += [i] * len(parts)
+                layouts.append(layout)
             with bulk_load():
                 decoded = []
                 bad_files: set[int] = set()
@@ -273,7 +281,12 @@ def archive_records(
                     if stats is not None:
                         stats.add(skipped)
                 if stats is not None:
+                    # A file with an unreadable header counts once, as in the other modes: as a
+                    # bad file, not also by what its blocks' layout skipped.
                     stats.bad_files += len(bad_files)
+                    for i, layout in enumerate(layouts):
+                        if i not in bad_files:
+                            stats.add(layout)
                 admitted = _admitted(decoded, span)
                 del decoded
             yield from admitted

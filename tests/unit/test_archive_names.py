@@ -124,9 +124,13 @@ def test_the_archiver_recovers_and_retains_beside_misnamed_entries(tmp_path: Pat
     writer.close()
 
 
-def test_a_damaged_header_counts_one_bad_file_in_every_replay_mode(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cut_tail", [False, True])
+def test_a_damaged_header_counts_one_bad_file_in_every_replay_mode(
+    tmp_path: Path, cut_tail: bool
+) -> None:
     # A header that parses but names a codec no reader has: --workers cut the file into parts
-    # and counted it once per part (32 here), the other modes once.
+    # and counted it once per part (32 here), the other modes once; with a cut tail, --workers
+    # counted that too, the other modes only the bad file.
     from test_archive_hostile import write_samples
 
     fleet = Fleet(parse_scenario(SCENARIO))
@@ -135,7 +139,8 @@ def test_a_damaged_header_counts_one_bad_file_in_every_replay_mode(tmp_path: Pat
     write_samples(path, samples[:160], per_block=5)
     data = path.read_bytes()
     assert data.count(b"null") >= 1
-    path.write_bytes(data.replace(b"null", b"nulx", 1))  # avro.codec
+    data = data.replace(b"null", b"nulx", 1)  # avro.codec
+    path.write_bytes(data[:-7] if cut_tail else data)
     span = TimeRange(T0, T0 + HOUR_MS)
     counted = {}
     for name, read in [
@@ -148,3 +153,25 @@ def test_a_damaged_header_counts_one_bad_file_in_every_replay_mode(tmp_path: Pat
         counted[name] = stats.as_dict()
     assert counted["decoded"] == counted["workers"] == counted["columns"]
     assert counted["decoded"]["bad_files"] == 1
+
+
+def test_a_file_of_another_schema_version_counts_alike_with_workers(tmp_path: Path) -> None:
+    # Read by fastavro (schema resolution), which ends at the first fault: --workers cut it into
+    # parts that each went on past it (a cut tail counted per part, records kept after it).
+    from test_archive_hostile import write_samples
+
+    fleet = Fleet(parse_scenario(SCENARIO))
+    samples = [r.value for _, recs in fleet.timed_ticks() for r in recs if r.stream == "samples"]
+    path = tmp_path / SAMPLES / "2026-01-01T00.avro"
+    write_samples(path, samples[:160], per_block=5)
+    data = path.read_bytes()
+    assert data.count(b'"interval_ms"') == 1  # a field without default, renamed: unresolvable
+    path.write_bytes(data.replace(b'"interval_ms"', b'"interval_mx"'))
+    span = TimeRange(T0, T0 + HOUR_MS)
+    counted = []
+    for workers in (1, 2):
+        stats = ReadStats()
+        kept = list(archive_records(tmp_path, span, workers=workers, part_bytes=500, stats=stats))
+        counted.append((len(kept), stats.as_dict()))
+    assert counted[0] == counted[1]
+    assert counted[0][1]["cut_tails"] == 1

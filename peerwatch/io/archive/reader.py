@@ -34,6 +34,19 @@ def _canonical(schema: Any) -> str:
     return str(to_parsing_canonical_form(schema))
 
 
+def in_current_version(path: Path, reader_schema: Any) -> bool:
+    """Whether a container file's header is readable and names ``reader_schema`` (read by the
+    compiled reader, which skips a bad record and goes on; a file of another schema version is
+    read by fastavro, which ends at its first fault). Raises OSError when the file cannot be
+    opened."""
+    with Path(path).open("rb") as fh:
+        try:
+            writer_schema = fastavro.block_reader(fh).writer_schema
+        except Exception:  # an unreadable header: read_file judges and counts it
+            return False
+    return _canonical(writer_schema) == _canonical(reader_schema)
+
+
 def read_file(
     path: Path,
     reader_schema: Any = None,
