@@ -37,7 +37,12 @@ from peerwatch.settings_base import (
     parse_text,
     setting,
 )
-from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
+from peerwatch.streams.core.settings import (
+    DetectorSettings,
+    NetworkSettings,
+    PolicySettings,
+    StreamSettings,
+)
 
 __all__ = [
     "AlertmanagerSettings",
@@ -240,6 +245,7 @@ class Settings:
     stream: StreamSettings = field(default_factory=StreamSettings)
     detector: DetectorSettings = field(default_factory=DetectorSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+    network: NetworkSettings = field(default_factory=NetworkSettings)
     drain: DrainSettings = field(default_factory=DrainSettings)
     export: ExportSettings = field(default_factory=ExportSettings)
     alertmanager: AlertmanagerSettings = field(default_factory=AlertmanagerSettings)
@@ -258,6 +264,7 @@ TABLES: dict[str, type] = {
     "stream": StreamSettings,
     "detector": DetectorSettings,
     "policy": PolicySettings,
+    "network": NetworkSettings,
     "drain": DrainSettings,
     "export": ExportSettings,
     "alertmanager": AlertmanagerSettings,
