@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from peerwatch.producers.nic.counters import counter_delta
-from peerwatch.schemas.records import StragglerFinding
+from peerwatch.schemas.records import FindingStatus, StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.model import HARD_ERROR, IDLE_JOB_PREFIX, SUSPECT, stable_id
 from peerwatch.streams.core.network_rules import LINK_RULES, RULE_COUNTERS, LinkRule
@@ -320,7 +320,7 @@ class LinkWatch:
         job = self._job(node, ts, reading.get("gpu_indices"))
         window_ms = self.detector.window_ms
         start = ts - ts % window_ms
-        status = HARD_ERROR if drain else SUSPECT
+        status: FindingStatus = HARD_ERROR if drain else SUSPECT
         what = ", ".join(rules)
         rate = reading.get("rate_gbps")
         detail = f" at {rate:g} Gb/s" if not drain and isinstance(rate, (int, float)) else ""
