@@ -406,6 +406,11 @@ class NetworkSettings:
     )
     peer_min_nodes: int = setting(4, "peer comparison needs at least this many nodes in the job")
     peer_z: float = setting(3.5, "|z| at or above this (in the bad direction) flags a node's port")
+    xmit_wait_bytes_per_tick: float = setting(
+        8.0,
+        "bytes of lost transmission one port_xmit_wait tick stands for (NVIDIA ibdiagnet manual: "
+        "Quantum switches and ConnectX count every 8 bytes), to turn it into a share of the window",
+    )
     peer_wait_share: float = setting(
         0.10, "material effect: port_xmit_wait share of the window this much above the median"
     )
@@ -437,7 +442,7 @@ class NetworkSettings:
         check_positive(self, t, "port_rcv_errors_per_s", "local_ack_timeout_err_per_s")
         check_positive(self, t, "port_xmit_discards_per_s", "roce_slow_restart_per_s")
         check_positive(self, t, "peer_error_per_s", "peer_cnp_per_s", "confirm_s")
-        check_positive(self, t, "switch_window_s")
+        check_positive(self, t, "switch_window_s", "xmit_wait_bytes_per_tick")
         check_at_least(self, t, 0, "rated_gbps", "repeat_after_s")
         check_at_least(self, t, 2, "peer_min_nodes", "switch_min_nodes")
         check_range(self, t, 0, 1, "peer_wait_share", "peer_throughput_rel")
