@@ -183,3 +183,24 @@ def test_a_nic_fault_needs_nics_and_a_port_that_exists() -> None:
             doc({"name": "nic_port_down", "node": 1, "start_s": 1, "params": {"port": 2}})
         )
     assert exc.value.field == "faults[0].params.port"
+
+
+def test_the_network_suite_labels_every_nic_kind() -> None:
+    from peerwatch.streams.tools.eval_suites import network
+
+    fleet = Fleet(parse_scenario(network(1).doc))
+    labels = {(lb["name"], lb.get("port"), lb["end_ms"] - lb["start_ms"]): lb["expect"]
+              for lb in fleet.labels()}  # fmt: skip
+    assert labels == {
+        ("nic_port_down", "mlx5_2/1", 3000): "drain",
+        ("nic_port_down", "mlx5_5/1", 30_000): "drain",
+        ("nic_port_flap", "mlx5_1/1", 120_000): "drain",
+        ("nic_symbol_errors", "mlx5_4/1", 100_000): "drain",
+        ("nic_half_rate", "mlx5_6/1", 400_000): "network",
+        ("nic_retransmit", "mlx5_3/1", 700_000 - 318_000): "network",  # onset 300 + 18 s
+        ("switch_congestion", None, 120_000): "switch",
+        ("alltoall_phase", None, 60_000): "nothing",
+        ("checkpoint_traffic", None, 50_000): "nothing",
+        ("nic_counter_reset", None, 500_000): "nothing",
+        ("node_reboot", None, 780_000): "nothing",
+    }
