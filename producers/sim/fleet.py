@@ -309,7 +309,7 @@ class Fleet:
                     }
                     out.append(SimRecord("samples", names[n], sample))
                     if nic is not None and nic.publishing(n, t):
-                        nic_rec = nic.sample(n, names[n], t, sample["ts_ms"], iv, activity,
+                        nic_rec = nic.sample(n, names[n], t, t0 + t + skew, iv, activity,
                                              self.agent_run_ids[n])  # fmt: skip
                         out.append(SimRecord("nic-samples", names[n], dict(nic_rec)))
                 if advance:

@@ -4,7 +4,8 @@ Congestion or a failing leaf switch shows on every node below it, in whatever jo
 :class:`SwitchWatch` takes the network symptoms of nodes (a link rule that fired, a peer feature
 that flagged a port: :meth:`SwitchWatch.add_finding` reads them from the NETWORK findings of
 :class:`~peerwatch.streams.core.link_watch.LinkWatch` and
-:class:`~peerwatch.streams.core.network_peers.NetworkPeers`) and, when ``network.switch_min_nodes``
+:class:`~peerwatch.streams.core.network_peers.NetworkPeers`; :meth:`SwitchWatch.window` finds
+them by comparing every node's ports across the fleet) and, when ``network.switch_min_nodes``
 distinct nodes under one leaf switch (:class:`~peerwatch.streams.core.topology.Topology`) show
 the same symptom within ``network.switch_window_s``, across jobs, publishes one finding naming
 the switch: status ``FLEET_WIDE`` (no node: the policy recommends nothing, the alert exporter
@@ -17,12 +18,14 @@ Pure; state is plain data (:meth:`snapshot` / :meth:`restore`); times are the sy
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from peerwatch.producers.nic.window import PortWindow
 from peerwatch.schemas.records import FeatureEvidence, StragglerFinding
 from peerwatch.streams.core.fleet import FLEET_JOB
 from peerwatch.streams.core.model import FLEET_WIDE, stable_id
+from peerwatch.streams.core.network_peers import compare_ports
 from peerwatch.streams.core.settings import DetectorSettings, NetworkSettings
 from peerwatch.streams.core.topology import Topology
 
@@ -53,8 +56,8 @@ class SwitchWatch:
         self.detector = detector or DetectorSettings()
         #: (switch, symptom) -> node -> (ts_ms, job_id, port) of its latest symptom
         self.seen: dict[tuple[str, str], dict[str, tuple[int, str | None, str | None]]] = {}
-        #: (switch, symptom) -> ms of the latest symptom while an episode was open (fired)
-        self.fired: dict[tuple[str, str], int] = {}
+        #: switch -> ms of the latest symptom while its episode is open (it fired)
+        self.fired: dict[str, int] = {}
         self.unplaced = 0
         self.findings = 0
 
@@ -71,27 +74,74 @@ class SwitchWatch:
         port: str | None = None,
     ) -> list[StragglerFinding]:
         """One symptom of one node; returns the switch finding it completes (or [])."""
+        switch = self._record(node, symptom, ts_ms, job_id, port)
+        return [] if switch is None else self._check(switch, symptom, ts_ms)
+
+    def _record(
+        self, node: str, symptom: str, ts_ms: int, job_id: str | None, port: str | None
+    ) -> str | None:
+        """Remember one symptom; returns the node's leaf switch (None: unplaced, counted)."""
         switch = self.topology.leaf(node)
         if switch is None:
             self.unplaced += 1
-            return []
-        key = (switch, symptom)
-        nodes = self.seen.setdefault(key, {})
+            return None
+        nodes = self.seen.setdefault((switch, symptom), {})
         last = nodes.get(node)
         if last is None or ts_ms >= last[0]:
             nodes[node] = (ts_ms, job_id, port)
+        return switch
+
+    def _check(self, switch: str, symptom: str, ts_ms: int) -> list[StragglerFinding]:
+        """The switch finding when enough of its nodes showed ``symptom`` lately (or [])."""
+        key = (switch, symptom)
         window_ms = self.settings.switch_window_s * 1000
-        recent = {n: v for n, v in nodes.items() if ts_ms - v[0] <= window_ms}
-        self.seen[key] = {n: v for n, v in nodes.items() if ts_ms - v[0] <= window_ms or n == node}
-        fired = self.fired.get(key, _FAR_PAST)
+        recent = {n: v for n, v in self.seen[key].items() if ts_ms - v[0] <= window_ms}
+        self.seen[key] = {n: v for n, v in self.seen[key].items() if ts_ms - v[0] <= window_ms}
+        fired = self.fired.get(switch, _FAR_PAST)
         if ts_ms - fired <= self.settings.repeat_after_s * 1000:
-            self.fired[key] = max(fired, ts_ms)  # the episode goes on: one finding
+            if recent:
+                self.fired[switch] = max(fired, ts_ms)  # the episode goes on: one finding
             return []
         if len(recent) < self.settings.switch_min_nodes:
             return []
-        self.fired[key] = ts_ms
+        self.fired[switch] = ts_ms
         self.findings += 1
         return [self._finding(switch, symptom, ts_ms, recent)]
+
+    def window(
+        self,
+        end_ms: int,
+        nodes: Mapping[str, Sequence[PortWindow]],
+        jobs: Mapping[str, str | None],
+    ) -> list[StragglerFinding]:
+        """One window of every reporting node's ports (``nodes``; ``jobs``: node -> its job or
+        None) compared across the fleet (:func:`~peerwatch.streams.core.network_peers.compare_ports`,
+        the same port on every node): a flagged node is a symptom of its leaf switch (observed at
+        ``end_ms``) unless its whole job stands out with it (every reporting node of the job
+        flagged: the job's own traffic, such as an all-to-all phase, not the switch). Congestion
+        that covers half of a job, which the job's own comparison cannot see, shows here."""
+        verdicts = compare_ports(nodes, self.settings)
+        flags: dict[str, list[tuple[str, str]]] = {}
+        for v in verdicts:
+            for feature in v.flags:
+                flags.setdefault(v.node, []).append((feature, v.port))
+        members: dict[str, set[str]] = {}
+        for node, job in jobs.items():
+            if job is not None and node in nodes:
+                members.setdefault(job, set()).add(node)
+        touched: set[tuple[str, str]] = set()
+        for node in sorted(flags):
+            job = jobs.get(node)
+            if job is not None and all(n in flags for n in members.get(job, ())):
+                continue  # the whole job stands out: its own traffic
+            for feature, port in sorted(set(flags[node])):
+                switch = self._record(node, feature, end_ms, job, port)
+                if switch is not None:
+                    touched.add((switch, feature))
+        out: list[StragglerFinding] = []
+        for switch, feature in sorted(touched):  # every node of the window first, then judged
+            out += self._check(switch, feature, end_ms)
+        return out
 
     def add_finding(self, finding: Mapping[str, Any]) -> list[StragglerFinding]:
         """The symptoms of one NETWORK finding (LinkWatch, NetworkPeers); returns the switch
@@ -114,7 +164,7 @@ class SwitchWatch:
         for (sw, _), nodes in self.seen.items():
             if sw != switch or node not in nodes:
                 continue
-            fired = self.fired.get((sw, _), _FAR_PAST)
+            fired = self.fired.get(sw, _FAR_PAST)
             if ts_ms - fired <= window_ms and abs(ts_ms - nodes[node][0]) <= window_ms:
                 return switch
         return None
@@ -184,7 +234,7 @@ class SwitchWatch:
         return {
             "seen": [[s, y, {n: list(v) for n, v in nodes.items()}]
                      for (s, y), nodes in sorted(self.seen.items())],
-            "fired": [[s, y, t] for (s, y), t in sorted(self.fired.items())],
+            "fired": [[s, t] for s, t in sorted(self.fired.items())],
         }  # fmt: skip
 
     def restore(self, data: Mapping[str, Any]) -> None:
@@ -193,4 +243,4 @@ class SwitchWatch:
             (str(s), str(y)): {str(n): (int(v[0]), v[1], v[2]) for n, v in nodes.items()}
             for s, y, nodes in data["seen"]
         }
-        self.fired = {(str(s), str(y)): int(t) for s, y, t in data["fired"]}
+        self.fired = {str(s): int(t) for s, t in data["fired"]}

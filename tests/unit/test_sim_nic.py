@@ -204,3 +204,49 @@ def test_the_network_suite_labels_every_nic_kind() -> None:
         ("nic_counter_reset", None, 500_000): "nothing",
         ("node_reboot", None, 780_000): "nothing",
     }
+
+
+def switch_findings(
+    records: list[tuple[str, str, dict[str, Any]]], nodes_n: int = 16
+) -> list[dict[str, Any]]:
+    """SwitchWatch.window over 5 s windows of every node's simulated ports (leaves of 4)."""
+    from peerwatch.streams.core.switch_watch import SwitchWatch
+    from peerwatch.streams.core.topology import parse_topology
+
+    topo = parse_topology("".join(f"SwitchName=leaf{i // 4:02d} Nodes=gpu[{i:05d}-{i + 3:05d}]\n"
+                                  for i in range(0, nodes_n, 4)))  # fmt: skip
+    series: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
+    for stream, key, value in records:
+        if stream == "nic-samples":
+            for port in value["ports"]:
+                series.setdefault((key, port["name"]), []).append((value["ts_ms"], port))
+    watch = SwitchWatch(topo)
+    jobs: dict[str, str | None] = {f"gpu{n:05d}": "1" for n in range(nodes_n)}
+    out: list[dict[str, Any]] = []
+    for start in range(T0 + 10_000, T0 + 115_000, 5000):
+        nodes: dict[str, list[Any]] = {}
+        for (node, port), readings in series.items():
+            nodes.setdefault(node, []).append(
+                port_window(port, readings, start, start + 5000, 2000)
+            )
+        out += watch.window(start + 5000, nodes, jobs)
+    return out
+
+
+def test_congestion_under_half_a_job_names_its_leaf_switch_once() -> None:
+    records, _ = run(doc({"name": "switch_congestion", "node": 5, "start_s": 40, "end_s": 100},
+                         nodes=16))  # fmt: skip
+    found = switch_findings(records)
+    assert [(f["switch"], f["status"], f["node"]) for f in found] == [
+        ("leaf01", "FLEET_WIDE", None)
+    ]
+    # the job's own comparison names the four nodes under it (alerts, never drains); they are
+    # all under the switch's leaf, so the wiring can fold them into the switch finding
+    named_nodes = {f["node"] for f in peer_findings(records)}
+    assert named_nodes == {"gpu00004", "gpu00005", "gpu00006", "gpu00007"}
+
+
+def test_an_all_to_all_phase_of_the_whole_job_names_no_switch() -> None:
+    records, _ = run(doc(confounders=({"name": "alltoall_phase", "node": 0, "start_s": 30,
+                                       "end_s": 90},), nodes=16))  # fmt: skip
+    assert switch_findings(records) == []

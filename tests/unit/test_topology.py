@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from peerwatch.producers.nic.window import PortWindow
 from peerwatch.producers.slurm.command import CommandResult, SlurmCommands
 from peerwatch.schemas.codec import codec_for
 from peerwatch.streams.core.policy import DrainPolicyState, apply
@@ -172,3 +173,29 @@ def test_snapshot_restore_and_prune() -> None:
     assert a.prune(500) == 1
     assert a.prune(10**9) == 1
     assert a.snapshot() == {"seen": [], "fired": []}
+
+
+def pw(port: str = "mlx5_0/1", wait: float = 0.01) -> PortWindow:
+    rates = {"port_xmit_wait": wait * 50e9 / 8, "port_xmit_data": 20e9, "port_rcv_data": 20e9}
+    return PortWindow(port, 0, 5000, 5, rates, 0.0, 0.0, 0, (), (), 400.0)
+
+
+def fleet_window(waiting: set[str], jobs: dict[str, str | None]) -> dict[str, list[PortWindow]]:
+    return {n: [pw(wait=0.4 if n in waiting else 0.01 * (1 + i % 3 / 10))]
+            for i, n in enumerate(sorted(jobs))}  # fmt: skip
+
+
+def test_the_fleet_window_names_the_switch_of_congestion_over_half_a_job() -> None:
+    jobs: dict[str, str | None] = {f"gpu{i:03d}": "A" if i <= 16 else "B" for i in range(1, 41)}
+    waiting = {f"gpu{i:03d}": None for i in range(9, 13)}  # under leaf01, half of job A's there
+    w = SwitchWatch(TOPO)
+    found = w.window(5000, fleet_window(set(waiting), jobs), jobs)
+    assert [(f["switch"], f["hard_rules"], f["windows_flagged"]) for f in found] == [
+        ("leaf01", ["net_wait"], 4)
+    ]
+
+
+def test_a_whole_job_standing_out_is_its_own_traffic_not_the_switch() -> None:
+    jobs: dict[str, str | None] = {f"gpu{i:03d}": "A" if i <= 4 else "B" for i in range(1, 41)}
+    all_to_all = {f"gpu{i:03d}" for i in range(1, 5)}  # job A entire, under leaf01
+    assert SwitchWatch(TOPO).window(5000, fleet_window(all_to_all, jobs), jobs) == []
