@@ -218,14 +218,13 @@ class LinkWatch:
             return False
         if rule.kind == "rise":
             before = mem.counters.get(rule.counter)
-            if before is None:
-                return False  # a first reading is a total since boot: never judged
-            d = counter_delta(rule.counter, before[1], current, (ts - before[0]) / 1000)
-            # a counter reaching its maximum rose; one that went down was reset (new baseline)
-            return (d.delta or 0) > 0 or (d.saturated and not d.reset and current > before[1])
+            # a first reading is a total since boot: never judged. Above the previous value is a
+            # rise (reaching the counter's maximum included); below it, a reset (new baseline);
+            # still at the maximum, unknown: the same as counter_delta, without its cost
+            return before is not None and current > before[1]
         anchor = mem.anchors.get(rule.name)
-        if anchor is None:
-            return False
+        if anchor is None or current == anchor[1]:
+            return False  # no rate yet, or nothing counted since the span began
         d = counter_delta(rule.counter, anchor[1], current, (ts - anchor[0]) / 1000)
         if d.delta is None:
             return False
