@@ -284,6 +284,14 @@ class NetworkPeers:
         self.jobs.pop(job_id, None)
         self.last_window.pop(job_id, None)
 
+    def prune(self, before_ms: int) -> int:
+        """Forget jobs whose last window started before ``before_ms`` (an end event lost, a
+        job gone quiet); returns how many."""
+        old = [j for j, start in self.last_window.items() if start < before_ms]
+        for job_id in old:
+            self.end_job(job_id)
+        return len(old)
+
     def snapshot(self) -> dict[str, object]:
         """Plain JSON data (:meth:`restore` takes it back)."""
         return {

@@ -196,3 +196,11 @@ def test_end_job_forgets_it() -> None:
 def test_every_feature_has_a_bad_direction() -> None:
     assert {f.direction for f in FEATURES} <= {1, -1}
     assert len({f.name for f in FEATURES}) == len(FEATURES)
+
+
+def test_prune_forgets_quiet_jobs() -> None:
+    peers = NetworkPeers()
+    windows(peers, 2, n17=WAITING)
+    peers.window("j2", 50 * W, 51 * W, job(8, start=50 * W), True)
+    assert peers.prune(10 * W) == 1
+    assert sorted(peers.snapshot()["last_window"]) == ["j2"]  # type: ignore[call-overload]
