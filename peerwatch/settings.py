@@ -39,7 +39,12 @@ from peerwatch.settings_base import (
     setting,
 )
 from peerwatch.signing import SigningSettings
-from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
+from peerwatch.streams.core.settings import (
+    DetectorSettings,
+    NetworkSettings,
+    PolicySettings,
+    StreamSettings,
+)
 
 __all__ = [
     "AlertmanagerSettings",
@@ -287,6 +292,7 @@ class Settings:
     stream: StreamSettings = field(default_factory=StreamSettings)
     detector: DetectorSettings = field(default_factory=DetectorSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+    network: NetworkSettings = field(default_factory=NetworkSettings)
     drain: DrainSettings = field(default_factory=DrainSettings)
     export: ExportSettings = field(default_factory=ExportSettings)
     alertmanager: AlertmanagerSettings = field(default_factory=AlertmanagerSettings)
@@ -305,6 +311,7 @@ TABLES: dict[str, type] = {
     "stream": StreamSettings,
     "detector": DetectorSettings,
     "policy": PolicySettings,
+    "network": NetworkSettings,
     "drain": DrainSettings,
     "export": ExportSettings,
     "alertmanager": AlertmanagerSettings,

@@ -94,6 +94,7 @@ FindingCause = Literal[
     "HOST",
     "HARDWARE",
     "NO_SAMPLES",
+    "NETWORK",
     "UNKNOWN",
 ]
 
@@ -140,6 +141,10 @@ class DrainRecommendation(TypedDict):
 
     #: Cause named from the evidence (as the findings').
     cause: FindingCause
+
+    #: The NIC port the finding names ('<hca>/<port>' such as mlx5_0/1, or a netdev such as eth0);
+    #: null when it names no port (cause NETWORK only).
+    port: str | None
 
 
 class GpuWindow(TypedDict):
@@ -794,12 +799,21 @@ class StragglerFinding(TypedDict):
     #: Cause named from the evidence: THERMAL (HW thermal slowdown), POWER (power brake, SW power
     #: cap), CLOCKS (application clocks lowered), LINK (PCIe/NVLink), HOST (low SM activity with
     #: normal clocks: data loader, CPU), HARDWARE (a hard rule), NO_SAMPLES (the node went quiet),
-    #: UNKNOWN.
+    #: NETWORK (a NIC port or a leaf switch: the finding names the port or the switch), UNKNOWN.
+    #: Readers of an older schema read new symbols as UNKNOWN.
     cause: FindingCause
 
     #: Event time at which the detector had its evidence (the sample's time for a hard rule), ms
     #: (UTC); null from older writers.
     detected_ms: int | None
+
+    #: The NIC port the finding names ('<hca>/<port>' such as mlx5_0/1, or a netdev such as eth0);
+    #: null when it names no port (cause NETWORK only).
+    port: str | None
+
+    #: The leaf switch the finding names (a symptom shared by several of its nodes, from the Slurm
+    #: topology); null otherwise.
+    switch: str | None
 
 
 class WindowBatchPart(TypedDict):

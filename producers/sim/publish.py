@@ -13,7 +13,7 @@ from typing import Protocol
 
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.schemas.codec import AvroCodec
-from peerwatch.topics import JOB_EVENTS, NODE_EVENTS, SAMPLES, STEP_TIMES, TopicSpec
+from peerwatch.topics import JOB_EVENTS, NIC_SAMPLES, NODE_EVENTS, SAMPLES, STEP_TIMES, TopicSpec
 
 #: Simulator stream -> catalogue topic.
 STREAM_TOPICS: dict[str, TopicSpec] = {
@@ -21,6 +21,7 @@ STREAM_TOPICS: dict[str, TopicSpec] = {
     "job-events": JOB_EVENTS,
     "node-events": NODE_EVENTS,
     "step-times": STEP_TIMES,
+    "nic-samples": NIC_SAMPLES,
 }
 
 

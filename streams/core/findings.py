@@ -75,6 +75,8 @@ def job_wide_finding(
         "cause": cause,
         # A window-based verdict has its evidence when the window's last moment has been seen.
         "detected_ms": end_ms,
+        "port": None,
+        "switch": None,
     }
 
 
@@ -124,4 +126,6 @@ def make_finding(
         "reason": reason,
         "cause": cause if cause is not None else hard_cause(rules) if rules else "UNKNOWN",
         "detected_ms": int(window["window_end_ms"]) if detected_ms is None else detected_ms,
+        "port": None,
+        "switch": None,
     }

@@ -227,6 +227,8 @@ class HardWatch:
             "reason": f"hard on arrival: {', '.join(rules)}",
             "cause": hard_cause(rules),
             "detected_ms": t,
+            "port": None,
+            "switch": None,
         }
 
     def _uuid(self, table: Table, reading: int) -> str | None:

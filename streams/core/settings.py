@@ -480,3 +480,161 @@ class PolicySettings:
     def from_dict(cls, data: Mapping[str, Any]) -> PolicySettings:
         """Build from a mapping of overrides; raises ConfigError for an unknown or bad field."""
         return from_mapping(cls, "policy", data)
+
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    """``[network]``: the NIC link rules on arrival, the per-job network peer comparison and the
+    leaf-switch grouping (DETECTION.md "Network"). Times in seconds; rates per second unless the
+    name says otherwise (NVSentinel's documented defaults)."""
+
+    port_down_s: float = setting(
+        7.0,
+        "HARD: a port not ACTIVE/LinkUp for longer than this while its node's GPUs are allocated "
+        "(NCCL's IB timeout tears the job's connections at about 7 s)",
+        lo=0.1,
+        hi=3600,
+    )
+    max_gap_intervals: float = setting(
+        2.0,
+        "a port reading's state holds this many sampling intervals (a missing tick is unknown)",
+        lo=1,
+        hi=100,
+    )
+    rate_span_s: float = setting(
+        10.0,
+        "per-second rate rules are judged over spans of this many seconds",
+        lo=1,
+        hi=3600,
+    )
+    symbol_error_per_s: float = setting(
+        10.0,
+        "HARD: symbol_error above this rate",
+        lo=0.001,
+        hi=1e9,
+    )
+    link_error_recovery_per_min: float = setting(
+        5.0,
+        "HARD: link_error_recovery above this per min",
+        lo=0.001,
+        hi=1e9,
+    )
+    port_rcv_errors_per_s: float = setting(
+        10.0,
+        "HARD: port_rcv_errors above this rate",
+        lo=0.001,
+        hi=1e9,
+    )
+    local_ack_timeout_err_per_s: float = setting(
+        1.0,
+        "HARD: local_ack_timeout_err above this rate",
+        lo=0.001,
+        hi=1e9,
+    )
+    port_xmit_discards_per_s: float = setting(
+        100.0,
+        "HARD: port_xmit_discards above this rate",
+        lo=0.001,
+        hi=1e9,
+    )
+    roce_slow_restart_per_s: float = setting(
+        10.0,
+        "HARD: roce_slow_restart above this rate",
+        lo=0.001,
+        hi=1e9,
+    )
+    rated_gbps: float = setting(
+        0.0,
+        "a port's rated speed (Gb/s) for the below-rated finding; 0: the highest rate the port "
+        "has shown since it was first seen",
+        lo=0,
+        hi=10000,
+    )
+    repeat_after_s: float = setting(
+        300.0,
+        "a link rule that fired on a port does not fire again on it within this (a storm)",
+        lo=0,
+        hi=86400,
+    )
+    peer_min_nodes: int = setting(
+        4,
+        "peer comparison needs at least this many nodes in the job",
+        lo=2,
+        hi=100000,
+    )
+    peer_z: float = setting(
+        3.5,
+        "|z| at or above this (in the bad direction) flags a node's port",
+        lo=0.1,
+        hi=100,
+    )
+    xmit_wait_bytes_per_tick: float = setting(
+        8.0,
+        "bytes of lost transmission one port_xmit_wait tick stands for (NVIDIA ibdiagnet manual: "
+        "Quantum switches and ConnectX count every 8 bytes), to turn it into a share of the window",
+        lo=0.001,
+        hi=1e6,
+    )
+    peer_wait_share: float = setting(
+        0.10,
+        "material effect: port_xmit_wait share of the window this much above the median",
+        lo=0,
+        hi=1,
+    )
+    peer_throughput_rel: float = setting(
+        0.25,
+        "material effect: rx or tx bytes/s this share below the median",
+        lo=0,
+        hi=1,
+    )
+    peer_error_per_s: float = setting(
+        1.0,
+        "material effect (and MAD floor): error/retransmit rate this much above the median",
+        lo=0.001,
+        hi=1e9,
+    )
+    peer_cnp_per_s: float = setting(
+        100.0,
+        "material effect (and MAD floor): CNP rate this much above the median",
+        lo=0.001,
+        hi=1e9,
+    )
+    confirm_s: float = setting(
+        10.0,
+        "a port stands out in windows covering this many seconds before it is named",
+        lo=0.001,
+        hi=86400,
+    )
+    confirm_span_s: float = setting(
+        30.0,
+        "... within the last this many seconds of windows",
+        lo=0.001,
+        hi=86400,
+    )
+    switch_min_nodes: int = setting(
+        2,
+        "nodes under one leaf switch with the same symptom that make one switch finding",
+        lo=2,
+        hi=100000,
+    )
+    switch_window_s: float = setting(
+        60.0,
+        "the nodes' symptoms count together when they fall within this many seconds",
+        lo=0.001,
+        hi=86400,
+    )
+
+    def __post_init__(self) -> None:
+        t = "network"
+        check_types(self, t)
+        if self.confirm_s > self.confirm_span_s:
+            raise ConfigError(f"{t}.confirm_s", "must not exceed confirm_span_s")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return to_plain(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NetworkSettings:
+        """Build from a mapping of overrides; raises ConfigError for an unknown or bad field."""
+        return from_mapping(cls, "network", data)
