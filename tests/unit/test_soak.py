@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from peerwatch.producers.sim import Fleet, parse_scenario
+from peerwatch.producers.sim.nic import NIC_CONFOUNDERS
 from peerwatch.producers.sim.scenario import CONFOUNDER_KINDS
 from peerwatch.streams.tools.evaluation import score, soak_targets
 from peerwatch.streams.tools.soak import AlertCensus, alert_kind, census, soak, soak_suite
@@ -58,8 +59,9 @@ def test_soak_scenarios_are_healthy_fleets_with_every_confounder(scenario: objec
     fleet = Fleet(parse_scenario(scenario.doc))  # type: ignore[attr-defined]
     labels = fleet.labels()
     assert labels and all(lb["kind"] == "confounder" and lb["expect"] == "nothing" for lb in labels)
-    # checkpoints, evaluation phases and requeues come from the jobs and the workload
-    injected = set(CONFOUNDER_KINDS) - {"checkpoint", "eval_pause", "requeue"}
+    # checkpoints, evaluation phases and requeues come from the jobs and the workload; the
+    # network confounders need NIC ports (the "network" suite has them)
+    injected = set(CONFOUNDER_KINDS) - {"checkpoint", "eval_pause", "requeue"} - NIC_CONFOUNDERS
     assert {lb["name"] for lb in labels} == injected
     spec = parse_scenario(scenario.doc)  # type: ignore[attr-defined]
     assert spec.workload.requeue_prob > 0 and spec.workload.checkpoint_s > 0
