@@ -37,7 +37,6 @@ import numpy as np
 from peerwatch.schemas.columns import Table, slice_rows, tables_from_records
 from peerwatch.schemas.records import DrainRecommendation, StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.fleet import FleetWatch
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.model import InvalidRecordError
@@ -140,7 +139,6 @@ class Pipeline:
         self.policy = PolicyStage(settings.policy)
         # Beside stage 2, on the same samples: hard rules on arrival and the silence watch.
         self.hard = HardWatch(self.allocations, self.aggregator.name, settings.detector)
-        self.fleet = FleetWatch(settings.detector)
         self.silence = SilenceWatch(
             int(settings.silent_after_s * 1000),
             int(settings.silent_group_s * 1000),
@@ -375,17 +373,22 @@ class Pipeline:
 
     def _detect(self, closed: list[ClosedWindows], watermark_ms: int) -> list[Output]:
         """Stage 3 offline on closed windows: one source (every node) on one channel, its
-        watermark the aggregator's. The fleet watch reads the columns first (a window of a
-        partition in a fleet shift gets its ratio), then the windows become dicts per job."""
-        found, batches = self.fleet.judge_and_group(closed, self.aggregator.group)
-        fleet = [Output(FINDING, str(f["job_id"]), dict(f), self._stream_ms) for f in found]
-        out: list[Output] = []
-        for b in batches:
+        watermark the aggregator's. The channel's fleet watch gets the windows' censuses (as
+        live, where every samples partition sends its own), then the windows become dicts per
+        job; the heartbeat judges the fleet first (a window of a partition in a fleet shift
+        gets its ratio when released)."""
+        fleet_watch = self.jobs.fleet(0)
+        fleet_watch.add_closed(0, closed)
+        for b in self.aggregator.group(closed):
             self.jobs.add(b, src=0)
+        out: list[Output] = []
         try:
             released = self.jobs.heartbeat(0, watermark_ms)
         except InvalidRecordError as exc:  # pragma: no cover - the aggregator builds valid windows
-            return [self._invalid("job-windows", "", {}, exc), *fleet]
+            return [self._invalid("job-windows", "", {}, exc)]
+        fleet = [
+            Output(FINDING, str(f["job_id"]), dict(f), self._stream_ms) for f in released.fleet
+        ]
         for r in released.releases:
             job_id = r.context.job_id
             if self.emit_windows:  # scored in place: the aggregator made them for this use only
@@ -422,7 +425,7 @@ class Pipeline:
             **self.aggregator.counters(),
             **self.hard.counters(),
             **self.silence.counters(),
-            **self.fleet.counters(),
+            **self.jobs.fleet(0).counters(),
             "step_times": self.step_times,
         }
 

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from peerwatch.errors import CodecError
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.fleet import SourceCensus
 from peerwatch.streams.core.job_stage import (
     JobReleaser,
     PendingEntry,
@@ -109,6 +110,10 @@ def pending_message(entry: Any) -> dict[str, Any]:
         raise TypeError(f"pending entry text of type {type(raw).__name__}")
     message = json_object(raw.encode())
     return {**message, "channel": entry.get("channel")}
+
+
+#: The stage-3 channel whose fleet watch publishes the fleet findings.
+FLEET_CHANNEL = 0
 
 
 class Output(NamedTuple):
@@ -270,6 +275,10 @@ class JobsHandler:
             b, heads = self.batch_codec.decode_batch(bytes(value))
         else:
             b = json_object(value)  # a heartbeat, or a window batch of an older worker
+        if b.get("kind") == "census":  # a source's fleet census of a window start
+            seen = {str(n): SourceCensus.from_json(c) for n, c in b["census"].items()}
+            self.stage3.census(int(b["src"]), int(b["start"]), int(b["end"]), seen, partition)
+            return []
         if b.get("kind") == "watermark":
             # Jobs with windows pending from before a restart (or a rebalance) and no batch
             # since: the table is walked every few seconds, not at every heartbeat (there are
@@ -286,7 +295,8 @@ class JobsHandler:
                     self.stage3.prune(low_ms, self.retention_ms)
                 for gone in [k for k in self.heads if k not in self.stage3.sources]:
                     del self.heads[gone]
-            return self.outputs(self.stage3.heartbeats(watermarks(b), channel=partition))
+            released = self.stage3.heartbeats(watermarks(b), channel=partition)
+            return self.fleet_outputs(released, partition) + self.outputs(released)
         parts = batches_of_message(b)
         if not heads:
             bytes(value).decode()  # JSON in UTF-16 or -32 parses, but is not kept (ValueError)
@@ -315,6 +325,19 @@ class JobsHandler:
         if entry not in released.retired:
             self.pending_table[entry.key.encode()] = pending_entry(partition, bytes(value))
         return self.outputs(released)
+
+    def fleet_outputs(self, released: Released, channel: int) -> list[Output]:
+        """The fleet findings a heartbeat judged, from channel :data:`FLEET_CHANNEL` only: every
+        channel's fleet watch gets the same censuses and heartbeats and decides the same, one
+        publishes (DETECTION.md item 12: one FLEET_WIDE finding however many partitions)."""
+        if channel != FLEET_CHANNEL:
+            return []
+        out = []
+        for f in released.fleet:
+            self.counters.fleet_findings += 1
+            value = self.codecs["StragglerFinding"].encode(f)
+            out.append(Output("stragglers", str(f["job_id"]).encode(), value))
+        return out
 
     def outputs(self, released: Released) -> list[Output]:
         """Keep what ``released`` changed in the tables; its windows and findings, encoded."""

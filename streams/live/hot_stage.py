@@ -61,7 +61,7 @@ from peerwatch.settings import Settings
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.clock_offset import ClockOffsets
-from peerwatch.streams.core.fleet import FleetWatch
+from peerwatch.streams.core.fleet import censuses_closed
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.silence import SilenceWatch
@@ -130,8 +130,6 @@ class _Partition:
         self.aggregator = aggregator
         self.progress = progress
         self.hard = hard
-        #: Fleet context over this partition's nodes (a random sample of the fleet).
-        self.fleet = FleetWatch(hard.settings)
         self.dirty = False  # windows closed since the last commit
         self.max_ts_ms: int | None = None  # latest sample time (the silence clock)
         self.first_ts_ms: int | None = None  # first sample time read since the assignment
@@ -190,6 +188,9 @@ class HotStage:
         #: batch, wall ms when the last of them closed it): one message each, after the batch.
         self._out: dict[tuple[str, int, int], tuple[dict[int, list[Any]], float]] = {}
         self.batch_codec = WindowBatchCodec()
+        #: Fleet censuses of the window starts closed in this batch (sent after the batch's
+        #: windows, before its heartbeats, on every stage-3 channel).
+        self._census: list[dict[str, Any]] = []
         self.job_events_seen = self.job_events_bad = 0
         self.last_prune_ms = -(1 << 62)
         self._stop = threading.Event()
@@ -436,12 +437,34 @@ class HotStage:
             for value in values:  # a big job's window: several messages, whole sources each
                 self._send(self.topics.batches, job_id.encode(), value)
         self._out.clear()
+        for census in self._census:
+            value = json.dumps(census).encode()
+            for q in range(self.topics.job_partitions):
+                self._send(self.topics.batches, b"~census", value, partition=q)
+        self._census.clear()
+        self._marks.update(self._idle_marks())
         if self._marks:
             marks = {str(p): until for p, until in sorted(self._marks.items())}
             mark = json.dumps({"kind": "watermark", "marks": marks}).encode()
             self._marks.clear()
             for q in range(self.topics.job_partitions):
                 self._send(self.topics.batches, b"~watermark", mark, partition=q)
+
+    def _idle_marks(self) -> dict[int, int]:
+        """Heartbeats for assigned samples partitions that hold no node: nothing to read and no
+        window closed since the assignment (an empty log). They follow the worker's latest
+        closed-until, so the fleet watches, which wait for every samples partition, are not
+        held back by a partition without nodes (a node that appears there later sends its
+        censuses for windows the fleet may have judged already: those are ignored)."""
+        if not self._marks:
+            return {}
+        latest = max(self._marks.values())
+        empty = [p for p, q in self.parts.items()
+                 if q.aggregator.closed_until_ms is None and q.max_ts_ms is None]  # fmt: skip
+        if not empty:
+            return {}
+        caught_up = self._caught_up()
+        return {p: latest for p in empty if p in caught_up}
 
     def _unencodable(self, job_id: str, start: int, exc: Exception) -> None:
         """A window batch that does not fit its schema: counted as refused, logged and
@@ -490,13 +513,13 @@ class HotStage:
         closed_wall_ms = time.time() * 1000.0
         watermark = agg.watermark_ms
         ready = agg.pop_ready(watermark) if watermark is not None else []
-        # Fleet context first, on the columns: windows of a partition in a fleet shift get its
-        # clock ratio once they are dicts.
-        found, closed = part.fleet.judge_and_group(ready, agg.group)
-        for f in found:
-            self.counters.fleet_findings += 1
-            self._publish_finding(f)
-        for b in closed:  # sent after the whole batch, one message per job and window
+        # Fleet context: this source's census of each window start it closed, on the columns,
+        # to every stage-3 channel (whose fleet watches merge every source's: one decision).
+        cap_frac = self.settings.detector.fleet_cap_frac
+        for start, end, seen in censuses_closed(ready, cap_frac):
+            self._census.append({"kind": "census", "src": p, "start": start, "end": end,
+                                 "census": {n: c.to_json() for n, c in seen.items()}})  # fmt: skip
+        for b in agg.group(ready):  # sent after the whole batch, one message per job and window
             key = (b.job_id, b.window_start_ms, b.window_end_ms)
             parts = self._out[key][0] if key in self._out else {}
             parts[p] = list(b.windows)
