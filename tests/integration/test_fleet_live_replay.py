@@ -1,0 +1,118 @@
+"""Live = replay for fleet context (issue 37 items 2 and 3; DETECTION.md item 12).
+
+A 32-node fleet (12 samples partitions) with a cooling event and then a fleet-wide power cap,
+a small job (4 GPUs: no peers, judged against its own past and the fleet's clock ratio) and an
+XID 79 (a hard fault), published fast through the real broker to one real worker (``peerwatch
+stream``). The worker's findings and recommendations must be byte for byte the offline
+pipeline's on the same records: the Avro bytes of each record, sorted. In particular the cooling
+event and the power cap are ONE ``FLEET_WIDE`` finding each (before, the worker published one per
+samples partition that held busy GPUs, each counting only its own GPUs). Findings have no
+wall-clock field (``detected_ms`` is event time), so nothing is masked.
+
+As in test_stream_app, the live worker closes a window when a later sample moves its watermark
+past it, so the offline pipeline is fed the same records without ``finish()``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from peerwatch.producers.sim.fleet import Fleet
+from peerwatch.producers.sim.scenario import parse_scenario
+from peerwatch.schemas.codec import AvroCodec
+from peerwatch.settings import KafkaSettings
+from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
+from peerwatch.streams.core.settings import DetectorSettings
+from peerwatch.streams.tools.bench_run import produce_raw, read_topic
+from peerwatch.topics import RECOMMENDATIONS, STRAGGLERS
+
+from .test_stream_app import (
+    INTERVAL_S,
+    LATENESS_S,
+    WINDOW_S,
+    Scenario,
+    fresh_topics,
+    new_worker,
+    run_until_stable,
+)
+
+pytestmark = pytest.mark.timeout(900)
+DURATION_S = 300
+
+
+def scenario_doc(start_ms: int) -> dict[str, Any]:
+    return {
+        "fleet": {"nodes": 32, "gpus_per_node": 8, "interval_s": INTERVAL_S,
+                  "duration_s": DURATION_S, "seed": 11, "start_ms": start_ms},
+        "jobs": [
+            {"job_id": "3001", "gpus": 128, "first_node": 0, "warmup_s": 0, "duration_s": 7200},
+            {"job_id": "3002", "gpus": 112, "first_node": 16, "warmup_s": 0, "duration_s": 7200},
+            {"job_id": "3003", "gpus": 4, "first_node": 30, "warmup_s": 0, "duration_s": 7200},
+        ],
+        "faults": [
+            {"name": "xid", "node": "gpu00020", "gpu_index": 3, "start_s": 250,
+             "params": {"xid": 79}},
+        ],
+        "confounders": [
+            {"name": "cluster_cooling", "start_s": 60, "end_s": 120,
+             "params": {"clock_drop_pct": 6}},
+            {"name": "cluster_power_cap", "start_s": 170, "end_s": 240,
+             "params": {"limit_w": 450}},
+        ],
+    }  # fmt: skip
+
+
+def offline_bytes(sc: Scenario) -> tuple[list[bytes], list[bytes]]:
+    """The offline pipeline's findings and recommendations on the same records, Avro-encoded
+    as the worker publishes them (fed without ``finish()``: the live closing rule)."""
+    pipeline = Pipeline(
+        PipelineSettings(
+            detector=DetectorSettings(window_s=WINDOW_S),
+            lateness_s=LATENESS_S,
+            fan_out_job_wide=True,
+        )
+    )
+    codecs = {
+        FINDING: AvroCodec("StragglerFinding"),
+        RECOMMENDATION: AvroCodec("DrainRecommendation"),
+    }
+    out: dict[str, list[bytes]] = {FINDING: [], RECOMMENDATION: []}
+    for _, stream, key, value in sc.records:
+        for o in pipeline.feed(stream, key, value):
+            if o.kind in codecs:
+                out[o.kind].append(codecs[o.kind].encode(o.value))
+    return sorted(out[FINDING]), sorted(out[RECOMMENDATION])
+
+
+def test_live_fleet_findings_are_the_replays_byte_for_byte(
+    kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    now_ms = int(time.time() * 1000) - (DURATION_S + 60) * 1000
+    start_ms = now_ms - now_ms % (WINDOW_S * 1000)
+    fleet = Fleet(parse_scenario(scenario_doc(start_ms)))
+    sc = Scenario(fleet, start_ms)
+    for tick, recs in fleet.timed_ticks():
+        sc.records += [(tick, r.stream, r.key, r.value) for r in recs]
+    want_findings, want_recs = offline_bytes(sc)
+    codec = AvroCodec("StragglerFinding")
+    fleet_wide = [codec.decode(b) for b in want_findings]
+    fleet_wide = [f for f in fleet_wide if f["status"] == "FLEET_WIDE"]
+    assert sorted(f["cause"] for f in fleet_wide) == ["POWER", "THERMAL"]  # the scenario works
+    assert all(f["windows_considered"] > 200 for f in fleet_wide)  # the whole fleet's GPUs
+
+    prefix = fresh_topics(kafka_settings)
+    app = f"app-{uuid.uuid4().hex[:6]}"
+    with new_worker(kafka_settings, prefix, tmp_path, "fleet", app) as worker:
+        produce_raw(kafka_settings, sc.raw(prefix))
+        run_until_stable(worker, kafka_settings, prefix, sc.node_records)
+    got_findings = sorted(r.value for r in read_topic(kafka_settings, prefix + STRAGGLERS.name))
+    got_recs = sorted(r.value for r in read_topic(kafka_settings, prefix + RECOMMENDATIONS.name))
+    live = [codec.decode(b) for b in got_findings]
+    assert [f["cause"] for f in live if f["status"] == "FLEET_WIDE"].count("POWER") == 1, live
+    assert got_findings == want_findings
+    assert got_recs == want_recs
