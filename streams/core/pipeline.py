@@ -13,9 +13,10 @@ the evaluation harness. Each stage is a separable object with serialisable state
 Beside stage 2, on the same sample columns (as the live hot stage):
 :class:`~peerwatch.streams.core.hard_watch.HardWatch` (hard rules on arrival) and
 :class:`~peerwatch.streams.core.silence.SilenceWatch` (allocated nodes gone quiet, checked every
-``silent_check_s`` of event time). Their findings go out, and through the policy, at once; their
-outputs' ``stream_ms`` is the event time a live worker publishes them at (the sample's time, or
-the check's).
+``silent_check_s`` of event time, by the same
+:class:`~peerwatch.streams.core.silence.SilenceClock` rule as live). Their findings go out, and
+through the policy, at once; their outputs' ``stream_ms`` is the event time a live worker
+publishes them at (the sample's time, or the check's).
 
 Input: ``(stream, key, value)`` records in roughly event-time order, streams ``samples``,
 ``job-events``, ``node-events``, ``health`` and the optional ``step-times`` (per-rank step
@@ -43,7 +44,7 @@ from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.policy import apply as policy_apply
 from peerwatch.streams.core.policy_state import DrainPolicyState
 from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
-from peerwatch.streams.core.silence import SilenceWatch
+from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
 from peerwatch.streams.core.windows import (
     SAMPLE_SPEC,
     BatchResult,
@@ -145,8 +146,9 @@ class Pipeline:
             settings.silent_fleet_min_nodes,
             settings.detector.window_ms,
             settings.detector.id_hex_chars,
+            held=True,
         )
-        self._silence_every_ms = max(1, int(settings.silent_check_s * 1000))
+        self.silence_clock = SilenceClock(max(1, int(settings.silent_check_s * 1000)))
         self._next_silence_ms = -_FAR_FUTURE_MS
         self._max_sample_ms = -_FAR_FUTURE_MS
         self._open_nodes: dict[str, tuple[str, int]] = {}
@@ -285,6 +287,7 @@ class Pipeline:
         newest = self._saw(top.values["node"], top.values["ts_ms"])
         if newest is not None:
             self._max_sample_ms = max(self._max_sample_ms, newest)
+            self.silence_clock.saw(0, newest)
 
     def _saw(self, node_codes: np.ndarray, ts_ms: np.ndarray) -> int | None:
         """Samples of these nodes (aggregator string codes) at these times to the silence
@@ -299,9 +302,14 @@ class Pipeline:
         return self._hot([(f, int(f["detected_ms"] or 0)) for f in found]) if found else []
 
     def _check_silence(self) -> list[Output]:
-        now = self._max_sample_ms
-        self._next_silence_ms = now - now % self._silence_every_ms + self._silence_every_ms
-        return self._silence_check(now)
+        """The silence checks now due (:class:`~peerwatch.streams.core.silence.SilenceClock`:
+        one source here, every samples partition live), each at its own time."""
+        out: list[Output] = []
+        for now in self.silence_clock.due():
+            out += self._silence_check(now)
+        nxt = self.silence_clock.next_ms
+        self._next_silence_ms = -_FAR_FUTURE_MS if nxt is None else nxt
+        return out
 
     def _silence_check(self, now: int) -> list[Output]:
         """The silence watch's check at sample time ``now``: findings through :meth:`_hot`."""

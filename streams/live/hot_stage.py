@@ -64,7 +64,8 @@ from peerwatch.streams.core.clock_offset import ClockOffsets
 from peerwatch.streams.core.fleet import censuses_closed
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
-from peerwatch.streams.core.silence import SilenceWatch
+from peerwatch.streams.core.pipeline import PRUNE_EVERY_MS
+from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
 from peerwatch.streams.core.windows import SAMPLE_SPEC, VALUE_LIMIT, WindowAggregator
 from peerwatch.streams.live.hot_progress import PartitionProgress
 from peerwatch.streams.live.window_batches import WindowBatchCodec
@@ -131,8 +132,7 @@ class _Partition:
         self.progress = progress
         self.hard = hard
         self.dirty = False  # windows closed since the last commit
-        self.max_ts_ms: int | None = None  # latest sample time (the silence clock)
-        self.first_ts_ms: int | None = None  # first sample time read since the assignment
+        self.max_ts_ms: int | None = None  # latest sample time (the silence clock's)
         self.arrival_wall_s = time.time()  # when its latest samples arrived
         #: (newest sample time, receive time) of the last batch read at the head (clocks).
         self.clock_prev: tuple[int, int] | None = None
@@ -173,12 +173,13 @@ class HotStage:
         self.silence = SilenceWatch(
             int(stream.silent_after_s * 1000), int(stream.silent_group_s * 1000),
             stream.silent_fleet_min_nodes, window_s * 1000, settings.detector.id_hex_chars,
+            held=True,
         )  # fmt: skip
-        self.silence_every_s = stream.silent_check_s
-        self._next_silence_s = 0.0
-        self._next_silence_ms = -(1 << 62)
+        self.silence_clock = SilenceClock(max(1, int(stream.silent_check_s * 1000)))
+        #: A partition with nothing to read that received nothing for this long (wall s) does
+        #: not hold the silence checks back (its nodes are as quiet as the others' say).
+        self.quiet_after_s = max(1.0, stream.silent_group_s)
         self._watched: dict[str, tuple[str, int]] = {}
-        self._node_part: dict[str, int] = {}
         self._watched_key: tuple[int, frozenset[int]] | None = None
         self.alloc = AllocationTable(self.retention_ms)
         self.parts: dict[int, _Partition] = {}
@@ -499,7 +500,7 @@ class HotStage:
             row += 1
         if not keep.all():
             tables, rows = select_rows(tables, keep), rows[keep]
-        self._arrivals(part, tables)
+        self._arrivals(p, part, tables)
         self._clock_leads(p, part, batch, tables)
         unattributed_before = agg.unattributed
         result = agg.add_columns(tables)
@@ -528,21 +529,21 @@ class HotStage:
             part.progress.closed(agg.closed_until_ms)
             part.dirty = True
             self._marks[p] = agg.closed_until_ms
-        # Pruning walks every node's table: once per window of event time is plenty; by the
+        # Pruning walks every node's table: once a minute of event time, as replay; by the
         # slowest partition, which may still need the allocations of jobs that ended.
         marks = [q.aggregator.watermark_ms for q in self.parts.values()]
         slowest = min((w for w in marks if w is not None), default=None)
-        if slowest is not None and slowest >= self.last_prune_ms + self.window_ms:
-            self.last_prune_ms = slowest
-            self.alloc.prune(slowest - self.retention_ms)
+        if slowest is not None and slowest >= self.last_prune_ms + PRUNE_EVERY_MS:
+            self.last_prune_ms = slowest  # as replay: once a minute of event time
+            self.alloc.prune(slowest)
             for other in self.parts.values():
                 other.hard.prune(slowest - self.retention_ms)
         return tables[""].n, tables["gpus."].n
 
     # -- hard rules on arrival, silence ----------------------------------------------------------
-    def _arrivals(self, part: _Partition, tables: Any) -> None:
+    def _arrivals(self, p: int, part: _Partition, tables: Any) -> None:
         """Hard rules on arrival over one partition's decoded batch; the silence watch's last
-        sample time of each node in it."""
+        sample time of each node in it, and the partition's for the silence clock."""
         for f in part.hard.add_columns(tables):
             self.counters.hard_findings += 1
             self._publish_finding(f)
@@ -552,11 +553,10 @@ class HotStage:
         )
         if seen is None:
             return
-        low_ms, top_ms = seen
-        if part.first_ts_ms is None:
-            part.first_ts_ms = low_ms
+        top_ms = seen[1]
         part.max_ts_ms = top_ms if part.max_ts_ms is None else max(part.max_ts_ms, top_ms)
         part.arrival_wall_s = time.time()
+        self.silence_clock.saw(p, top_ms)
 
     def _clock_leads(self, p: int, part: _Partition, batch: list[Any], tables: Any) -> None:
         """Feed the clock-offset estimate the kept samples of a batch read live (see
@@ -611,30 +611,25 @@ class HotStage:
         if f.get("node") is not None:
             self._send(self.topics.node_findings, str(f["node"]).encode(), json.dumps(f).encode())
 
-    def silence_clocks(self, wall_s: float | None = None) -> tuple[int | None, dict[int, int]]:
-        """The silence watch's event time ("now") and the clock of each assigned partition.
-
-        A partition's own clock is its latest sample time, moved on by the wall time since its
-        samples last arrived while it is live (they were at most ``silent_after_s`` behind the
-        wall clock when they came: a consumer reading a backlog never extrapolates). "Now" is
-        the latest of them. A partition with nothing left to read (its position at its high
-        watermark) is at "now": its nodes are as quiet as the others' samples say; one still
-        being read is at its own clock (catching up is not silence); one with neither is left
-        out."""
+    def silence_due(self, wall_s: float | None = None) -> list[int]:
+        """The silence checks due now (:class:`~peerwatch.streams.core.silence.SilenceClock`):
+        every check time that all assigned partitions reached, as replay has it. A partition
+        with nothing to read that received nothing for :attr:`quiet_after_s` does not hold
+        them back (its nodes stopped, or it holds none). When all are so quiet and their
+        samples came in real time, the wall clock moves event time on from the latest sample:
+        a fleet gone quiet is still seen (the one rule a replay cannot follow)."""
         wall = time.time() if wall_s is None else wall_s
-        own: dict[int, int] = {}
-        for p, q in self.parts.items():
-            if q.max_ts_ms is None:
-                continue
-            clock = q.max_ts_ms
-            if q.max_ts_ms >= q.arrival_wall_s * 1000 - self.silence.silent_after_ms:
-                clock += max(0, int((wall - q.arrival_wall_s) * 1000))
-            own[p] = clock
-        if not own:
-            return None, {}
-        now = max(own.values())
-        caught_up = self._caught_up()
-        return now, {**own, **dict.fromkeys(caught_up, now)}
+        busy = [p for p, q in self.parts.items() if wall - q.arrival_wall_s < self.quiet_after_s]
+        quiet = [p for p in self.parts if p not in busy]
+        if quiet:
+            caught_up = self._caught_up()
+            busy += [p for p in quiet if p not in caught_up]
+        if busy:
+            return self.silence_clock.due(busy)
+        after_ms = self.silence.silent_after_ms
+        live = [q.max_ts_ms + int((wall - q.arrival_wall_s) * 1000) for q in self.parts.values()
+                if q.max_ts_ms is not None and q.max_ts_ms >= q.arrival_wall_s * 1000 - after_ms]  # fmt: skip
+        return self.silence_clock.due(now_ms=max(live)) if live else []
 
     def _caught_up(self) -> set[int]:
         """Assigned samples partitions with nothing left to read (local: the consumer's
@@ -656,36 +651,18 @@ class HotStage:
         return out
 
     def _check_silence(self) -> None:
-        """Every ``silent_check_s`` of wall time, or of event time, whichever comes first."""
-        if self.partition_of is None:
+        """The silence checks due (:meth:`silence_due`), each at its own event time."""
+        if self.partition_of is None or not self.parts:
             return
-        wall = time.time()
-        now, clocks = self.silence_clocks(wall)
-        if now is None:
-            return
-        if wall < self._next_silence_s and now < self._next_silence_ms:
-            return
-        self._next_silence_s = wall + self.silence_every_s
-        self._next_silence_ms = now + int(self.silence_every_s * 1000)
-        key = (self.alloc.generation, frozenset(self.parts))
-        if key != self._watched_key:
-            self._watched_key = key
-            part_of = self.partition_of
-            self._node_part = {n: part_of(n) for n in self.alloc.open_nodes()}
-            self._watched = {
-                n: v for n, v in self.alloc.open_nodes().items() if self._node_part[n] in self.parts
-            }
-        node_part, parts = self._node_part, self.parts
-
-        def first(node: str) -> int | None:
-            q = parts.get(node_part[node])
-            return None if q is None else q.first_ts_ms
-
-        for f in self.silence.check(
-            self._watched, now, lambda n: clocks.get(node_part[n]), watch_from=first
-        ):
-            self.counters.silence_findings += 1
-            self._publish_finding(f)
+        for now in self.silence_due():
+            key = (self.alloc.generation, frozenset(self.parts))
+            if key != self._watched_key:
+                self._watched_key = key
+                part_of, open_nodes = self.partition_of, self.alloc.open_nodes()
+                self._watched = {n: v for n, v in open_nodes.items() if part_of(n) in self.parts}
+            for f in self.silence.check(self._watched, now):
+                self.counters.silence_findings += 1
+                self._publish_finding(f)
 
     def _send(self, topic: str, key: bytes | None, value: bytes, **kw: Any) -> None:
         from confluent_kafka import KafkaError, KafkaException
