@@ -614,12 +614,16 @@ class HotStage:
     def silence_due(self, wall_s: float | None = None) -> list[int]:
         """The silence checks due now (:class:`~peerwatch.streams.core.silence.SilenceClock`):
         every check time that all assigned partitions reached, as replay has it. A partition
-        with nothing to read that received nothing for :attr:`quiet_after_s` does not hold
-        them back (its nodes stopped, or it holds none). When all are so quiet and their
+        with nothing to read that received nothing since the assignment, or for
+        :attr:`quiet_after_s`, does not hold them back (it holds no node, or its nodes
+        stopped). When all are so quiet and their
         samples came in real time, the wall clock moves event time on from the latest sample:
         a fleet gone quiet is still seen (the one rule a replay cannot follow)."""
         wall = time.time() if wall_s is None else wall_s
-        busy = [p for p, q in self.parts.items() if wall - q.arrival_wall_s < self.quiet_after_s]
+        # quiet candidates: no sample since the assignment (an empty partition holds no
+        # node), or none for quiet_after_s; they hold nothing back once caught up
+        busy = [p for p, q in self.parts.items()
+                if q.max_ts_ms is not None and wall - q.arrival_wall_s < self.quiet_after_s]  # fmt: skip
         quiet = [p for p in self.parts if p not in busy]
         if quiet:
             caught_up = self._caught_up()
