@@ -443,8 +443,15 @@ class HotStage:
             for q in range(self.topics.job_partitions):
                 self._send(self.topics.batches, b"~census", value, partition=q)
         self._census.clear()
-        self._marks.update(self._idle_marks())
         if self._marks:
+            # every assigned partition's closed-until, not only those that moved: the fleet
+            # watches wait for all of them (a restarted stage 3 knows none, and a partition
+            # at the end of its input closes nothing more)
+            for p, q in self.parts.items():
+                until = q.aggregator.closed_until_ms
+                if until is not None:
+                    self._marks.setdefault(p, until)
+            self._marks.update(self._idle_marks())
             marks = {str(p): until for p, until in sorted(self._marks.items())}
             mark = json.dumps({"kind": "watermark", "marks": marks}).encode()
             self._marks.clear()
@@ -616,9 +623,9 @@ class HotStage:
         every check time that all assigned partitions reached, as replay has it. A partition
         with nothing to read that received nothing since the assignment, or for
         :attr:`quiet_after_s`, does not hold them back (it holds no node, or its nodes
-        stopped). When all are so quiet and their
-        samples came in real time, the wall clock moves event time on from the latest sample:
-        a fleet gone quiet is still seen (the one rule a replay cannot follow)."""
+        stopped). When all are so quiet, event time is the latest sample of any, moved on by
+        the wall clock where the samples came in real time: a fleet gone quiet is still seen
+        (the one rule a replay cannot follow)."""
         wall = time.time() if wall_s is None else wall_s
         # quiet candidates: no sample since the assignment (an empty partition holds no
         # node), or none for quiet_after_s; they hold nothing back once caught up
@@ -630,10 +637,14 @@ class HotStage:
             busy += [p for p in quiet if p not in caught_up]
         if busy:
             return self.silence_clock.due(busy)
+        # Every partition read to its end and quiet: the fleet's event time is the latest
+        # sample (the stopped nodes are as quiet as the others say), moved on by the wall
+        # clock where the samples came in real time.
         after_ms = self.silence.silent_after_ms
-        live = [q.max_ts_ms + int((wall - q.arrival_wall_s) * 1000) for q in self.parts.values()
-                if q.max_ts_ms is not None and q.max_ts_ms >= q.arrival_wall_s * 1000 - after_ms]  # fmt: skip
-        return self.silence_clock.due(now_ms=max(live)) if live else []
+        clocks = [q.max_ts_ms + (int((wall - q.arrival_wall_s) * 1000)
+                                 if q.max_ts_ms >= q.arrival_wall_s * 1000 - after_ms else 0)
+                  for q in self.parts.values() if q.max_ts_ms is not None]  # fmt: skip
+        return self.silence_clock.due(now_ms=max(clocks)) if clocks else []
 
     def _caught_up(self) -> set[int]:
         """Assigned samples partitions with nothing left to read (local: the consumer's
