@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from peerwatch.errors import CodecError
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.fleet import SourceCensus
+from peerwatch.streams.core.fleet import FleetWatch, SourceCensus
 from peerwatch.streams.core.job_stage import (
     JobReleaser,
     PendingEntry,
@@ -114,6 +114,8 @@ def pending_message(entry: Any) -> dict[str, Any]:
 
 #: The stage-3 channel whose fleet watch publishes the fleet findings.
 FLEET_CHANNEL = 0
+#: The ``job_table`` key of a channel's fleet watch memory (no job id starts with "~").
+FLEET_KEY = "~fleet|{channel}"
 
 
 class Output(NamedTuple):
@@ -165,6 +167,8 @@ class JobsHandler:
         #: (job, window start) -> GPU -> the head of its pending window's GpuWindow message
         #: (:mod:`~peerwatch.streams.live.window_batches`): only the tail is encoded again.
         self.heads: dict[tuple[str, int], dict[GpuIdent, bytes]] = {}
+        #: Channels whose fleet watch was recovered from ``job_table`` (:meth:`fleet`).
+        self._fleet_restored: set[int] = set()
 
     def forget(self) -> None:
         """Partitions were revoked (a rebalance; faust's eager protocol revokes them all): forget
@@ -176,6 +180,31 @@ class JobsHandler:
         self.heads.clear()
         self.closed_wall.clear()
         self._pending_scan_s = 0.0
+        self._fleet_restored.clear()
+
+    def fleet(self, channel: int) -> FleetWatch:
+        """The channel's fleet watch, its memory recovered from ``job_table`` (key
+        :data:`FLEET_KEY`) at its first use in this process (after a restart or rebalance)."""
+        watch = self.stage3.fleet(channel)
+        if channel in self._fleet_restored:
+            return watch
+        self._fleet_restored.add(channel)
+        key = FLEET_KEY.format(channel=channel).encode()
+        saved = self.job_table.get(key)
+        if saved:
+            try:
+                watch.restore(saved)
+            except STATE_ERRORS as exc:  # damaged: dropped, the watch learns again
+                self.counters.state_damaged += 1
+                log.warning("stage 3: saved fleet watch of channel %d dropped: %s", channel, exc)
+                self.job_table.pop(key, None)
+        return watch
+
+    def _keep_fleet(self, channel: int, judged_before: int | None) -> None:
+        """Write the channel's fleet watch to ``job_table`` when it judged a window start."""
+        watch = self.stage3.fleet(channel)
+        if watch.last_start_ms != judged_before:
+            self.job_table[FLEET_KEY.format(channel=channel).encode()] = watch.to_dict()
 
     def restore(self, job_id: str) -> None:
         """First sight of the job in this process: recover its state from the tables."""
@@ -277,6 +306,7 @@ class JobsHandler:
             b = json_object(value)  # a heartbeat, or a window batch of an older worker
         if b.get("kind") == "census":  # a source's fleet census of a window start
             seen = {str(n): SourceCensus.from_json(c) for n, c in b["census"].items()}
+            self.fleet(partition)
             self.stage3.census(int(b["src"]), int(b["start"]), int(b["end"]), seen, partition)
             return []
         if b.get("kind") == "watermark":
@@ -295,7 +325,9 @@ class JobsHandler:
                     self.stage3.prune(low_ms, self.retention_ms)
                 for gone in [k for k in self.heads if k not in self.stage3.sources]:
                     del self.heads[gone]
+            judged_before = self.fleet(partition).last_start_ms
             released = self.stage3.heartbeats(watermarks(b), channel=partition)
+            self._keep_fleet(partition, judged_before)
             return self.fleet_outputs(released, partition) + self.outputs(released)
         parts = batches_of_message(b)
         if not heads:

@@ -27,10 +27,12 @@ Beside the windows, on the same decoded columns: the pure
 sample that shows them, and one :class:`~peerwatch.streams.core.silence.SilenceWatch` per worker
 notices allocated nodes of its partitions that stopped sending. Their findings go out at once,
 Avro on the public findings topic (key job) and, when they name a node, JSON on the internal
-``<id>-findings`` topic (key node) that the policy agent reads. The silence watch's clock is
-event time: the slowest assigned partition's latest sample, moved on by the wall clock for as
-long as that partition receives nothing at all (so a fleet gone quiet is still seen, while a
-consumer catching up never is mistaken for silence).
+``<id>-findings`` topic (key node) that the policy agent reads. The silence watch looks when
+:class:`~peerwatch.streams.core.silence.SilenceClock` says, as replay does: at each multiple of
+``silent_check_s`` of event time that every assigned partition reached (see
+:meth:`HotStage.silence_due` for partitions that hold no node or went quiet). Fleet context is
+stage 3's: each partition's census of the window starts it closes goes, with the heartbeats, to
+every stage-3 channel (:mod:`~peerwatch.streams.core.fleet`).
 
 Undecodable samples go to the dead-letter topic (reason ``undecodable``), late ones (reason
 ``late``), with their original bytes. If this thread fails, the worker is stopped (SIGTERM to

@@ -464,3 +464,30 @@ def test_fleet_censuses_and_heartbeats_on_every_channel_give_one_fleet_finding()
     finding = AvroCodec("StragglerFinding").decode(out.value)
     assert (out.topic, out.key, finding["status"]) == ("stragglers", b"fleet", "FLEET_WIDE")
     assert finding["windows_considered"] == 80  # both sources' GPUs, in one finding
+
+
+def test_the_fleet_watch_memory_survives_a_rebalance_in_the_job_table() -> None:
+    """After a rebalance (forget) a channel's fleet watch comes back from the job table: a
+    power cap that goes on is the same episode, not a second FLEET_WIDE finding."""
+    import json
+
+    from peerwatch.streams.core.fleet import SourceCensus
+
+    handler, _, _ = jobs_handler()
+    capped = SourceCensus(40, 40, 0, (0.9,) * 40).to_json()
+
+    def window(k: int) -> list[Any]:
+        census = {"kind": "census", "src": 0, "start": k * 5000, "end": (k + 1) * 5000,
+                  "census": {"gpu": capped}}  # fmt: skip
+        handler.handle("b", 0, b"~census", json.dumps(census).encode())
+        mark = {"kind": "watermark", "marks": {"0": (k + 1) * 5000}}
+        return handler.handle("b", 0, b"~watermark", json.dumps(mark).encode())
+
+    assert [o.key for o in window(0)] == [b"fleet"]
+    handler.forget()
+    assert handler.stage3.fleets == {}
+    assert window(1) == []  # the open episode was remembered
+    handler.job_table[b"~fleet|0"] = {"partitions": "damaged"}
+    handler.forget()
+    assert window(2) != []  # a damaged memory is dropped and counted: the watch starts over
+    assert handler.counters.state_damaged == 1
