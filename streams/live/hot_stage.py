@@ -76,6 +76,8 @@ log = logging.getLogger(__name__)
 #: Clock offsets: a batch's newest sample time may run ahead of the wall time since the last
 #: batch by this much (a tick, jitter) and the partition still counts as read live (ms).
 LIVE_SLACK_MS = 2000
+#: A heartbeat goes to stage 3 at least this often while windows close (or not) (s).
+HEARTBEAT_EVERY_S = 1.0
 #: Nodes newly past the clock-skew threshold logged one by one per refresh (then a count).
 CLOCK_WARNINGS_AT_ONCE = 10
 
@@ -194,6 +196,7 @@ class HotStage:
         #: Fleet censuses of the window starts closed in this batch (sent after the batch's
         #: windows, before its heartbeats, on every stage-3 channel).
         self._census: list[dict[str, Any]] = []
+        self._heartbeat_due_s = 0.0  # monotonic s of the next heartbeat without closed windows
         self.job_events_seen = self.job_events_bad = 0
         self.last_prune_ms = -(1 << 62)
         self._stop = threading.Event()
@@ -281,6 +284,7 @@ class HotStage:
                     self._process(messages)
                 self._measure_lag()
                 self._check_silence()
+                self._heartbeat_when_idle()
                 self._producer.poll(0)
                 self._resend_refused()
             self._commit(list(self.parts))
@@ -446,29 +450,41 @@ class HotStage:
                 self._send(self.topics.batches, b"~census", value, partition=q)
         self._census.clear()
         if self._marks:
-            # every assigned partition's closed-until, not only those that moved: the fleet
-            # watches wait for all of them (a restarted stage 3 knows none, and a partition
-            # at the end of its input closes nothing more)
-            for p, q in self.parts.items():
-                until = q.aggregator.closed_until_ms
-                if until is not None:
-                    self._marks.setdefault(p, until)
-            self._marks.update(self._idle_marks())
-            marks = {str(p): until for p, until in sorted(self._marks.items())}
-            mark = json.dumps({"kind": "watermark", "marks": marks}).encode()
-            self._marks.clear()
-            for q in range(self.topics.job_partitions):
-                self._send(self.topics.batches, b"~watermark", mark, partition=q)
+            self._heartbeat()
 
-    def _idle_marks(self) -> dict[int, int]:
+    def _heartbeat(self) -> None:
+        """One JSON ``watermark`` heartbeat to every stage-3 partition: the closed-until of
+        every assigned partition, not only those that moved (the fleet watches wait for all of
+        them: a restarted stage 3 knows none, and a partition at the end of its input closes
+        nothing more), and of those that hold no node (:meth:`_idle_marks`)."""
+        for p, part in self.parts.items():
+            until = part.aggregator.closed_until_ms
+            if until is not None:
+                self._marks.setdefault(p, until)
+        if not self._marks:
+            return
+        self._marks.update(self._idle_marks(max(self._marks.values())))
+        marks = {str(p): until for p, until in sorted(self._marks.items())}
+        mark = json.dumps({"kind": "watermark", "marks": marks}).encode()
+        self._marks.clear()
+        self._heartbeat_due_s = time.monotonic() + HEARTBEAT_EVERY_S
+        for q in range(self.topics.job_partitions):
+            self._send(self.topics.batches, b"~watermark", mark, partition=q)
+
+    def _heartbeat_when_idle(self) -> None:
+        """A heartbeat every :data:`HEARTBEAT_EVERY_S` without one: input that came in one
+        batch, a partition found empty after it, or a stage 3 that forgot its watermarks in a
+        rebalance after the last one, must not leave windows waiting for the next input."""
+        if time.monotonic() >= self._heartbeat_due_s:
+            self._heartbeat_due_s = time.monotonic() + HEARTBEAT_EVERY_S
+            self._heartbeat()
+
+    def _idle_marks(self, latest: int) -> dict[int, int]:
         """Heartbeats for assigned samples partitions that hold no node: nothing to read and no
-        window closed since the assignment (an empty log). They follow the worker's latest
+        sample since the assignment (an empty log). They follow the worker's ``latest``
         closed-until, so the fleet watches, which wait for every samples partition, are not
         held back by a partition without nodes (a node that appears there later sends its
         censuses for windows the fleet may have judged already: those are ignored)."""
-        if not self._marks:
-            return {}
-        latest = max(self._marks.values())
         empty = [p for p, q in self.parts.items()
                  if q.aggregator.closed_until_ms is None and q.max_ts_ms is None]  # fmt: skip
         if not empty:
