@@ -263,8 +263,8 @@ class FleetWatch:
         self.partitions: dict[str, _Partition] = {}
         self.last_start_ms: int | None = None
         self.findings = 0
-        #: window start -> (its end, Slurm partition -> the censuses of the sources so far)
-        self.waiting: dict[int, tuple[int, dict[str, list[SourceCensus]]]] = {}
+        #: window start -> (its end, Slurm partition -> source -> its census so far)
+        self.waiting: dict[int, tuple[int, dict[str, dict[int, SourceCensus]]]] = {}
         #: source -> closed until (ms); a source without one holds every start back
         self.marks: dict[int, int] = {}
         #: window start -> the ``fleet_clk_ratio`` of each Slurm partition in a shift then
@@ -273,12 +273,13 @@ class FleetWatch:
     # -- input ----------------------------------------------------------------------------------
     def add(self, src: int, start_ms: int, end_ms: int, seen: dict[str, SourceCensus]) -> None:
         """Source ``src``'s censuses of one window start (Slurm partition -> its share; empty
-        when its windows there were all of idle or lost GPUs: the start is still judged)."""
+        when its windows there were all of idle or lost GPUs: the start is still judged). The
+        same source's census of the same start again (re-sent after a restart) replaces it."""
         if self.last_start_ms is not None and start_ms <= self.last_start_ms:
             return
         slot = self.waiting.setdefault(start_ms, (end_ms, {}))[1]
         for name, c in seen.items():
-            slot.setdefault(name, []).append(c)
+            slot.setdefault(name, {})[src] = c
 
     def add_closed(self, src: int, parts: Sequence[ClosedWindows]) -> None:
         """:meth:`add` of closed windows as the aggregator's columns (:func:`censuses_closed`)."""
@@ -294,9 +295,9 @@ class FleetWatch:
     def judged_until_ms(self) -> int | None:
         """Windows ending at or before this are judged (every source closed them); None while a
         source was not heard from."""
-        if len(self.marks) < self.sources:
+        if any(s not in self.marks for s in range(self.sources)):
             return None
-        return min(self.marks.get(s, -(1 << 62)) for s in range(self.sources))
+        return min(self.marks[s] for s in range(self.sources))
 
     def judge(self) -> list[StragglerFinding]:
         """The findings of every window start that all sources closed, in start order
@@ -311,7 +312,7 @@ class FleetWatch:
                 break
             del self.waiting[start]
             self.last_start_ms = start
-            seen = {name: merge(cs) for name, cs in slot.items()}
+            seen = {name: merge(list(cs.values())) for name, cs in slot.items()}
             out, ratios = self._judge(start, end, seen)
             found += out
             if ratios:

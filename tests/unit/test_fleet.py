@@ -292,6 +292,17 @@ def test_a_start_waits_for_every_source_and_a_late_census_is_ignored() -> None:
     assert not watch.waiting
 
 
+def test_a_census_sent_again_before_the_judgement_counts_once() -> None:
+    watch = FleetWatch(SETTINGS, sources=2)
+    capped = SourceCensus(32, 32, 0, (0.9,) * 32)
+    for src in (0, 1, 1):  # source 1's census again (its hot stage restarted before a commit)
+        watch.add(src, 0, W_MS, {"gpu": capped})
+    watch.closed(0, W_MS)
+    watch.closed(1, W_MS)
+    (found,) = watch.judge()
+    assert (found["windows_considered"], found["windows_flagged"]) == (64, 64)
+
+
 def test_the_census_survives_json_and_the_state_a_restore() -> None:
     c = SourceCensus(3, 1, 0, (0.1, 0.30000000000000004, 1 / 3))
     assert SourceCensus.from_json(json.loads(json.dumps(c.to_json()))) == c
