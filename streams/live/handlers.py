@@ -305,7 +305,10 @@ class JobsHandler:
         else:
             b = json_object(value)  # a heartbeat, or a window batch of an older worker
         if b.get("kind") == "census":  # a source's fleet census of a window start
-            seen = {str(n): SourceCensus.from_json(c) for n, c in b["census"].items()}
+            census = b["census"]
+            if not isinstance(census, dict):
+                raise TypeError(f"census of type {type(census).__name__}")
+            seen = {str(n): SourceCensus.from_json(c) for n, c in census.items()}
             self.fleet(partition)
             self.stage3.census(int(b["src"]), int(b["start"]), int(b["end"]), seen, partition)
             return []

@@ -491,3 +491,18 @@ def test_the_fleet_watch_memory_survives_a_rebalance_in_the_job_table() -> None:
     handler.forget()
     assert window(2) != []  # a damaged memory is dropped and counted: the watch starts over
     assert handler.counters.state_damaged == 1
+
+
+@pytest.mark.parametrize(
+    "census", [[1, 2], {"gpu": [1, 2]}, {"gpu": [1, 1, 0, "%%"]}, {"gpu": None}, "x"]
+)
+def test_a_broken_census_is_refused_as_a_record_error(census: Any) -> None:
+    import json
+
+    from peerwatch.streams.live.handlers import RECORD_ERRORS
+
+    handler, _, _ = jobs_handler()
+    msg = {"kind": "census", "src": 0, "start": 0, "end": 5000, "census": census}
+    with pytest.raises(RECORD_ERRORS):
+        handler.handle("b", 0, b"~census", json.dumps(msg).encode())
+    assert not handler.stage3.fleet(0).waiting
