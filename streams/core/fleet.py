@@ -74,6 +74,23 @@ class _Partition:
     reference_clk: float | None = None
 
 
+def _partition_of(saved: dict[str, Any]) -> _Partition:
+    """A :class:`_Partition` from its saved fields, each checked. Raises KeyError, ValueError,
+    TypeError or AttributeError for another value."""
+    cause = saved["cause"]
+    if cause not in ("POWER", "THERMAL"):
+        raise ValueError(f"fleet cause {cause!r}")
+    finding_id, reference = saved["finding_id"], saved["reference_clk"]
+    return _Partition(
+        clean_clk=[float(c) for c in saved["clean_clk"]][-REFERENCE_WINDOWS:],
+        finding_id=None if finding_id is None else str(finding_id),
+        cause=cause,
+        start_ms=int(saved["start_ms"]),
+        quiet_windows=int(saved["quiet_windows"]),
+        reference_clk=None if reference is None else float(reference),
+    )
+
+
 @dataclass(frozen=True)
 class WindowCensus:
     """What one partition's GPUs did in one window."""
@@ -464,9 +481,11 @@ class FleetWatch:
 
     def restore(self, data: dict[str, Any]) -> None:
         """The memory of :meth:`to_dict` back (waiting censuses and marks come again with the
-        sources' next messages). Raises KeyError, ValueError or TypeError for another value."""
-        self.partitions = {str(n): _Partition(**p) for n, p in data["partitions"].items()}
+        sources' next messages), every value checked: nothing is kept of a damaged one.
+        Raises KeyError, ValueError, TypeError or AttributeError for another value."""
+        partitions = {str(n): _partition_of(p) for n, p in data["partitions"].items()}
         last = data["last_start_ms"]
+        shifted = {int(s): {str(k): float(v) for k, v in r.items()}
+                   for s, r in data["shifted"].items()}  # fmt: skip
+        self.partitions, self.shifted = partitions, shifted
         self.last_start_ms = None if last is None else int(last)
-        self.shifted = {int(s): {str(k): float(v) for k, v in r.items()}
-                        for s, r in data["shifted"].items()}  # fmt: skip

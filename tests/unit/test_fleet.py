@@ -315,3 +315,19 @@ def test_the_census_survives_json_and_the_state_a_restore() -> None:
     b.restore(json.loads(json.dumps(a.to_dict())))
     rest = _episode()[14:]
     assert run(a, rest, first=14) == run(b, rest, first=14) != []
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [{"partitions": []}, {"partitions": {"gpu": {"cause": "COSMIC"}}}, {"shifted": {"x": {}}},
+     {"partitions": {"gpu": {"clean_clk": ["a"], "finding_id": None, "cause": "POWER",
+                             "start_ms": 0, "quiet_windows": 0, "reference_clk": None}}}],
+)  # fmt: skip
+def test_a_damaged_memory_is_refused_whole(damage: dict[str, Any]) -> None:
+    a = FleetWatch(SETTINGS)
+    run(a, _episode()[:14])
+    saved = {**json.loads(json.dumps(a.to_dict())), **damage}
+    b = FleetWatch(SETTINGS)
+    with pytest.raises((KeyError, ValueError, TypeError, AttributeError)):
+        b.restore(saved)
+    assert b.partitions == {} and b.last_start_ms is None and b.shifted == {}
