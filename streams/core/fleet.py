@@ -21,17 +21,24 @@ an alert per job. This pure, event-time watch reads every closed GpuWindow of a 
 - ``clear_after_s`` of windows without the shift close it with one ``CLEARED`` finding; a shift
   of the other cause while one is open closes the open one and opens its own.
 
-Live, each hot-stage worker runs one watch over the nodes of its samples partitions (a random
-sample of the fleet); finding ids are derived from the Slurm partition, the cause and the
-episode's first window, so workers that see the same shift start publish the same finding id.
+One decision for the whole fleet, however the samples are split (DETECTION.md item 12). Each
+*source* (a samples partition: one aggregator) makes a :class:`SourceCensus` per Slurm partition
+of every window start it closes: counts and the clock ratios themselves, so merged censuses give
+the exact median. The watch merges the censuses of all ``sources`` and judges a window start
+once every source closed it (:meth:`FleetWatch.closed`): the same findings and ratios from one
+source (replay: one aggregator) or from twelve (live: the hot stage sends each partition's
+censuses and heartbeats to every stage-3 channel, where the job releaser runs one watch per
+channel; stage 3 releases a window only once its start is judged, so small jobs get the ratio,
+and only channel 0 publishes the findings: :class:`~peerwatch.streams.core.job_stage.JobReleaser`).
 """
 
 from __future__ import annotations
 
+import base64
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -47,7 +54,7 @@ from peerwatch.streams.core.robust import array_median
 from peerwatch.streams.core.settings import DetectorSettings
 
 if TYPE_CHECKING:
-    from peerwatch.streams.core.windows import ClosedWindows, JobWindowBatch
+    from peerwatch.streams.core.windows import ClosedWindows
 
 #: The job id of a fleet-level finding (it spans every job of the partition).
 FLEET_JOB = "fleet"
@@ -67,6 +74,23 @@ class _Partition:
     reference_clk: float | None = None
 
 
+def _partition_of(saved: dict[str, Any]) -> _Partition:
+    """A :class:`_Partition` from its saved fields, each checked. Raises KeyError, ValueError,
+    TypeError or AttributeError for another value."""
+    cause = saved["cause"]
+    if cause not in ("POWER", "THERMAL"):
+        raise ValueError(f"fleet cause {cause!r}")
+    finding_id, reference = saved["finding_id"], saved["reference_clk"]
+    return _Partition(
+        clean_clk=[float(c) for c in saved["clean_clk"]][-REFERENCE_WINDOWS:],
+        finding_id=None if finding_id is None else str(finding_id),
+        cause=cause,
+        start_ms=int(saved["start_ms"]),
+        quiet_windows=int(saved["quiet_windows"]),
+        reference_clk=None if reference is None else float(reference),
+    )
+
+
 @dataclass(frozen=True)
 class WindowCensus:
     """What one partition's GPUs did in one window."""
@@ -77,11 +101,51 @@ class WindowCensus:
     hot: int = 0
 
 
+class SourceCensus(NamedTuple):
+    """One source's share of one Slurm partition in one window: reporting GPUs of jobs, capped
+    ones, hot ones and their clock ratios (sorted; only the GPUs with a reading). Censuses of
+    several sources merge (:func:`merge`) into the census of them all."""
+
+    gpus: int
+    capped: int
+    hot: int
+    clks: tuple[float, ...]
+
+    def to_json(self) -> list[Any]:
+        """A JSON value; the clock ratios as their float64 bytes in base64 (exact, and read
+        back without parsing a number per GPU: every stage-3 partition reads each census)."""
+        raw = np.asarray(self.clks, "<f8").tobytes()
+        return [self.gpus, self.capped, self.hot, base64.b64encode(raw).decode("ascii")]
+
+    @classmethod
+    def from_json(cls, value: Any) -> SourceCensus:
+        """Inverse of :meth:`to_json`. Raises ValueError or TypeError for another value."""
+        gpus, capped, hot, clks = value
+        raw = base64.b64decode(clks, validate=True)
+        if len(raw) % 8:
+            raise ValueError(f"clock ratios of {len(raw)} bytes, not float64s")
+        ratios = np.frombuffer(raw, "<f8")
+        if np.isnan(ratios).any():
+            raise ValueError("a clock ratio is NaN")
+        return cls(int(gpus), int(capped), int(hot), tuple(ratios.tolist()))
+
+
+def merge(parts: Sequence[SourceCensus]) -> WindowCensus:
+    """The census of a Slurm partition's window from every source's share of it."""
+    clks = np.array([c for p in parts for c in p.clks], np.float64)
+    return WindowCensus(
+        sum(p.gpus for p in parts),
+        sum(p.capped for p in parts),
+        array_median(clks) if len(clks) else None,
+        sum(p.hot for p in parts),
+    )
+
+
 #: What :func:`census` reads of each window, in the order it unpacks them.
 _CENSUS = ("job_id", "power_cap_frac", "lost", "samples", "partition", "thermal_frac", "clk_ratio")
 
 
-def census(windows: Sequence[GpuWindow], cap_frac: float) -> dict[str, WindowCensus]:
+def census(windows: Sequence[GpuWindow], cap_frac: float) -> dict[str, SourceCensus]:
     """Per Slurm partition (``""`` when unknown): reporting GPUs of jobs, capped ones, hot ones
     (thermal slowdown) and the median clock ratio. Windows of idle GPUs, lost GPUs and GPUs
     without samples do not count. GpuWindow dicts; :func:`census_closed` takes the
@@ -110,7 +174,7 @@ def census(windows: Sequence[GpuWindow], cap_frac: float) -> dict[str, WindowCen
     )  # fmt: skip
 
 
-def census_closed(parts: Sequence[ClosedWindows], cap_frac: float) -> dict[str, WindowCensus]:
+def census_closed(parts: Sequence[ClosedWindows], cap_frac: float) -> dict[str, SourceCensus]:
     """:func:`census` of the windows of one window start as the aggregator closed them
     (:class:`~peerwatch.streams.core.windows.ClosedWindows`, one or more parts): the same
     values as the census of their GpuWindow dicts, read from the columns (no dict, no Python
@@ -140,6 +204,22 @@ def census_closed(parts: Sequence[ClosedWindows], cap_frac: float) -> dict[str, 
     return census_of(list(names), partition, counted, cap, thermal, clk, cap_frac)
 
 
+def censuses_closed(
+    parts: Sequence[ClosedWindows], cap_frac: float
+) -> list[tuple[int, int, dict[str, SourceCensus]]]:
+    """One source's censuses of closed windows as the aggregator's columns (any number of
+    window starts, each in one or more parts): (start, end, census) per start in increasing
+    order; a start without windows has none (it is not judged)."""
+    by_start: dict[int, list[ClosedWindows]] = {}
+    for part in parts:
+        if len(part.node):
+            by_start.setdefault(part.start_ms, []).append(part)
+    return [
+        (start, group[0].end_ms, census_closed(group, cap_frac))
+        for start, group in sorted(by_start.items())
+    ]
+
+
 def census_of(
     names: Sequence[str],
     partition: np.ndarray,
@@ -148,11 +228,11 @@ def census_of(
     thermal: np.ndarray,
     clk: np.ndarray,
     cap_frac: float,
-) -> dict[str, WindowCensus]:
+) -> dict[str, SourceCensus]:
     """The census arithmetic, one value per window: its partition (an index into ``names``),
     whether it counts (a reporting GPU of a job), its power cap share, thermal share (0.0 where
     unknown) and clock ratio (NaN where unknown)."""
-    out: dict[str, WindowCensus] = {}
+    out: dict[str, SourceCensus] = {}
     order = sorted(range(len(names)), key=names.__getitem__)
     for p in order:
         mine = counted & (partition == p)
@@ -161,11 +241,11 @@ def census_of(
             continue
         clks = clk[mine]
         clks = clks[~np.isnan(clks)]
-        out[names[p]] = WindowCensus(
+        out[names[p]] = SourceCensus(
             n,
             int((cap[mine] >= cap_frac).sum()),
-            array_median(clks) if len(clks) else None,
             int((thermal[mine] >= cap_frac).sum()),
+            tuple(np.sort(clks).tolist()),
         )
     return out
 
@@ -195,75 +275,97 @@ def set_ratios(windows: Iterable[dict[str, Any]], ratios: dict[str, float]) -> N
 
 
 class FleetWatch:
-    """See the module docstring. Feed it every closed window of one window start at a time,
-    window starts in increasing order: as the aggregator's columns (:meth:`observe_closed`, the
-    live hot stage and replay) or as GpuWindow dicts (:meth:`observe`)."""
+    """See the module docstring. Feed it each source's censuses (:meth:`add`, or
+    :meth:`add_closed` of the aggregator's closed windows) and how far each source closed
+    (:meth:`closed`); :meth:`judge` then judges every window start all ``sources`` (0 ..
+    sources - 1) closed, in increasing order. A source's census of a start already judged is
+    ignored (a restarted hot stage sends it again)."""
 
-    def __init__(self, settings: DetectorSettings) -> None:
+    def __init__(self, settings: DetectorSettings, sources: int = 1) -> None:
+        if sources < 1:
+            raise ValueError("a fleet watch needs at least one source")
         self.settings = settings
+        self.sources = sources
         self.partitions: dict[str, _Partition] = {}
         self.last_start_ms: int | None = None
         self.findings = 0
+        #: window start -> (its end, Slurm partition -> source -> its census so far)
+        self.waiting: dict[int, tuple[int, dict[str, dict[int, SourceCensus]]]] = {}
+        #: source -> closed until (ms); a source without one holds every start back
+        self.marks: dict[int, int] = {}
+        #: window start -> the ``fleet_clk_ratio`` of each Slurm partition in a shift then
+        self.shifted: dict[int, dict[str, float]] = {}
+
+    # -- input ----------------------------------------------------------------------------------
+    def add(self, src: int, start_ms: int, end_ms: int, seen: dict[str, SourceCensus]) -> None:
+        """Source ``src``'s censuses of one window start (Slurm partition -> its share; empty
+        when its windows there were all of idle or lost GPUs: the start is still judged). The
+        same source's census of the same start again (re-sent after a restart) replaces it."""
+        if self.last_start_ms is not None and start_ms <= self.last_start_ms:
+            return
+        slot = self.waiting.setdefault(start_ms, (end_ms, {}))[1]
+        for name, c in seen.items():
+            slot.setdefault(name, {})[src] = c
+
+    def add_closed(self, src: int, parts: Sequence[ClosedWindows]) -> None:
+        """:meth:`add` of closed windows as the aggregator's columns (:func:`censuses_closed`)."""
+        for start, end, seen in censuses_closed(parts, self.settings.fleet_cap_frac):
+            self.add(src, start, end, seen)
+
+    def closed(self, src: int, until_ms: int) -> None:
+        """Source ``src`` closed every window ending at or before ``until_ms`` (never goes
+        back)."""
+        self.marks[src] = max(self.marks.get(src, until_ms), until_ms)
+
+    @property
+    def judged_until_ms(self) -> int | None:
+        """Windows ending at or before this are judged (every source closed them); None while a
+        source was not heard from."""
+        if any(s not in self.marks for s in range(self.sources)):
+            return None
+        return min(self.marks[s] for s in range(self.sources))
+
+    def judge(self) -> list[StragglerFinding]:
+        """The findings of every window start that all sources closed, in start order
+        (FLEET_WIDE when a shift starts, CLEARED when one ended)."""
+        until = self.judged_until_ms
+        if until is None:
+            return []
+        found: list[StragglerFinding] = []
+        for start in sorted(self.waiting):
+            end, slot = self.waiting[start]
+            if end > until:
+                break
+            del self.waiting[start]
+            self.last_start_ms = start
+            seen = {name: merge(list(cs.values())) for name, cs in slot.items()}
+            out, ratios = self._judge(start, end, seen)
+            found += out
+            if ratios:
+                self.shifted[start] = ratios
+        return found
+
+    def ratios(self, start_ms: int) -> dict[str, float]:
+        """The ``fleet_clk_ratio`` of each Slurm partition in a shift at a judged window start."""
+        return self.shifted.get(start_ms, {})
+
+    def prune(self, before_ms: int) -> None:
+        """Forget the ratios of window starts before ``before_ms`` (released long ago)."""
+        for start in [s for s in self.shifted if s < before_ms]:
+            del self.shifted[start]
 
     def observe(
         self, window_start_ms: int, window_end_ms: int, windows: Iterable[GpuWindow]
     ) -> list[StragglerFinding]:
-        """The fleet findings of one window start from its GpuWindow dicts (FLEET_WIDE when a
-        shift starts, CLEARED when it ended); each window of a partition in a shift gets its
-        ``fleet_clk_ratio``. An older or repeated window start changes nothing."""
-        if not self._fresh(window_start_ms):
-            return []
+        """One source's whole window start as GpuWindow dicts, judged at once: its findings;
+        each window of a partition in a shift gets its ``fleet_clk_ratio``. An older or
+        repeated window start changes nothing."""
         windows = list(windows)
-        seen = census(windows, self.settings.fleet_cap_frac)
-        found, ratios = self._judge(window_start_ms, window_end_ms, seen)
-        set_ratios(cast(list[dict[str, Any]], windows), ratios)
+        self.add(0, window_start_ms, window_end_ms, census(windows, self.settings.fleet_cap_frac))
+        self.closed(0, window_end_ms)
+        found = self.judge()
+        set_ratios(cast(list[dict[str, Any]], windows), self.ratios(window_start_ms))
         return found
-
-    def observe_closed(
-        self, parts: Sequence[ClosedWindows]
-    ) -> tuple[list[StragglerFinding], dict[int, dict[str, float]]]:
-        """:meth:`observe` of closed windows as the aggregator's columns (any number of window
-        starts, each in one or more parts), before their dicts are made: the findings, and the
-        ``fleet_clk_ratio`` of each partition in a shift per window start, for
-        :func:`set_ratios` to give the windows once they are dicts."""
-        by_start: dict[int, list[ClosedWindows]] = {}
-        for part in parts:
-            if len(part.node):  # a start without windows is not judged (as with no dicts)
-                by_start.setdefault(part.start_ms, []).append(part)
-        found: list[StragglerFinding] = []
-        ratios: dict[int, dict[str, float]] = {}
-        for start in sorted(by_start):
-            if not self._fresh(start):
-                continue
-            group = by_start[start]
-            seen = census_closed(group, self.settings.fleet_cap_frac)
-            out, shifted = self._judge(start, group[0].end_ms, seen)
-            found += out
-            if shifted:
-                ratios[start] = shifted
-        return found, ratios
-
-    def judge_and_group(
-        self,
-        parts: Sequence[ClosedWindows],
-        group: Callable[[Sequence[ClosedWindows]], list[JobWindowBatch]],
-    ) -> tuple[list[StragglerFinding], list[JobWindowBatch]]:
-        """:meth:`observe_closed`, then the windows as dicts per job (``group``: the
-        aggregator's), those of a partition in a fleet shift with their ``fleet_clk_ratio``:
-        what the live hot stage and replay do with each batch of closed windows."""
-        found, ratios = self.observe_closed(parts)
-        batches = group(parts)
-        for b in batches:
-            if b.window_start_ms in ratios:
-                set_ratios(b.windows, ratios[b.window_start_ms])
-        return found, batches
-
-    def _fresh(self, window_start_ms: int) -> bool:
-        """Whether a window start is newer than every one judged (it is then the latest)."""
-        if self.last_start_ms is not None and window_start_ms <= self.last_start_ms:
-            return False
-        self.last_start_ms = window_start_ms
-        return True
 
     def _judge(
         self, window_start_ms: int, window_end_ms: int, seen: dict[str, WindowCensus]
@@ -366,3 +468,26 @@ class FleetWatch:
 
     def counters(self) -> dict[str, int]:
         return {"fleet_findings": self.findings}
+
+    # -- state ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The watch's memory as JSON values (a changelog keeps it across restarts)."""
+        return {
+            "partitions": {n: {"clean_clk": p.clean_clk, "finding_id": p.finding_id,
+                               "cause": p.cause, "start_ms": p.start_ms,
+                               "quiet_windows": p.quiet_windows, "reference_clk": p.reference_clk}
+                           for n, p in sorted(self.partitions.items())},
+            "last_start_ms": self.last_start_ms,
+            "shifted": {str(s): r for s, r in sorted(self.shifted.items())},
+        }  # fmt: skip
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """The memory of :meth:`to_dict` back (waiting censuses and marks come again with the
+        sources' next messages), every value checked: nothing is kept of a damaged one.
+        Raises KeyError, ValueError, TypeError or AttributeError for another value."""
+        partitions = {str(n): _partition_of(p) for n, p in data["partitions"].items()}
+        last = data["last_start_ms"]
+        shifted = {int(s): {str(k): float(v) for k, v in r.items()}
+                   for s, r in data["shifted"].items()}  # fmt: skip
+        self.partitions, self.shifted = partitions, shifted
+        self.last_start_ms = None if last is None else int(last)

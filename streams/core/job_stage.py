@@ -27,16 +27,19 @@ from functools import partial
 from operator import itemgetter
 from typing import Any, NamedTuple, Protocol, cast
 
-from peerwatch.schemas.records import GpuWindow
+from peerwatch.schemas.records import GpuWindow, StragglerFinding
 from peerwatch.streams.core.allocation import JobMeta
 from peerwatch.streams.core.detector import DetectionResult, ScoredWindows, detect_job_window
 from peerwatch.streams.core.detector_state import JobDetectorState
+from peerwatch.streams.core.fleet import FleetWatch, SourceCensus, set_ratios
 from peerwatch.streams.core.model import JOB_WIDE, InvalidRecordError, JobContext
 from peerwatch.streams.core.settings import DetectorSettings
 from peerwatch.streams.core.windows import JobWindowBatch
 
 #: A watermark before any event time (a source not heard from yet).
 NEVER_MS = -(1 << 62)
+#: No fleet watch to wait for.
+_NO_LIMIT = 1 << 62
 _NODE, _GPU_INDEX = itemgetter("node"), itemgetter("gpu_index")
 
 #: The longest step duration taken, ms (one day): a longer one is a unit mix-up or a broken
@@ -172,10 +175,17 @@ class JobStage:
         return out
 
     def release_job(
-        self, job_id: str, watermark_ms: int, ctx: JobContext
+        self,
+        job_id: str,
+        watermark_ms: int,
+        ctx: JobContext,
+        fleet: FleetWatch | None = None,
     ) -> list[tuple[int, DetectionResult]]:
         """Run the detector on the releasable windows of one job; returns (window start,
-        result) pairs in window order. Raises InvalidRecordError from the detector."""
+        result) pairs in window order. With ``fleet``, a window waits until the fleet watch
+        judged its start (complete or not) and gets its ``fleet_clk_ratio`` from it. Raises
+        InvalidRecordError from the detector."""
+        judged = _NO_LIMIT if fleet is None else fleet.judged_until_ms
         out: list[tuple[int, DetectionResult]] = []
         starts = self.pending.get(job_id)
         if starts is None:
@@ -187,6 +197,8 @@ class JobStage:
             have = starts[start]  # empty while a batch is held whole
             count = len(whole.windows) if whole is not None else len(have)
             complete = ctx.expected_gpus is not None and count >= ctx.expected_gpus
+            if judged is None or start + wms > judged:
+                break  # the fleet watch has not judged the window start yet
             if not complete and start + wms + self.grace_ms > watermark_ms:
                 break
             del starts[start]
@@ -200,6 +212,8 @@ class JobStage:
                 windows, columns = whole.windows, whole.columns
             else:
                 windows = [have[k] for k in sorted(have)]
+            if fleet is not None:
+                set_ratios(windows, fleet.ratios(start))
             # the aggregator's dicts are GpuWindow records (typed at the detector's door)
             typed = cast(list[GpuWindow], windows)
             if self._with_steps(job_id, start, windows) and columns is not None:
@@ -306,6 +320,8 @@ class Released:
     releases: list[Release] = field(default_factory=list)
     retired: list[PendingEntry] = field(default_factory=list)
     saved: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    #: the channel's fleet watch's findings (FLEET_WIDE, CLEARED) judged by this call
+    fleet: list[StragglerFinding] = field(default_factory=list)
 
 
 class _SavedStates(Mapping[str, dict[str, Any]]):
@@ -375,7 +391,8 @@ class JobReleaser:
     ``jobs``: job contexts and nodes (the allocation table). ``partition_of``: node -> the source
     holding it; None when every node is in one source (offline). ``fan_out_job_wide``: route a
     JOB_WIDE finding to every node of its job. ``scored_windows``: as :class:`JobStage`'s.
-    Raises InvalidRecordError from the detector.
+    ``fleet_sources``: how many sources the fleet watches wait for (the samples partitions;
+    offline one). Raises InvalidRecordError from the detector.
 
     Restart: a job's state and pending batches come back with :meth:`restore`; the watermarks
     do not (every source sends its next heartbeat soon), so a window may be released a
@@ -391,8 +408,16 @@ class JobReleaser:
         fan_out_job_wide: bool = False,
         partition_of: Callable[[str], int] | None = None,
         scored_windows: bool = True,
+        fleet_sources: int = 1,
     ) -> None:
         self.stage = JobStage(settings, grace_ms, scored_windows)
+        self.settings = settings
+        #: samples partitions: the fleet watch of each channel judges a window start once all
+        #: of them closed it
+        self.fleet_sources = fleet_sources
+        #: channel -> its fleet watch (every channel gets every source's censuses and
+        #: heartbeats, so each decides the same; channel 0 publishes)
+        self.fleets: dict[int, FleetWatch] = {}
         self.jobs = jobs
         self.fan_out_job_wide = fan_out_job_wide
         self.partition_of = partition_of
@@ -423,6 +448,20 @@ class JobReleaser:
         """One StepTime record (see :meth:`JobStage.add_step`)."""
         return self.stage.add_step(record)
 
+    def fleet(self, channel: int = 0) -> FleetWatch:
+        """The fleet watch of ``channel``."""
+        watch = self.fleets.get(channel)
+        if watch is None:
+            watch = self.fleets[channel] = FleetWatch(self.settings, self.fleet_sources)
+        return watch
+
+    def census(
+        self, src: int, start_ms: int, end_ms: int, seen: dict[str, SourceCensus], channel: int = 0
+    ) -> None:
+        """Source ``src``'s fleet censuses of one window start (see
+        :meth:`~peerwatch.streams.core.fleet.FleetWatch.add`); judged at a heartbeat."""
+        self.fleet(channel).add(src, start_ms, end_ms, seen)
+
     def heartbeat(self, src: int, closed_until_ms: int, channel: int = 0) -> Released:
         """Source ``src`` closed every window ending at or before ``closed_until_ms`` (int ms);
         releases what that completes among the jobs of ``channel``. A source's watermark never
@@ -434,10 +473,15 @@ class JobReleaser:
         release at the end: the same windows released as by one heartbeat after another (a
         window waits for every source holding its nodes), fewer calls."""
         marks = self.watermarks.setdefault(channel, {})
+        fleet = self.fleet(channel)
         for src, until in closed_until_ms.items():
             marks[src] = max(marks.get(src, until), until)
+            fleet.closed(src, until)
+        found = fleet.judge()
         jobs = [j for j in self.stage.pending if self.channel_of.get(j) == channel]
-        return self.release(*sorted(jobs))
+        out = self.release(*sorted(jobs))
+        out.fleet = found
+        return out
 
     def release(self, *job_ids: str) -> Released:
         """Release what is complete or past its watermark for ``job_ids`` (in that order)."""
@@ -446,7 +490,8 @@ class JobReleaser:
         for job_id in job_ids:
             meta = self.jobs.job(job_id)
             ctx = meta.context() if meta is not None else JobContext(job_id=job_id)
-            got = self.stage.release_job(job_id, self.watermark_ms(job_id), ctx)
+            fleet = self.fleet(self.channel_of.get(job_id, 0))
+            got = self.stage.release_job(job_id, self.watermark_ms(job_id), ctx, fleet)
             for start, result in got:
                 out.releases.append(Release(ctx, start, result, self._routes(job_id, result)))
                 srcs = self.sources.pop((job_id, start), ())
@@ -484,6 +529,8 @@ class JobReleaser:
         """Forget ended jobs (see :meth:`JobStage.prune`): a job with neither pending windows
         nor a detector state left is restored again (:meth:`seen`) if it comes back."""
         self.stage.prune(watermark_ms, idle_ms)
+        for watch in self.fleets.values():
+            watch.prune(watermark_ms - idle_ms)
         for job_id in [j for j in self.channel_of if j not in self.stage.pending]:
             if job_id not in self.stage.states:
                 del self.channel_of[job_id]
@@ -497,7 +544,7 @@ class JobReleaser:
         stage = self.stage
         for held in (stage.pending, stage.states, stage.released, stage.steps, stage.whole):
             held.clear()
-        for mine in (self.watermarks, self.channel_of, self.sources, self._seen):
+        for mine in (self.watermarks, self.channel_of, self.sources, self._seen, self.fleets):
             mine.clear()
 
     # -- state ----------------------------------------------------------------------------------

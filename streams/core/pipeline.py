@@ -13,9 +13,10 @@ the evaluation harness. Each stage is a separable object with serialisable state
 Beside stage 2, on the same sample columns (as the live hot stage):
 :class:`~peerwatch.streams.core.hard_watch.HardWatch` (hard rules on arrival) and
 :class:`~peerwatch.streams.core.silence.SilenceWatch` (allocated nodes gone quiet, checked every
-``silent_check_s`` of event time). Their findings go out, and through the policy, at once; their
-outputs' ``stream_ms`` is the event time a live worker publishes them at (the sample's time, or
-the check's).
+``silent_check_s`` of event time, by the same
+:class:`~peerwatch.streams.core.silence.SilenceClock` rule as live). Their findings go out, and
+through the policy, at once; their outputs' ``stream_ms`` is the event time a live worker
+publishes them at (the sample's time, or the check's).
 
 Input: ``(stream, key, value)`` records in roughly event-time order, streams ``samples``,
 ``job-events``, ``node-events``, ``health`` and the optional ``step-times`` (per-rank step
@@ -37,14 +38,13 @@ import numpy as np
 from peerwatch.schemas.columns import Table, slice_rows, tables_from_records
 from peerwatch.schemas.records import DrainRecommendation, StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.fleet import FleetWatch
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.policy import apply as policy_apply
 from peerwatch.streams.core.policy_state import DrainPolicyState
 from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
-from peerwatch.streams.core.silence import SilenceWatch
+from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
 from peerwatch.streams.core.windows import (
     SAMPLE_SPEC,
     BatchResult,
@@ -140,15 +140,15 @@ class Pipeline:
         self.policy = PolicyStage(settings.policy)
         # Beside stage 2, on the same samples: hard rules on arrival and the silence watch.
         self.hard = HardWatch(self.allocations, self.aggregator.name, settings.detector)
-        self.fleet = FleetWatch(settings.detector)
         self.silence = SilenceWatch(
             int(settings.silent_after_s * 1000),
             int(settings.silent_group_s * 1000),
             settings.silent_fleet_min_nodes,
             settings.detector.window_ms,
             settings.detector.id_hex_chars,
+            held=True,
         )
-        self._silence_every_ms = max(1, int(settings.silent_check_s * 1000))
+        self.silence_clock = SilenceClock(max(1, int(settings.silent_check_s * 1000)))
         self._next_silence_ms = -_FAR_FUTURE_MS
         self._max_sample_ms = -_FAR_FUTURE_MS
         self._open_nodes: dict[str, tuple[str, int]] = {}
@@ -290,6 +290,7 @@ class Pipeline:
         newest = self._saw(top.values["node"], top.values["ts_ms"])
         if newest is not None:
             self._max_sample_ms = max(self._max_sample_ms, newest)
+            self.silence_clock.saw(0, newest)
 
     def _saw(self, node_codes: np.ndarray, ts_ms: np.ndarray) -> int | None:
         """Samples of these nodes (aggregator string codes) at these times to the silence
@@ -304,9 +305,14 @@ class Pipeline:
         return self._hot([(f, int(f["detected_ms"] or 0)) for f in found]) if found else []
 
     def _check_silence(self) -> list[Output]:
-        now = self._max_sample_ms
-        self._next_silence_ms = now - now % self._silence_every_ms + self._silence_every_ms
-        return self._silence_check(now)
+        """The silence checks now due (:class:`~peerwatch.streams.core.silence.SilenceClock`:
+        one source here, every samples partition live), each at its own time."""
+        out: list[Output] = []
+        for now in self.silence_clock.due():
+            out += self._silence_check(now)
+        nxt = self.silence_clock.next_ms
+        self._next_silence_ms = -_FAR_FUTURE_MS if nxt is None else nxt
+        return out
 
     def _silence_check(self, now: int) -> list[Output]:
         """The silence watch's check at sample time ``now``: findings through :meth:`_hot`."""
@@ -378,17 +384,22 @@ class Pipeline:
 
     def _detect(self, closed: list[ClosedWindows], watermark_ms: int) -> list[Output]:
         """Stage 3 offline on closed windows: one source (every node) on one channel, its
-        watermark the aggregator's. The fleet watch reads the columns first (a window of a
-        partition in a fleet shift gets its ratio), then the windows become dicts per job."""
-        found, batches = self.fleet.judge_and_group(closed, self.aggregator.group)
-        fleet = [Output(FINDING, str(f["job_id"]), dict(f), self._stream_ms) for f in found]
-        out: list[Output] = []
-        for b in batches:
+        watermark the aggregator's. The channel's fleet watch gets the windows' censuses (as
+        live, where every samples partition sends its own), then the windows become dicts per
+        job; the heartbeat judges the fleet first (a window of a partition in a fleet shift
+        gets its ratio when released)."""
+        fleet_watch = self.jobs.fleet(0)
+        fleet_watch.add_closed(0, closed)
+        for b in self.aggregator.group(closed):
             self.jobs.add(b, src=0)
+        out: list[Output] = []
         try:
             released = self.jobs.heartbeat(0, watermark_ms)
         except InvalidRecordError as exc:  # pragma: no cover - the aggregator builds valid windows
-            return [self._invalid("job-windows", "", {}, exc), *fleet]
+            return [self._invalid("job-windows", "", {}, exc)]
+        fleet = [
+            Output(FINDING, str(f["job_id"]), dict(f), self._stream_ms) for f in released.fleet
+        ]
         for r in released.releases:
             job_id = r.context.job_id
             if self.emit_windows:  # scored in place: the aggregator made them for this use only
@@ -425,7 +436,7 @@ class Pipeline:
             **self.aggregator.counters(),
             **self.hard.counters(),
             **self.silence.counters(),
-            **self.fleet.counters(),
+            **self.jobs.fleet(0).counters(),
             "step_times": self.step_times,
         }
 

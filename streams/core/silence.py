@@ -3,9 +3,17 @@
 A pure, event-time watch. The driver tells it when each node last sent a sample
 (:meth:`SilenceWatch.saw`) and, now and then, which nodes have GPUs allocated now (node -> (job
 id, job start ms), :meth:`~peerwatch.streams.core.allocation.AllocationTable.open_nodes`) and
-what time it is (:meth:`SilenceWatch.check`). "Now" is event time: the other nodes' samples
-(offline: the highest sample time; live, per worker, the slowest of its partitions, moved on by
-the wall clock while no sample at all arrives, see :mod:`~peerwatch.streams.live.hot_stage`).
+what time it is (:meth:`SilenceWatch.check`).
+
+When to check is one rule for both runners, :class:`SilenceClock`: at every multiple of
+``stream.silent_check_s`` of event time, once every source (samples partition; offline the one
+aggregator) has a sample at or past it; "now" is that multiple, and a node's latest sample is
+its latest *before* it (a watch made with ``held=True`` keeps later samples aside until the
+check that may count them). So a worker that read some partitions further than others judges
+at the same moments, on the same samples, as a replay of the same records. The one exception
+is live only: when every partition of a worker has been quiet a while and its samples came in
+real time, the wall clock moves "now" on (a fleet gone quiet is still seen; a replay has no
+such moment).
 
 A watched node is *silent* when it sent nothing for ``silent_after_ms``, counted from its last
 sample, its job's start or the moment the watch began watching it, whichever is latest (so a
@@ -74,7 +82,10 @@ class SilenceWatch:
         fleet_min_nodes: int = 8,
         window_ms: int = 30_000,
         hex_chars: int = 32,
+        held: bool = False,
     ) -> None:
+        """``held``: keep samples at or past the latest check's time aside until a check at a
+        later time (:class:`SilenceClock`'s rule); without it every sample counts at once."""
         if silent_after_ms <= 0 or not 0 <= group_ms < silent_after_ms or fleet_min_nodes < 2:
             raise ValueError("need silent_after_ms > group_ms >= 0 and fleet_min_nodes >= 2")
         self.silent_after_ms = silent_after_ms
@@ -90,6 +101,10 @@ class SilenceWatch:
         self.silent: dict[str, str] = {}  # node -> finding id of its open event
         self.events: dict[str, _Event] = {}
         self.findings = 0
+        self.held = held
+        #: samples at or past this time are held (until the first check: every sample)
+        self._horizon_ms = _FAR_PAST if held else None
+        self._held: list[tuple[Sequence[str], np.ndarray, np.ndarray]] = []
 
     @property
     def last_ms(self) -> dict[str, int]:
@@ -129,10 +144,34 @@ class SilenceWatch:
             return None
         if not ok.all():
             node_codes, ts_ms = node_codes[ok], ts_ms[ok]
-        codes, inverse = np.unique(node_codes, return_inverse=True)
-        top = np.full(len(codes), _FAR_PAST, np.int64)
-        np.maximum.at(top, inverse, ts_ms)  # each node's latest time in the batch
-        # kept by code until a check needs them by name (:meth:`_note_pending`)
+        codes, top = _latest(node_codes, ts_ms)
+        if self._horizon_ms is None:
+            self._note(codes, top, names)
+        else:
+            self._hold_or_note(node_codes, ts_ms, names)
+        return int(top.min()), int(top.max())
+
+    def _hold_or_note(
+        self, node_codes: np.ndarray, ts_ms: np.ndarray, names: Sequence[str]
+    ) -> None:
+        """Samples at or past the horizon held, the others noted."""
+        later = ts_ms >= (_FAR_PAST if self._horizon_ms is None else self._horizon_ms)
+        if later.any():
+            self._held.append((names, node_codes[later], ts_ms[later]))
+            node_codes, ts_ms = node_codes[~later], ts_ms[~later]
+        if len(ts_ms):
+            self._note(*_latest(node_codes, ts_ms), names)
+
+    def _release_held(self, now_ms: int) -> None:
+        """Held samples before ``now_ms`` noted, later ones held on; the horizon moves there."""
+        held, self._held = self._held, []
+        self._horizon_ms = now_ms
+        for names, codes, ts in held:
+            self._hold_or_note(codes, ts, names)
+
+    def _note(self, codes: np.ndarray, top: np.ndarray, names: Sequence[str]) -> None:
+        """Each node's (code's) latest time, kept by code until a check needs them by name
+        (:meth:`_note_pending`)."""
         held = self._pending.get(id(names))
         size = int(codes[-1]) + 1
         if held is None or len(held[1]) < size:
@@ -142,7 +181,6 @@ class SilenceWatch:
             held = self._pending[id(names)] = (names, grown)
         latest = held[1]
         latest[codes] = np.maximum(latest[codes], top)
-        return int(top.min()), int(top.max())
 
     def check(
         self,
@@ -155,8 +193,10 @@ class SilenceWatch:
         start ms)): CLEARED ones first, then new SILENT / FLEET_WIDE ones. ``clock`` gives a
         node's own event time where it differs (live: its partition's; None: not known yet,
         the node is not looked at). ``watch_from`` gives, for a node watched for the first
-        time, since when the driver has read its samples (live: the first sample time of its
-        partition since the assignment); default: the node's clock now."""
+        time, since when the driver has read its samples; default: the node's clock now. A
+        held watch first notes the held samples before ``now_ms``."""
+        if self.held:
+            self._release_held(now_ms)
         out = self._clear(watched, now_ms)
         last = self.last_ms
         crossed: list[str] = []
@@ -292,6 +332,58 @@ class SilenceWatch:
             "silent_nodes": len(self.silent),
             "silence_findings": self.findings,
         }
+
+
+def _latest(node_codes: np.ndarray, ts_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct node codes of a batch (sorted) and each one's latest time."""
+    codes, inverse = np.unique(node_codes, return_inverse=True)
+    top = np.full(len(codes), _FAR_PAST, np.int64)
+    np.maximum.at(top, inverse, ts_ms)
+    return codes, top
+
+
+class SilenceClock:
+    """When the silence watch checks (module docstring): at every multiple of ``every_ms`` of
+    event time that every source's latest sample time reached. Feed each source's newest
+    sample time (:meth:`saw`); :meth:`due` returns the check times now due, each once."""
+
+    def __init__(self, every_ms: int) -> None:
+        if every_ms <= 0:
+            raise ValueError("every_ms must be positive")
+        self.every_ms = every_ms
+        #: source -> its latest sample time (ms)
+        self.latest: dict[int, int] = {}
+        #: the next check time (None before any sample)
+        self.next_ms: int | None = None
+        self._checked = False
+
+    def saw(self, src: int, newest_ms: int) -> None:
+        """Source ``src`` has a sample at ``newest_ms``. Until the first check, the first check
+        time follows the earliest sample seen (whichever source is read first)."""
+        if newest_ms > self.latest.get(src, _FAR_PAST):
+            self.latest[src] = newest_ms
+        first = newest_ms - newest_ms % self.every_ms  # the first check: with the first sample
+        if self.next_ms is None or (not self._checked and first < self.next_ms):
+            self.next_ms = first
+
+    def due(self, sources: Iterable[int] | None = None, now_ms: int | None = None) -> list[int]:
+        """The check times every source of ``sources`` (default: every source seen) reached,
+        in order; a source not seen yet holds every check back. ``now_ms``: the event time
+        instead (live, a worker whose partitions are all quiet: moved on by the wall clock)."""
+        if self.next_ms is None:
+            return []
+        if now_ms is None:
+            srcs = list(self.latest) if sources is None else list(sources)
+            if not srcs:
+                return []
+            now_ms = min(self.latest.get(s, _FAR_PAST) for s in srcs)
+        out = []
+        while self.next_ms <= now_ms:
+            out.append(self.next_ms)
+            self.next_ms += self.every_ms
+        if out:
+            self._checked = True
+        return out
 
 
 def _names(nodes: list[str], most: int = 4) -> str:

@@ -230,6 +230,7 @@ def build_app(settings: Settings) -> faust.App:
         settings.detector, job_meta, grace_ms=int(cfg.job_grace_s * 1000),
         fan_out_job_wide=cfg.fan_out_job_wide,
         partition_of=lambda node: samples_partition(node, node_partitions),
+        fleet_sources=node_partitions,
     )  # fmt: skip
     # Step times (optional, keyed by job like the job events and window batches): a GPU's
     # window gets the mean step duration of its steps in that window before detection.

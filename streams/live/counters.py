@@ -26,7 +26,7 @@ _COUNT_LOCK = threading.Lock()
 #: ``batch_log`` are sent apart (both stages dead-letter; the log goes as its new entries).
 HOT_FIELDS = (
     "samples", "gpu_samples", "batches", "late", "batch_time_s", "last_batch_s",
-    "consumer_lag", "unattributed", "hard_findings", "silence_findings", "fleet_findings",
+    "consumer_lag", "unattributed", "hard_findings", "silence_findings",
     "outputs_refused", "outputs_failed", "clock_offsets_ms", "clock_skewed_nodes",
     "first_batch_wall_s", "first_batch_cpu_s", "last_batch_wall_s", "last_batch_cpu_s",
 )  # fmt: skip
@@ -72,7 +72,8 @@ class StreamCounters:
     #: GPU readings no job owned at their time (no allocation known): counted, not windowed.
     unattributed: int = 0
     #: Findings of the hot stage: hard rules on arrival, silence (SILENT, FLEET_WIDE, their
-    #: CLEARED) and fleet context (a fleet-wide power cap, FLEET_WIDE and CLEARED).
+    #: CLEARED); and stage 3's fleet context (a fleet-wide power cap, FLEET_WIDE and CLEARED,
+    #: counted on channel 0, the one that publishes them).
     hard_findings: int = 0
     silence_findings: int = 0
     fleet_findings: int = 0

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from peerwatch.errors import CodecError
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.fleet import FleetWatch, SourceCensus
 from peerwatch.streams.core.job_stage import (
     JobReleaser,
     PendingEntry,
@@ -111,6 +112,12 @@ def pending_message(entry: Any) -> dict[str, Any]:
     return {**message, "channel": entry.get("channel")}
 
 
+#: The stage-3 channel whose fleet watch publishes the fleet findings.
+FLEET_CHANNEL = 0
+#: The ``job_table`` key of a channel's fleet watch memory (no job id starts with "~").
+FLEET_KEY = "~fleet|{channel}"
+
+
 class Output(NamedTuple):
     """One record to send: ``topic`` is ``windows``, ``stragglers`` (Avro bytes) or ``findings``
     (the JSON-serialised dict for the internal topic keyed by node); ``closed_wall_ms``: when the
@@ -160,6 +167,8 @@ class JobsHandler:
         #: (job, window start) -> GPU -> the head of its pending window's GpuWindow message
         #: (:mod:`~peerwatch.streams.live.window_batches`): only the tail is encoded again.
         self.heads: dict[tuple[str, int], dict[GpuIdent, bytes]] = {}
+        #: Channels whose fleet watch was recovered from ``job_table`` (:meth:`fleet`).
+        self._fleet_restored: set[int] = set()
 
     def forget(self) -> None:
         """Partitions were revoked (a rebalance; faust's eager protocol revokes them all): forget
@@ -171,6 +180,31 @@ class JobsHandler:
         self.heads.clear()
         self.closed_wall.clear()
         self._pending_scan_s = 0.0
+        self._fleet_restored.clear()
+
+    def fleet(self, channel: int) -> FleetWatch:
+        """The channel's fleet watch, its memory recovered from ``job_table`` (key
+        :data:`FLEET_KEY`) at its first use in this process (after a restart or rebalance)."""
+        watch = self.stage3.fleet(channel)
+        if channel in self._fleet_restored:
+            return watch
+        self._fleet_restored.add(channel)
+        key = FLEET_KEY.format(channel=channel).encode()
+        saved = self.job_table.get(key)
+        if saved:
+            try:
+                watch.restore(saved)
+            except STATE_ERRORS as exc:  # damaged: dropped, the watch learns again
+                self.counters.state_damaged += 1
+                log.warning("stage 3: saved fleet watch of channel %d dropped: %s", channel, exc)
+                self.job_table.pop(key, None)
+        return watch
+
+    def _keep_fleet(self, channel: int, judged_before: int | None) -> None:
+        """Write the channel's fleet watch to ``job_table`` when it judged a window start."""
+        watch = self.stage3.fleet(channel)
+        if watch.last_start_ms != judged_before:
+            self.job_table[FLEET_KEY.format(channel=channel).encode()] = watch.to_dict()
 
     def restore(self, job_id: str) -> None:
         """First sight of the job in this process: recover its state from the tables."""
@@ -270,6 +304,14 @@ class JobsHandler:
             b, heads = self.batch_codec.decode_batch(bytes(value))
         else:
             b = json_object(value)  # a heartbeat, or a window batch of an older worker
+        if b.get("kind") == "census":  # a source's fleet census of a window start
+            census = b["census"]
+            if not isinstance(census, dict):
+                raise TypeError(f"census of type {type(census).__name__}")
+            seen = {str(n): SourceCensus.from_json(c) for n, c in census.items()}
+            self.fleet(partition)
+            self.stage3.census(int(b["src"]), int(b["start"]), int(b["end"]), seen, partition)
+            return []
         if b.get("kind") == "watermark":
             # Jobs with windows pending from before a restart (or a rebalance) and no batch
             # since: the table is walked every few seconds, not at every heartbeat (there are
@@ -286,7 +328,10 @@ class JobsHandler:
                     self.stage3.prune(low_ms, self.retention_ms)
                 for gone in [k for k in self.heads if k not in self.stage3.sources]:
                     del self.heads[gone]
-            return self.outputs(self.stage3.heartbeats(watermarks(b), channel=partition))
+            judged_before = self.fleet(partition).last_start_ms
+            released = self.stage3.heartbeats(watermarks(b), channel=partition)
+            self._keep_fleet(partition, judged_before)
+            return self.fleet_outputs(released, partition) + self.outputs(released)
         parts = batches_of_message(b)
         if not heads:
             bytes(value).decode()  # JSON in UTF-16 or -32 parses, but is not kept (ValueError)
@@ -315,6 +360,19 @@ class JobsHandler:
         if entry not in released.retired:
             self.pending_table[entry.key.encode()] = pending_entry(partition, bytes(value))
         return self.outputs(released)
+
+    def fleet_outputs(self, released: Released, channel: int) -> list[Output]:
+        """The fleet findings a heartbeat judged, from channel :data:`FLEET_CHANNEL` only: every
+        channel's fleet watch gets the same censuses and heartbeats and decides the same, one
+        publishes (DETECTION.md item 12: one FLEET_WIDE finding however many partitions)."""
+        if channel != FLEET_CHANNEL:
+            return []
+        out = []
+        for f in released.fleet:
+            self.counters.fleet_findings += 1
+            value = self.codecs["StragglerFinding"].encode(f)
+            out.append(Output("stragglers", str(f["job_id"]).encode(), value))
+        return out
 
     def outputs(self, released: Released) -> list[Output]:
         """Keep what ``released`` changed in the tables; its windows and findings, encoded."""

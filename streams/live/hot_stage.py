@@ -27,10 +27,12 @@ Beside the windows, on the same decoded columns: the pure
 sample that shows them, and one :class:`~peerwatch.streams.core.silence.SilenceWatch` per worker
 notices allocated nodes of its partitions that stopped sending. Their findings go out at once,
 Avro on the public findings topic (key job) and, when they name a node, JSON on the internal
-``<id>-findings`` topic (key node) that the policy agent reads. The silence watch's clock is
-event time: the slowest assigned partition's latest sample, moved on by the wall clock for as
-long as that partition receives nothing at all (so a fleet gone quiet is still seen, while a
-consumer catching up never is mistaken for silence).
+``<id>-findings`` topic (key node) that the policy agent reads. The silence watch looks when
+:class:`~peerwatch.streams.core.silence.SilenceClock` says, as replay does: at each multiple of
+``silent_check_s`` of event time that every assigned partition reached (see
+:meth:`HotStage.silence_due` for partitions that hold no node or went quiet). Fleet context is
+stage 3's: each partition's census of the window starts it closes goes, with the heartbeats, to
+every stage-3 channel (:mod:`~peerwatch.streams.core.fleet`).
 
 Undecodable samples go to the dead-letter topic (reason ``undecodable``), late ones (reason
 ``late``), with their original bytes. If this thread fails, the worker is stopped (SIGTERM to
@@ -61,10 +63,11 @@ from peerwatch.settings import Settings
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.clock_offset import ClockOffsets
-from peerwatch.streams.core.fleet import FleetWatch
+from peerwatch.streams.core.fleet import censuses_closed
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
-from peerwatch.streams.core.silence import SilenceWatch
+from peerwatch.streams.core.pipeline import PRUNE_EVERY_MS
+from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
 from peerwatch.streams.core.windows import SAMPLE_SPEC, VALUE_LIMIT, WindowAggregator
 from peerwatch.streams.live.hot_progress import PartitionProgress
 from peerwatch.streams.live.window_batches import WindowBatchCodec
@@ -75,6 +78,8 @@ STAGE = "stream"
 #: Clock offsets: a batch's newest sample time may run ahead of the wall time since the last
 #: batch by this much (a tick, jitter) and the partition still counts as read live (ms).
 LIVE_SLACK_MS = 2000
+#: A heartbeat goes to stage 3 at least this often while windows close (or not) (s).
+HEARTBEAT_EVERY_S = 1.0
 #: Nodes newly past the clock-skew threshold logged one by one per refresh (then a count).
 CLOCK_WARNINGS_AT_ONCE = 10
 
@@ -132,11 +137,8 @@ class _Partition:
         self.aggregator = aggregator
         self.progress = progress
         self.hard = hard
-        #: Fleet context over this partition's nodes (a random sample of the fleet).
-        self.fleet = FleetWatch(hard.settings)
         self.dirty = False  # windows closed since the last commit
-        self.max_ts_ms: int | None = None  # latest sample time (the silence clock)
-        self.first_ts_ms: int | None = None  # first sample time read since the assignment
+        self.max_ts_ms: int | None = None  # latest sample time (the silence clock's)
         self.arrival_wall_s = time.time()  # when its latest samples arrived
         #: (newest sample time, receive time) of the last batch read at the head (clocks).
         self.clock_prev: tuple[int, int] | None = None
@@ -177,12 +179,13 @@ class HotStage:
         self.silence = SilenceWatch(
             int(stream.silent_after_s * 1000), int(stream.silent_group_s * 1000),
             stream.silent_fleet_min_nodes, window_s * 1000, settings.detector.id_hex_chars,
+            held=True,
         )  # fmt: skip
-        self.silence_every_s = stream.silent_check_s
-        self._next_silence_s = 0.0
-        self._next_silence_ms = -(1 << 62)
+        self.silence_clock = SilenceClock(max(1, int(stream.silent_check_s * 1000)))
+        #: A partition with nothing to read that received nothing for this long (wall s) does
+        #: not hold the silence checks back (its nodes are as quiet as the others' say).
+        self.quiet_after_s = max(1.0, stream.silent_group_s)
         self._watched: dict[str, tuple[str, int]] = {}
-        self._node_part: dict[str, int] = {}
         self._watched_key: tuple[int, frozenset[int]] | None = None
         self.alloc = AllocationTable(self.retention_ms)
         self.parts: dict[int, _Partition] = {}
@@ -192,6 +195,10 @@ class HotStage:
         #: batch, wall ms when the last of them closed it): one message each, after the batch.
         self._out: dict[tuple[str, int, int], tuple[dict[int, list[Any]], float]] = {}
         self.batch_codec = WindowBatchCodec()
+        #: Fleet censuses of the window starts closed in this batch (sent after the batch's
+        #: windows, before its heartbeats, on every stage-3 channel).
+        self._census: list[dict[str, Any]] = []
+        self._heartbeat_due_s = 0.0  # monotonic s of the next heartbeat without closed windows
         self.job_events_seen = self.job_events_bad = 0
         self.last_prune_ms = -(1 << 62)
         self._stop = threading.Event()
@@ -279,6 +286,7 @@ class HotStage:
                     self._process(messages)
                 self._measure_lag()
                 self._check_silence()
+                self._heartbeat_when_idle()
                 self._producer.poll(0)
                 self._resend_refused()
             self._commit(list(self.parts))
@@ -438,12 +446,53 @@ class HotStage:
             for value in values:  # a big job's window: several messages, whole sources each
                 self._send(self.topics.batches, job_id.encode(), value)
         self._out.clear()
-        if self._marks:
-            marks = {str(p): until for p, until in sorted(self._marks.items())}
-            mark = json.dumps({"kind": "watermark", "marks": marks}).encode()
-            self._marks.clear()
+        for census in self._census:
+            value = json.dumps(census).encode()
             for q in range(self.topics.job_partitions):
-                self._send(self.topics.batches, b"~watermark", mark, partition=q)
+                self._send(self.topics.batches, b"~census", value, partition=q)
+        self._census.clear()
+        if self._marks:
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        """One JSON ``watermark`` heartbeat to every stage-3 partition: the closed-until of
+        every assigned partition, not only those that moved (the fleet watches wait for all of
+        them: a restarted stage 3 knows none, and a partition at the end of its input closes
+        nothing more), and of those that hold no node (:meth:`_idle_marks`)."""
+        for p, part in self.parts.items():
+            until = part.aggregator.closed_until_ms
+            if until is not None:
+                self._marks.setdefault(p, until)
+        if not self._marks:
+            return
+        self._marks.update(self._idle_marks(max(self._marks.values())))
+        marks = {str(p): until for p, until in sorted(self._marks.items())}
+        mark = json.dumps({"kind": "watermark", "marks": marks}).encode()
+        self._marks.clear()
+        self._heartbeat_due_s = time.monotonic() + HEARTBEAT_EVERY_S
+        for q in range(self.topics.job_partitions):
+            self._send(self.topics.batches, b"~watermark", mark, partition=q)
+
+    def _heartbeat_when_idle(self) -> None:
+        """A heartbeat every :data:`HEARTBEAT_EVERY_S` without one: input that came in one
+        batch, a partition found empty after it, or a stage 3 that forgot its watermarks in a
+        rebalance after the last one, must not leave windows waiting for the next input."""
+        if time.monotonic() >= self._heartbeat_due_s:
+            self._heartbeat_due_s = time.monotonic() + HEARTBEAT_EVERY_S
+            self._heartbeat()
+
+    def _idle_marks(self, latest: int) -> dict[int, int]:
+        """Heartbeats for assigned samples partitions that hold no node: nothing to read and no
+        sample since the assignment (an empty log). They follow the worker's ``latest``
+        closed-until, so the fleet watches, which wait for every samples partition, are not
+        held back by a partition without nodes (a node that appears there later sends its
+        censuses for windows the fleet may have judged already: those are ignored)."""
+        empty = [p for p, q in self.parts.items()
+                 if q.aggregator.closed_until_ms is None and q.max_ts_ms is None]  # fmt: skip
+        if not empty:
+            return {}
+        caught_up = self._caught_up()
+        return {p: latest for p in empty if p in caught_up}
 
     def _unencodable(self, job_id: str, start: int, exc: Exception) -> None:
         """A window batch that does not fit its schema: counted as refused, logged and
@@ -477,7 +526,7 @@ class HotStage:
             row += 1
         if not keep.all():
             tables, rows = select_rows(tables, keep), rows[keep]
-        self._arrivals(part, tables)
+        self._arrivals(p, part, tables)
         self._clock_leads(p, part, batch, tables)
         unattributed_before = agg.unattributed
         result = agg.add_columns(tables)
@@ -491,13 +540,13 @@ class HotStage:
         closed_wall_ms = time.time() * 1000.0
         watermark = agg.watermark_ms
         ready = agg.pop_ready(watermark) if watermark is not None else []
-        # Fleet context first, on the columns: windows of a partition in a fleet shift get its
-        # clock ratio once they are dicts.
-        found, closed = part.fleet.judge_and_group(ready, agg.group)
-        for f in found:
-            self.counters.fleet_findings += 1
-            self._publish_finding(f)
-        for b in closed:  # sent after the whole batch, one message per job and window
+        # Fleet context: this source's census of each window start it closed, on the columns,
+        # to every stage-3 channel (whose fleet watches merge every source's: one decision).
+        cap_frac = self.settings.detector.fleet_cap_frac
+        for start, end, seen in censuses_closed(ready, cap_frac):
+            self._census.append({"kind": "census", "src": p, "start": start, "end": end,
+                                 "census": {n: c.to_json() for n, c in seen.items()}})  # fmt: skip
+        for b in agg.group(ready):  # sent after the whole batch, one message per job and window
             key = (b.job_id, b.window_start_ms, b.window_end_ms)
             parts = self._out[key][0] if key in self._out else {}
             parts[p] = list(b.windows)
@@ -506,21 +555,21 @@ class HotStage:
             part.progress.closed(agg.closed_until_ms)
             part.dirty = True
             self._marks[p] = agg.closed_until_ms
-        # Pruning walks every node's table: once per window of event time is plenty; by the
+        # Pruning walks every node's table: once a minute of event time, as replay; by the
         # slowest partition, which may still need the allocations of jobs that ended.
         marks = [q.aggregator.watermark_ms for q in self.parts.values()]
         slowest = min((w for w in marks if w is not None), default=None)
-        if slowest is not None and slowest >= self.last_prune_ms + self.window_ms:
-            self.last_prune_ms = slowest
-            self.alloc.prune(slowest - self.retention_ms)
+        if slowest is not None and slowest >= self.last_prune_ms + PRUNE_EVERY_MS:
+            self.last_prune_ms = slowest  # as replay: once a minute of event time
+            self.alloc.prune(slowest)
             for other in self.parts.values():
                 other.hard.prune(slowest - self.retention_ms)
         return tables[""].n, tables["gpus."].n
 
     # -- hard rules on arrival, silence ----------------------------------------------------------
-    def _arrivals(self, part: _Partition, tables: Any) -> None:
+    def _arrivals(self, p: int, part: _Partition, tables: Any) -> None:
         """Hard rules on arrival over one partition's decoded batch; the silence watch's last
-        sample time of each node in it."""
+        sample time of each node in it, and the partition's for the silence clock."""
         for f in part.hard.add_columns(tables):
             self.counters.hard_findings += 1
             self._publish_finding(f)
@@ -530,11 +579,10 @@ class HotStage:
         )
         if seen is None:
             return
-        low_ms, top_ms = seen
-        if part.first_ts_ms is None:
-            part.first_ts_ms = low_ms
+        top_ms = seen[1]
         part.max_ts_ms = top_ms if part.max_ts_ms is None else max(part.max_ts_ms, top_ms)
         part.arrival_wall_s = time.time()
+        self.silence_clock.saw(p, top_ms)
 
     def _clock_leads(self, p: int, part: _Partition, batch: list[Any], tables: Any) -> None:
         """Feed the clock-offset estimate the kept samples of a batch read live (see
@@ -589,30 +637,33 @@ class HotStage:
         if f.get("node") is not None:
             self._send(self.topics.node_findings, str(f["node"]).encode(), json.dumps(f).encode())
 
-    def silence_clocks(self, wall_s: float | None = None) -> tuple[int | None, dict[int, int]]:
-        """The silence watch's event time ("now") and the clock of each assigned partition.
-
-        A partition's own clock is its latest sample time, moved on by the wall time since its
-        samples last arrived while it is live (they were at most ``silent_after_s`` behind the
-        wall clock when they came: a consumer reading a backlog never extrapolates). "Now" is
-        the latest of them. A partition with nothing left to read (its position at its high
-        watermark) is at "now": its nodes are as quiet as the others' samples say; one still
-        being read is at its own clock (catching up is not silence); one with neither is left
-        out."""
+    def silence_due(self, wall_s: float | None = None) -> list[int]:
+        """The silence checks due now (:class:`~peerwatch.streams.core.silence.SilenceClock`):
+        every check time that all assigned partitions reached, as replay has it. A partition
+        with nothing to read that received nothing since the assignment, or for
+        :attr:`quiet_after_s`, does not hold them back (it holds no node, or its nodes
+        stopped). When all are so quiet, event time is the latest sample of any, moved on by
+        the wall clock where the samples came in real time: a fleet gone quiet is still seen
+        (the one rule a replay cannot follow)."""
         wall = time.time() if wall_s is None else wall_s
-        own: dict[int, int] = {}
-        for p, q in self.parts.items():
-            if q.max_ts_ms is None:
-                continue
-            clock = q.max_ts_ms
-            if q.max_ts_ms >= q.arrival_wall_s * 1000 - self.silence.silent_after_ms:
-                clock += max(0, int((wall - q.arrival_wall_s) * 1000))
-            own[p] = clock
-        if not own:
-            return None, {}
-        now = max(own.values())
-        caught_up = self._caught_up()
-        return now, {**own, **dict.fromkeys(caught_up, now)}
+        # quiet candidates: no sample since the assignment (an empty partition holds no
+        # node), or none for quiet_after_s; they hold nothing back once caught up
+        busy = [p for p, q in self.parts.items()
+                if q.max_ts_ms is not None and wall - q.arrival_wall_s < self.quiet_after_s]  # fmt: skip
+        quiet = [p for p in self.parts if p not in busy]
+        if quiet:
+            caught_up = self._caught_up()
+            busy += [p for p in quiet if p not in caught_up]
+        if busy:
+            return self.silence_clock.due(busy)
+        # Every partition read to its end and quiet: the fleet's event time is the latest
+        # sample (the stopped nodes are as quiet as the others say), moved on by the wall
+        # clock where the samples came in real time.
+        after_ms = self.silence.silent_after_ms
+        clocks = [q.max_ts_ms + (int((wall - q.arrival_wall_s) * 1000)
+                                 if q.max_ts_ms >= q.arrival_wall_s * 1000 - after_ms else 0)
+                  for q in self.parts.values() if q.max_ts_ms is not None]  # fmt: skip
+        return self.silence_clock.due(now_ms=max(clocks)) if clocks else []
 
     def _caught_up(self) -> set[int]:
         """Assigned samples partitions with nothing left to read (local: the consumer's
@@ -634,36 +685,18 @@ class HotStage:
         return out
 
     def _check_silence(self) -> None:
-        """Every ``silent_check_s`` of wall time, or of event time, whichever comes first."""
-        if self.partition_of is None:
+        """The silence checks due (:meth:`silence_due`), each at its own event time."""
+        if self.partition_of is None or not self.parts:
             return
-        wall = time.time()
-        now, clocks = self.silence_clocks(wall)
-        if now is None:
-            return
-        if wall < self._next_silence_s and now < self._next_silence_ms:
-            return
-        self._next_silence_s = wall + self.silence_every_s
-        self._next_silence_ms = now + int(self.silence_every_s * 1000)
-        key = (self.alloc.generation, frozenset(self.parts))
-        if key != self._watched_key:
-            self._watched_key = key
-            part_of = self.partition_of
-            self._node_part = {n: part_of(n) for n in self.alloc.open_nodes()}
-            self._watched = {
-                n: v for n, v in self.alloc.open_nodes().items() if self._node_part[n] in self.parts
-            }
-        node_part, parts = self._node_part, self.parts
-
-        def first(node: str) -> int | None:
-            q = parts.get(node_part[node])
-            return None if q is None else q.first_ts_ms
-
-        for f in self.silence.check(
-            self._watched, now, lambda n: clocks.get(node_part[n]), watch_from=first
-        ):
-            self.counters.silence_findings += 1
-            self._publish_finding(f)
+        for now in self.silence_due():
+            key = (self.alloc.generation, frozenset(self.parts))
+            if key != self._watched_key:
+                self._watched_key = key
+                part_of, open_nodes = self.partition_of, self.alloc.open_nodes()
+                self._watched = {n: v for n, v in open_nodes.items() if part_of(n) in self.parts}
+            for f in self.silence.check(self._watched, now):
+                self.counters.silence_findings += 1
+                self._publish_finding(f)
 
     def _send(self, topic: str, key: bytes | None, value: bytes, **kw: Any) -> None:
         from confluent_kafka import KafkaError, KafkaException

@@ -4,11 +4,19 @@ partition's cap changes nothing; the same episode gives the same finding id."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from peerwatch.streams.core.fleet import FLEET_JOB, FleetWatch, census, census_closed, set_ratios
+from peerwatch.streams.core.fleet import (
+    FLEET_JOB,
+    FleetWatch,
+    SourceCensus,
+    census,
+    census_closed,
+    set_ratios,
+)
 from peerwatch.streams.core.settings import DetectorSettings
 
 W_MS = 5_000
@@ -221,7 +229,9 @@ def test_the_fleet_watch_on_columns_finds_and_marks_what_it_finds_on_dicts() -> 
     on_columns.observe(parts[0].start_ms - W_MS, parts[0].start_ms, before)
     marked = [dict(w) for w in dicts]
     found = on_dicts.observe(parts[0].start_ms, parts[0].end_ms, marked)
-    got, ratios = on_columns.observe_closed(parts)
+    on_columns.add_closed(0, parts)
+    on_columns.closed(0, parts[0].end_ms)
+    got, ratios = on_columns.judge(), on_columns.shifted
     # job 3 (no partition): 2 of 4 GPUs hot; partition a: 5 of 8 at the power cap
     assert [(f["cause"], f["windows_considered"]) for f in found] == [("THERMAL", 4), ("POWER", 8)]
     assert got == found
@@ -231,4 +241,93 @@ def test_the_fleet_watch_on_columns_finds_and_marks_what_it_finds_on_dicts() -> 
     assert dicts == marked
     # partition a's 8 windows, job 3's 4 and the 16 idle ones (no partition either)
     assert sum(w.get("fleet_clk_ratio") is not None for w in marked) == 8 + 4 + 16
-    assert on_columns.observe_closed(parts) == ([], {})  # a repeated window start: nothing
+    on_columns.add_closed(0, parts)  # a repeated window start: nothing
+    assert on_columns.judge() == [] and not on_columns.waiting
+
+
+def _episode() -> list[list[dict[str, Any]]]:
+    """A normal stretch, a power cap over 60 of 64 GPUs, a cooling event, then normal again."""
+    normal = [windows(64, 0, clk=0.99)] * 10
+    capped = [windows(64, 60, clk=0.99, capped_clk=0.90)] * 8
+    hot = [
+        [{**w, "thermal_frac": 1.0, "power_cap_frac": 0.0, "clk_ratio": 0.93 + 0.001 * (i % 5)}
+         for i, w in enumerate(windows(64, 0))]
+    ] * 6  # fmt: skip
+    return normal + capped + hot + normal
+
+
+@pytest.mark.parametrize("sources", [2, 5, 12])
+def test_sources_merged_decide_as_one_source(sources: int) -> None:
+    """DETECTION.md item 12: however the GPUs are split over sources (samples partitions),
+    one watch judging their merged censuses gives the findings and ratios of one source."""
+    one, many = FleetWatch(SETTINGS), FleetWatch(SETTINGS, sources)
+    expected, got = [], []
+    for k, ws in enumerate(_episode()):
+        start, end = k * W_MS, (k + 1) * W_MS
+        expected += one.observe(start, end, [dict(w) for w in ws])
+        # each GPU's window to the source of its node, as the producers' partitioner does
+        for src in range(sources):
+            mine = [w for w in ws if int(str(w["node"])[1:]) % sources == src]
+            many.add(src, start, end, census(mine, SETTINGS.fleet_cap_frac))
+        for src in reversed(range(sources)):  # the watch waits for the slowest source
+            assert many.judge() == []
+            many.closed(src, end)
+        got += many.judge()
+        assert many.ratios(start) == one.ratios(start)
+    assert [f["status"] for f in expected] == ["FLEET_WIDE", "CLEARED", "FLEET_WIDE", "CLEARED"]
+    assert got == expected
+
+
+def test_a_start_waits_for_every_source_and_a_late_census_is_ignored() -> None:
+    watch = FleetWatch(SETTINGS, sources=2)
+    capped = SourceCensus(32, 32, 0, (0.9,) * 32)
+    watch.add(0, 0, W_MS, {"gpu": capped})
+    watch.closed(0, W_MS)
+    assert watch.judge() == [] and watch.judged_until_ms is None  # source 1 not heard from
+    watch.add(1, 0, W_MS, {"gpu": capped})
+    watch.closed(1, W_MS)
+    (found,) = watch.judge()
+    assert found["status"] == "FLEET_WIDE" and found["windows_considered"] == 64
+    watch.add(1, 0, W_MS, {"gpu": capped})  # sent again (a restarted hot stage): ignored
+    assert not watch.waiting
+
+
+def test_a_census_sent_again_before_the_judgement_counts_once() -> None:
+    watch = FleetWatch(SETTINGS, sources=2)
+    capped = SourceCensus(32, 32, 0, (0.9,) * 32)
+    for src in (0, 1, 1):  # source 1's census again (its hot stage restarted before a commit)
+        watch.add(src, 0, W_MS, {"gpu": capped})
+    watch.closed(0, W_MS)
+    watch.closed(1, W_MS)
+    (found,) = watch.judge()
+    assert (found["windows_considered"], found["windows_flagged"]) == (64, 64)
+
+
+def test_the_census_survives_json_and_the_state_a_restore() -> None:
+    c = SourceCensus(3, 1, 0, (0.1, 0.30000000000000004, 1 / 3))
+    assert SourceCensus.from_json(json.loads(json.dumps(c.to_json()))) == c
+    for bad in ([3, 1, 0, "AAAA"], [3, 1, 0, "not base64!"], [3, 1, 0], [3, 1, 0, "AAAAAAAA+H8="]):
+        with pytest.raises((ValueError, TypeError)):  # 3 bytes; not base64; short; a NaN
+            SourceCensus.from_json(bad)
+    a = FleetWatch(SETTINGS)
+    run(a, _episode()[:14])
+    b = FleetWatch(SETTINGS)
+    b.restore(json.loads(json.dumps(a.to_dict())))
+    rest = _episode()[14:]
+    assert run(a, rest, first=14) == run(b, rest, first=14) != []
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [{"partitions": []}, {"partitions": {"gpu": {"cause": "COSMIC"}}}, {"shifted": {"x": {}}},
+     {"partitions": {"gpu": {"clean_clk": ["a"], "finding_id": None, "cause": "POWER",
+                             "start_ms": 0, "quiet_windows": 0, "reference_clk": None}}}],
+)  # fmt: skip
+def test_a_damaged_memory_is_refused_whole(damage: dict[str, Any]) -> None:
+    a = FleetWatch(SETTINGS)
+    run(a, _episode()[:14])
+    saved = {**json.loads(json.dumps(a.to_dict())), **damage}
+    b = FleetWatch(SETTINGS)
+    with pytest.raises((KeyError, ValueError, TypeError, AttributeError)):
+        b.restore(saved)
+    assert b.partitions == {} and b.last_start_ms is None and b.shifted == {}

@@ -34,13 +34,20 @@ def started(job_id: str, allocs: dict[str, list[int]]) -> dict[str, Any]:
     }
 
 
-def releaser(allocs: dict[str, list[int]] = JOB_7, **kw: Any) -> JobReleaser:
+def releaser(
+    allocs: dict[str, list[int]] = JOB_7, fleet_judged: bool = True, **kw: Any
+) -> JobReleaser:
+    """``fleet_judged``: the fleet watch already judged every window (its one source closed far
+    ahead), so a test sees only the job's own release rules."""
     table = AllocationTable()
     table.apply_event(started("7", allocs))
     # Job 7 has 4 GPUs: its job-wide episodes are reported here (the default reports them from
     # 8 GPUs on), so that their routing can be checked.
     settings = replace(SETTINGS_30S, job_wide_report_min_gpus=1)
-    return JobReleaser(settings, table, partition_of=SOURCE.__getitem__, **kw)
+    out = JobReleaser(settings, table, partition_of=SOURCE.__getitem__, **kw)
+    if fleet_judged:
+        out.fleet().closed(0, 1 << 60)
+    return out
 
 
 def batch(k: int, node: str, gpus: list[int], **fields: Any) -> JobWindowBatch:
@@ -121,11 +128,13 @@ def test_a_lagging_source_holds_the_job_back() -> None:
 
 
 def test_a_complete_window_goes_before_the_watermark_but_after_older_incomplete_ones() -> None:
-    stage = releaser()
+    stage = releaser(fleet_judged=False)
     stage.add(batch(0, "a", [0, 1]), src=0)
     assert starts(stage.release("7")) == []
     stage.add(batch(0, "b", [0, 1]), src=1)
-    got = stage.release("7")  # no heartbeat at all
+    assert starts(stage.release("7")) == []  # complete, but the fleet has not judged it yet
+    stage.fleet().closed(0, 3 * WINDOW_MS)  # the fleet watch's only source closed it
+    got = stage.release("7")  # no heartbeat of the job's sources
     assert starts(got) == [0]
     assert [(w["node"], w["gpu_index"]) for w in got.releases[0].result.windows] == [
         ("a", 0), ("a", 1), ("b", 0), ("b", 1)

@@ -291,6 +291,7 @@ def test_a_batch_that_completes_its_window_is_released_without_a_pending_entry()
     handler, _, _ = jobs_handler()
     handler.pending_table = pending = RecordingTable()
     handler.handle("je", 0, b"7", AvroCodec("JobEvent").encode(JOB))  # 2 GPUs expected
+    handler.stage3.fleet(2).closed(0, 1 << 60)  # channel 2's fleet watch judged every window
     wms = handler.stage3.stage.settings.window_ms
     start = T0 - T0 % wms + wms
     half = {"0": [window("7", 0, start, node="gpu00001", window_end_ms=start + wms)]}
@@ -442,3 +443,72 @@ def test_a_damaged_pending_key_is_dropped_and_every_heartbeat_still_walks_the_ta
     out = handler.handle("b", 0, b"~watermark", beat)  # walks the table: restores job 7
     assert handler.counters.pending_damaged == 3
     assert [o.topic for o in out] == ["windows"] and pending == {}  # and releases its window
+
+
+def test_fleet_censuses_and_heartbeats_on_every_channel_give_one_fleet_finding() -> None:
+    """Every source sends its census of a window start and its heartbeat to every channel;
+    each channel's fleet watch decides the same, only channel 0 publishes (DETECTION.md 12)."""
+    import json
+
+    from peerwatch.streams.core.fleet import SourceCensus
+
+    handler, _, _ = jobs_handler()
+    handler.stage3.fleet_sources = 2
+    capped = SourceCensus(40, 40, 0, (0.9,) * 40).to_json()
+    published = []
+    for channel in (0, 1, 2):
+        for src in (0, 1):
+            census = {"kind": "census", "src": src, "start": 0, "end": 5000,
+                      "census": {"gpu": capped}}  # fmt: skip
+            assert handler.handle("b", channel, b"~census", json.dumps(census).encode()) == []
+        mark = {"kind": "watermark", "marks": {"0": 5000}}
+        assert handler.handle("b", channel, b"~watermark", json.dumps(mark).encode()) == []
+        mark = {"kind": "watermark", "marks": {"1": 5000}}  # the second source: judged now
+        published += handler.handle("b", channel, b"~watermark", json.dumps(mark).encode())
+        assert handler.stage3.fleet(channel).judged_until_ms == 5000
+    (out,) = published
+    finding = AvroCodec("StragglerFinding").decode(out.value)
+    assert (out.topic, out.key, finding["status"]) == ("stragglers", b"fleet", "FLEET_WIDE")
+    assert finding["windows_considered"] == 80  # both sources' GPUs, in one finding
+
+
+def test_the_fleet_watch_memory_survives_a_rebalance_in_the_job_table() -> None:
+    """After a rebalance (forget) a channel's fleet watch comes back from the job table: a
+    power cap that goes on is the same episode, not a second FLEET_WIDE finding."""
+    import json
+
+    from peerwatch.streams.core.fleet import SourceCensus
+
+    handler, _, _ = jobs_handler()
+    capped = SourceCensus(40, 40, 0, (0.9,) * 40).to_json()
+
+    def window(k: int) -> list[Any]:
+        census = {"kind": "census", "src": 0, "start": k * 5000, "end": (k + 1) * 5000,
+                  "census": {"gpu": capped}}  # fmt: skip
+        handler.handle("b", 0, b"~census", json.dumps(census).encode())
+        mark = {"kind": "watermark", "marks": {"0": (k + 1) * 5000}}
+        return handler.handle("b", 0, b"~watermark", json.dumps(mark).encode())
+
+    assert [o.key for o in window(0)] == [b"fleet"]
+    handler.forget()
+    assert handler.stage3.fleets == {}
+    assert window(1) == []  # the open episode was remembered
+    handler.job_table[b"~fleet|0"] = {"partitions": "damaged"}
+    handler.forget()
+    assert window(2) != []  # a damaged memory is dropped and counted: the watch starts over
+    assert handler.counters.state_damaged == 1
+
+
+@pytest.mark.parametrize(
+    "census", [[1, 2], {"gpu": [1, 2]}, {"gpu": [1, 1, 0, "%%"]}, {"gpu": None}, "x"]
+)
+def test_a_broken_census_is_refused_as_a_record_error(census: Any) -> None:
+    import json
+
+    from peerwatch.streams.live.handlers import RECORD_ERRORS
+
+    handler, _, _ = jobs_handler()
+    msg = {"kind": "census", "src": 0, "start": 0, "end": 5000, "census": census}
+    with pytest.raises(RECORD_ERRORS):
+        handler.handle("b", 0, b"~census", json.dumps(msg).encode())
+    assert not handler.stage3.fleet(0).waiting
