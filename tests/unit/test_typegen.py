@@ -22,6 +22,7 @@ from peerwatch.producers.sim import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas import records, registry, typegen
 from peerwatch.schemas.codec import AvroCodec
+from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, WINDOW, run_records
 from peerwatch.streams.live.window_batches import WindowBatchCodec
 
@@ -176,7 +177,7 @@ def built() -> dict[str, list[dict[str, Any]]]:
     inputs = [rec for tick in Fleet(parse_scenario(SCENARIO)).ticks() for rec in tick]
     for rec in inputs:
         out[STREAM_RECORD[rec.stream]].append(rec.value)
-    for o in run_records((r.stream, r.key, r.value) for r in inputs):
+    for o in run_records(((r.stream, r.key, r.value) for r in inputs), Settings()):
         if o.kind in OUTPUT_RECORD:
             out[OUTPUT_RECORD[o.kind]].append(o.value)
     out["HealthCheckResult"].append(_health_result())
