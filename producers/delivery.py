@@ -63,7 +63,10 @@ def _note_answer(answer: list[KafkaError | None], err: KafkaError | None, _msg: 
 
 @dataclass(frozen=True)
 class DeliverySettings:
-    """Knobs of the delivery path (all have safe defaults)."""
+    """Knobs of the delivery path (all have safe defaults). Derived per command, not a table of
+    the settings tree: each producer command (agent, health, slurm watch, simulate, demo) builds
+    it from the tree's ``spool_dir`` (its own subdirectory, locked by one process) and
+    ``topic_prefix`` (the dead-letter topic); the rest are the defaults below."""
 
     spool_dir: Path
     spool_max_bytes: int = 256 * 1024 * 1024

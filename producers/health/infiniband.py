@@ -21,6 +21,7 @@ from peerwatch.producers.health.outcome import CRITICAL, OK, UNKNOWN, WARNING, o
 from peerwatch.producers.nic.counters import counter_delta, saturation_value
 from peerwatch.producers.nic.ports import ib_ports
 from peerwatch.producers.nic.sampler import hw_counter_names, read_port
+from peerwatch.schemas.records import NicPortReading
 from peerwatch.producers.nic.sysfs import Reader, SysfsTree
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def _values(entry: Any, key: str) -> dict[str, int | None]:
 
 def _judge_port(
     name: str,
-    reading: dict[str, Any],
+    reading: NicPortReading,
     before: Any,
     elapsed_s: float,
     thresholds: IbThresholds,

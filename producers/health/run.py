@@ -61,7 +61,10 @@ PHASES: tuple[str, ...] = ("PROLOG", "EPILOG", "PERIODIC")
 
 @dataclass(frozen=True)
 class HealthSettings:
-    """Settings of a health run. ``expected_gpus`` None accepts any count."""
+    """Settings of a health run, derived per command, not a table of the settings tree: a
+    health run is a Slurm prolog/epilog/periodic hook whose site knobs are its command line, so
+    it is built in one place, ``peerwatch health`` (peerwatch/commands/health.py), from its
+    flags. ``expected_gpus`` None accepts any count."""
 
     expected_gpus: int | None = None
     ib_sysfs_root: Path = DEFAULT_SYSFS_ROOT
