@@ -53,6 +53,7 @@ from peerwatch.producers.health.infiniband import (
 )
 from peerwatch.producers.health.outcome import CRITICAL, EXIT_CODES, OK, UNKNOWN, outcome, worst
 from peerwatch.producers.nvml.device import NvmlApi, NvmlUnavailableError, init_nvml, load_nvml
+from peerwatch.schemas.records import CheckOutcome
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def append_xid_event(path: Path, event: dict[str, Any]) -> None:
         fh.write(json.dumps(event, sort_keys=True) + "\n")
 
 
-def _guard(name: str, check: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _guard(name: str, check: Callable[[], list[CheckOutcome]]) -> list[CheckOutcome]:
     try:
         return check()
     except Exception as exc:
@@ -127,7 +128,7 @@ def _guard(name: str, check: Callable[[], list[dict[str, Any]]]) -> list[dict[st
 
 def _gpu_checks(
     nvml: NvmlApi, settings: HealthSettings, xids: Iterable[dict[str, Any]]
-) -> list[dict[str, Any]]:
+) -> list[CheckOutcome]:
     if settings.expected_gpus == 0:
         return [outcome("gpu_count", OK, "no GPUs expected; GPU checks skipped")]
     try:
@@ -135,7 +136,7 @@ def _gpu_checks(
     except NvmlUnavailableError as exc:
         return [outcome("nvml", CRITICAL, f"NVML unreachable: {exc}")]
     try:
-        results: list[dict[str, Any]] = [outcome("nvml", OK, "NVML reachable")]
+        results: list[CheckOutcome] = [outcome("nvml", OK, "NVML reachable")]
         count_results, handles = check_gpu_count(nvml, settings.expected_gpus)
         results += count_results
         results += _guard("ecc_uncorrected", lambda: check_ecc(nvml, handles))

@@ -9,7 +9,6 @@ port's ``read_errors`` and the record's total; a tick never raises for sysfs tro
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from peerwatch.clock import Clock
 from peerwatch.producers.nic.counters import HW_COUNTERS, IB_COUNTERS, NETDEV_COUNTERS
