@@ -22,11 +22,11 @@ def outcome(name: str, status: str, message: str, gpu_index: int | None = None) 
     return {"name": name, "status": known, "message": message, "gpu_index": gpu_index}
 
 
-def worst(statuses: list[str]) -> str:
+def worst(statuses: list[HealthStatus]) -> HealthStatus:
     """The worst status (OK < WARNING < UNKNOWN < CRITICAL); OK for none.
 
     UNKNOWN ranks below CRITICAL here although its exit code is higher: a check that could not
     run must not hide one that found a real fault, but must not pass as OK either.
     """
-    rank: dict[str, int] = {OK: 0, WARNING: 1, UNKNOWN: 2, CRITICAL: 3}
+    rank: dict[HealthStatus, int] = {OK: 0, WARNING: 1, UNKNOWN: 2, CRITICAL: 3}
     return max(statuses, key=rank.__getitem__, default=OK)

@@ -53,11 +53,13 @@ from peerwatch.producers.health.infiniband import (
 )
 from peerwatch.producers.health.outcome import CRITICAL, EXIT_CODES, OK, UNKNOWN, outcome, worst
 from peerwatch.producers.nvml.device import NvmlApi, NvmlUnavailableError, init_nvml, load_nvml
-from peerwatch.schemas.records import CheckOutcome
+from peerwatch.schemas.records import CheckOutcome, HealthCheckResult, HealthPhase
 
 log = logging.getLogger(__name__)
 
-PHASES: tuple[str, ...] = ("PROLOG", "EPILOG", "PERIODIC")
+PHASES: tuple[HealthPhase, ...] = ("PROLOG", "EPILOG", "PERIODIC")
+#: A phase name -> the schema's enum value (narrows a ``str`` without a cast).
+_PHASE_OF: dict[str, HealthPhase] = {p: p for p in PHASES}
 
 
 @dataclass(frozen=True)
@@ -159,16 +161,17 @@ def run_health(
     xids: Sequence[dict[str, Any]] = (),
     job_id: str | None = None,
     deps: HealthDeps | None = None,
-) -> tuple[dict[str, Any], int]:
+) -> tuple[HealthCheckResult, int]:
     """Run every check for ``phase`` (PROLOG, EPILOG or PERIODIC, case-insensitive).
 
     ``xids`` are the XidEvent dicts seen since the last check (see ``read_xid_events``).
     Returns the io.peerwatch.HealthCheckResult dict and the Nagios exit code. Never raises for
     check failures; raises ValueError for an unknown phase.
     """
-    phase = phase.upper()
-    if phase not in PHASES:
-        raise ValueError(f"unknown health phase {phase!r}; expected one of {PHASES}")
+    known = _PHASE_OF.get(phase.upper())
+    if known is None:
+        raise ValueError(f"unknown health phase {phase.upper()!r}; expected one of {PHASES}")
+    phase = known
     settings = settings or HealthSettings()
     deps = deps or HealthDeps()
     nvml = deps.nvml if deps.nvml is not None else load_nvml()
@@ -205,7 +208,7 @@ def run_health(
 
     status = worst([c["status"] for c in checks])
     end_ms = deps.clock.now_ms()
-    result = {
+    result: HealthCheckResult = {
         "event_id": deps.new_id(),
         "node": node,
         "ts_ms": end_ms,
