@@ -53,7 +53,7 @@ from peerwatch.producers.health.infiniband import (
 )
 from peerwatch.producers.health.outcome import CRITICAL, EXIT_CODES, OK, UNKNOWN, outcome, worst
 from peerwatch.producers.nvml.device import NvmlApi, NvmlUnavailableError, init_nvml, load_nvml
-from peerwatch.schemas.records import CheckOutcome, HealthCheckResult, HealthPhase
+from peerwatch.schemas.records import CheckOutcome, HealthCheckResult, HealthPhase, XidEvent
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def read_xid_events(path: Path, since_ms: int = 0) -> list[dict[str, Any]]:
     return events
 
 
-def append_xid_event(path: Path, event: dict[str, Any]) -> None:
+def append_xid_event(path: Path, event: XidEvent) -> None:
     """Append one XidEvent dict to the JSON-lines state file (the agent's side)."""
     with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(event, sort_keys=True) + "\n")
