@@ -210,3 +210,12 @@ def test_scenario_builds_every_finding_and_recommendation_kind(
     statuses = {f["status"] for f in built["StragglerFinding"]}
     assert {"SUSPECT", "CONFIRMED", "HARD_ERROR"} <= statuses
     assert {r["action"] for r in built["DrainRecommendation"]} == {"ALERT", "DRAIN"}
+
+
+def test_every_drain_outcome_has_its_schema_decision() -> None:
+    # audit._DECISION narrows Outcome to the schema's enum without a cast: an Outcome added
+    # without its entry would raise KeyError when its action is built.
+    from peerwatch.exporters.drain import audit
+
+    assert {o: str(o) for o in Outcome} == audit._DECISION
+    assert set(audit._DECISION.values()) <= set(typing.get_args(records.DrainDecision))
