@@ -65,8 +65,10 @@ class ArchiveError(PeerwatchError):
 
 @dataclass(frozen=True)
 class ArchiveSettings:
-    """``rotate_after_s``: how long past an hour's end (in the topic's event time) its file is
-    closed. ``retention_days``: closed files older than this are deleted (0 keeps everything).
+    """Settings of one archiver, derived per command, not a table of the settings tree: built
+    in one place, ``peerwatch archive`` (peerwatch/commands/archive.py), from its flags, and
+    checked by :meth:`validate`. ``rotate_after_s``: how long past an hour's end (in the topic's
+    event time) its file is closed. ``retention_days``: closed files older than this are deleted (0 keeps everything).
     ``flush_interval_s`` / ``flush_records``: a commit happens when either is reached."""
 
     codec: str = DEFAULT_CODEC

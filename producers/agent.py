@@ -32,6 +32,7 @@ from typing import IO, Any, Protocol
 from peerwatch.clock import Clock
 from peerwatch.errors import CodecError
 from peerwatch.producers.nvml.xid import XidBuffer, XidCallback
+from peerwatch.schemas.records import NodeGpuSample, NodeNicSample, XidEvent
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class RecordSink(Protocol):
 class Sampler(Protocol):
     """Reads the node's GPUs into a NodeGpuSample dict (``nvml.sampler.GpuSampler`` fits)."""
 
-    def sample(self, seq: int, xids: Iterable[dict[str, Any]] = ()) -> dict[str, Any]: ...
+    def sample(self, seq: int, xids: Iterable[XidEvent] = ()) -> NodeGpuSample: ...
 
     def close(self) -> None: ...
 
@@ -86,7 +87,7 @@ class TickChannel:
     into bytes, and it goes to ``topic`` under the node key. Its ``seq`` counts its own
     records."""
 
-    sample: Callable[[int, int], dict[str, Any]]
+    sample: Callable[[int, int], NodeNicSample]
     encode: Encoder
     topic: str
 
@@ -125,7 +126,7 @@ class NoGpuSampler:
         self.agent_run_id = agent_run_id
         self._clock = clock
 
-    def sample(self, seq: int, xids: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+    def sample(self, seq: int, xids: Iterable[XidEvent] = ()) -> NodeGpuSample:
         return {
             "node": self.node,
             "ts_ms": self._clock.now_ms(),
@@ -206,7 +207,7 @@ class NodeAgent:
         self.stats = AgentStats()
 
     # -- called from other threads -------------------------------------------------------------
-    def on_xid(self, event: dict[str, Any]) -> None:
+    def on_xid(self, event: XidEvent) -> None:
         """Take one XidEvent (from the watcher thread): queue it and wake the loop at once."""
         self._xids.add(event)
         self._wakeup.set()
@@ -281,7 +282,7 @@ class NodeAgent:
             else:
                 self._wakeup.wait((target_ms - now_ms) / 1000)
 
-    def _emit(self, xids: list[dict[str, Any]]) -> int | None:
+    def _emit(self, xids: list[XidEvent]) -> int | None:
         """Sample, encode and send one record; its ``ts_ms``, None when it was dropped."""
         cpu0 = self._cpu_time()
         seq = self.next_seq

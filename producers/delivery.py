@@ -42,7 +42,7 @@ from peerwatch.errors import ServiceError
 from peerwatch.io.deadletter import dead_letter_headers
 from peerwatch.kafka_config import producer_config
 from peerwatch.producers.spool import Spool, SpooledRecord
-from peerwatch.settings import KafkaSettings
+from peerwatch.settings import KafkaSettings, Settings, expand
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,11 @@ def _note_answer(answer: list[KafkaError | None], err: KafkaError | None, _msg: 
 
 @dataclass(frozen=True)
 class DeliverySettings:
-    """Knobs of the delivery path (all have safe defaults)."""
+    """Knobs of the delivery path (all have safe defaults). Derived per command, not a table of
+    the settings tree: each producer command builds it with :meth:`of` from the tree's
+    ``spool_dir`` (its own subdirectory, locked by one process) and ``topic_prefix`` (the
+    dead-letter topic); the rest are the defaults below (the demo spools under its own state
+    directory)."""
 
     spool_dir: Path
     spool_max_bytes: int = 256 * 1024 * 1024
@@ -78,6 +82,18 @@ class DeliverySettings:
     retry_interval_s: float = 2.0
     #: Where records Kafka refuses for good go (None: counted and logged only).
     deadletter_topic: str | None = None
+
+    @classmethod
+    def of(cls, tree: Settings, name: str, *, deadletter: bool = True) -> DeliverySettings:
+        """The delivery settings of producer command ``name`` under the settings tree ``tree``:
+        spool ``<spool_dir>/<name>``; records Kafka refuses for good go to the tree's
+        dead-letter topic (``deadletter`` False: counted and logged only)."""
+        from peerwatch.exporters.consume import deadletter_topic
+
+        return cls(
+            spool_dir=expand(tree.spool_dir) / name,
+            deadletter_topic=deadletter_topic(tree.topic_prefix) if deadletter else None,
+        )
 
 
 @dataclass

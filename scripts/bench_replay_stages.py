@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from peerwatch import gc_tuning
+from peerwatch.settings import Settings
 from peerwatch.streams.core import loops
-from peerwatch.streams.core.pipeline import PipelineSettings
 from peerwatch.streams.offline.replay import TimeRange, column_archive_records
 from peerwatch.streams.offline.split import BackPipeline, FrontPipeline
 
@@ -36,7 +36,7 @@ from peerwatch.streams.offline.split import BackPipeline, FrontPipeline
 def record(archive: Path, out: Path) -> int:
     """The reading process's messages for ``archive``, pickled to ``out``; how many."""
     messages: list[Any] = []
-    front = FrontPipeline(PipelineSettings(), messages.append)
+    front = FrontPipeline(Settings(), messages.append)
     strings = front.aggregator.strings
     for stream, key, value in column_archive_records(archive, TimeRange(0, 1 << 62), strings):
         if stream == "sample-run":
@@ -65,7 +65,7 @@ def main() -> int:
     loops.warm()
     gc_tuning.tune()
     for r in range(args.rounds):
-        back = BackPipeline(PipelineSettings(), emit_windows=args.windows)
+        back = BackPipeline(Settings(), emit_windows=args.windows)
         digest = hashlib.sha256()
         outputs = 0
         t0 = time.process_time()

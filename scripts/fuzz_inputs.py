@@ -1175,10 +1175,11 @@ def _step_records() -> tuple[list[Any], list[Any]]:
     if not _STEP_CACHE:
         from peerwatch.producers.sim.fleet import Fleet
         from peerwatch.producers.sim.scenario import parse_scenario
+        from peerwatch.settings import Settings
         from peerwatch.streams.core.pipeline import FINDING, Pipeline
 
         records = [r for batch in Fleet(parse_scenario(_STEP_SCENARIO)).ticks() for r in batch]
-        clean = [o.value for o in Pipeline().run(records) if o.kind == FINDING]
+        clean = [o.value for o in Pipeline(Settings()).run(records) if o.kind == FINDING]
         if not clean:
             raise Failure("the step-time scenario finds nothing: nothing to compare")
         _STEP_CACHE.extend([records, clean])
@@ -1214,6 +1215,7 @@ def fuzz_step_times(rng: Random, tmp: Path) -> None:
     counts each refused one invalid and, when all are refused, finds exactly what it found
     without them; live, stage 3's handler raises InvalidRecordError (dead-lettered) for the
     same ones; a taken one never puts a non-finite step time on a window."""
+    from peerwatch.settings import Settings
     from peerwatch.streams.core.model import InvalidRecordError
     from peerwatch.streams.core.pipeline import FINDING, INVALID, WINDOW, Pipeline
 
@@ -1226,7 +1228,7 @@ def fuzz_step_times(rng: Random, tmp: Path) -> None:
         value = {**rec.value, "step_duration_ms": _hostile_duration(rng)}
         added.append(value["step_duration_ms"])
         fed.insert(at + 1, type(rec)(rec.stream, rec.key, value))
-    outs = _timed("Pipeline.run", lambda: list(Pipeline().run(fed)))
+    outs = _timed("Pipeline.run", lambda: list(Pipeline(Settings()).run(fed)))
     refused = sum(1 for o in outs if o.kind == INVALID and o.value.get("stream") == "step-times")
     expected = sum(1 for v in added if not _step_taken(v))
     if refused != expected:

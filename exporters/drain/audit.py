@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from peerwatch.exporters.drain.decide import Decision, Outcome, Refusal
 from peerwatch.exporters.drain.sanitize import safe_label
+from peerwatch.schemas.records import DrainAction, DrainDecision
+
+#: An outcome -> the schema's enum value (narrows the StrEnum without a cast).
+_DECISION: dict[Outcome, DrainDecision] = {
+    Outcome.DRAINED: "DRAINED",
+    Outcome.RESUMED: "RESUMED",
+    Outcome.REFUSED: "REFUSED",
+    Outcome.SHADOWED: "SHADOWED",
+    Outcome.DUPLICATE: "DUPLICATE",
+}
 
 
-def action_record(decision: Decision, fallback_id: str | None = None) -> dict[str, Any]:
+def action_record(decision: Decision, fallback_id: str | None = None) -> DrainAction:
     """The DrainAction for ``decision``. ``action_id`` is ``<recommendation id>:<DECISION>``;
     without a usable recommendation id it is ``invalid:<fallback_id>`` (e.g. topic/partition/offset)."""
     rec_id = decision.recommendation_id
@@ -18,7 +26,7 @@ def action_record(decision: Decision, fallback_id: str | None = None) -> dict[st
         "recommendation_id": rec_id,
         "node": decision.node,
         "ts_ms": decision.ts_ms,
-        "decision": str(decision.outcome),
+        "decision": _DECISION[decision.outcome],
         "mode": decision.mode,
         "refusal": str(decision.refusal) if decision.refusal else None,
         "slurm_reason": decision.slurm_reason,
@@ -45,7 +53,7 @@ def resume_record(
     refusal: Refusal | None = None,
     partition: str | None = None,
     slurm_reason: str | None = None,
-) -> dict[str, Any]:
+) -> DrainAction:
     """A DrainAction for a resume (RESUMED, or REFUSED with ``refusal``). ``recommendation_id``
     is None for operator-requested resumes, the expired recommendation's id for auto-resumes."""
     decision = Outcome.REFUSED if refusal else Outcome.RESUMED
@@ -55,7 +63,7 @@ def resume_record(
         "recommendation_id": recommendation_id,
         "node": safe_label(node),
         "ts_ms": ts_ms,
-        "decision": str(decision),
+        "decision": _DECISION[decision],
         "mode": "ENFORCE",
         "refusal": str(refusal) if refusal else None,
         "slurm_reason": slurm_reason,

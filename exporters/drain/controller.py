@@ -37,6 +37,7 @@ from peerwatch.exporters.drain.slurm_ops import SlurmOps
 from peerwatch.exporters.drain.state import ControllerState, StateStore
 from peerwatch.io.deadletter import dead_letter_headers, produce_dead_letter
 from peerwatch.schemas.codec import AvroCodec
+from peerwatch.schemas.records import DrainAction
 from peerwatch.signing import Verifier
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class AuditPublisher:
         self._in_flight: set[str] = set()
         self._delivered: set[str] = set()
 
-    def deliver(self, actions: list[dict[str, Any]]) -> None:
+    def deliver(self, actions: list[DrainAction]) -> None:
         """Publish every action and wait for all acknowledgements. Raises ServiceError.
 
         An action still in flight from an earlier call (flush timed out) is not produced again;

@@ -30,6 +30,7 @@ from peerwatch import reasons
 from peerwatch.exporters.drain.config import DrainSettings
 from peerwatch.exporters.drain.sanitize import safe_label, valid_node_name
 from peerwatch.exporters.drain.state import ControllerState, Decided, DrainedNode
+from peerwatch.schemas.records import ControllerMode
 
 JOB_ID = re.compile(r"[A-Za-z0-9_+.\[\]-]{1,64}")
 RECOMMENDATION_ID = re.compile(r"[\x21-\x7e]{1,256}")
@@ -156,7 +157,7 @@ class Decision:
     adopt: bool = False
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> ControllerMode:
         return "ENFORCE" if self.enforce else "SHADOW"
 
     @property

@@ -12,6 +12,7 @@ from peerwatch.exporters.drain.decide import ClusterView, Refusal, forget_resume
 from peerwatch.exporters.drain.sanitize import safe_label, valid_node_name
 from peerwatch.exporters.drain.slurm_ops import SlurmOps
 from peerwatch.exporters.drain.state import StateStore
+from peerwatch.schemas.records import DrainAction
 
 
 def reset_breaker(store: StateStore, now_ms: int) -> str:
@@ -22,7 +23,7 @@ def reset_breaker(store: StateStore, now_ms: int) -> str:
     return f"breaker was open ({why}); now closed" if was_open else "breaker was already closed"
 
 
-def resume_node(store: StateStore, slurm: SlurmOps, node: str, now_ms: int) -> dict[str, Any]:
+def resume_node(store: StateStore, slurm: SlurmOps, node: str, now_ms: int) -> DrainAction:
     """Resume ``node`` if, and only if, its current Slurm reason carries the peerwatch prefix.
 
     Returns the DrainAction (RESUMED, or REFUSED with invalid_input / unknown_node /

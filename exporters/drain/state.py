@@ -15,10 +15,11 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from peerwatch.errors import ConfigError
 from peerwatch.files import write_atomic
+from peerwatch.schemas.records import DrainAction
 
 STATE_VERSION = 1
 
@@ -86,7 +87,7 @@ class ControllerState:
     #: Node -> when an operator resumed a node peerwatch had drained (starts the cooldown).
     operator_resumes: dict[str, int] = field(default_factory=dict)
     #: DrainAction records decided but not yet delivered to Kafka.
-    outbox: list[dict[str, Any]] = field(default_factory=list)
+    outbox: list[DrainAction] = field(default_factory=list)
 
     def ledger(self, enforce: bool) -> Ledger:
         return self.enforce if enforce else self.shadow
@@ -144,7 +145,9 @@ class ControllerState:
             shadow=ledger(doc["shadow"]),
             breaker=Breaker(**doc["breaker"]),
             operator_resumes={str(k): int(v) for k, v in doc["operator_resumes"].items()},
-            outbox=[dict(a) for a in doc["outbox"]],
+            # The cast: the outbox is our own state file, written by to_json from DrainAction
+            # records; the codec checks each one against the schema when it is delivered.
+            outbox=[cast(DrainAction, dict(a)) for a in doc["outbox"]],
         )
 
 

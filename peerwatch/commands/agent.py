@@ -174,14 +174,10 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         sink: Delivery | JsonLinesSink = JsonLinesSink(codec.decode, sys.stdout, by_topic)
     else:
-        spool_dir = expand(settings.spool_dir) / "agent"
-        lock = SpoolLock(spool_dir)
+        delivery_settings = DeliverySettings.of(settings, "agent")
+        lock = SpoolLock(delivery_settings.spool_dir)
         lock.acquire()
-        from peerwatch.exporters.consume import deadletter_topic
-
-        delivery = Delivery(settings.kafka, DeliverySettings(
-            spool_dir=spool_dir, deadletter_topic=deadletter_topic(settings.topic_prefix),
-        )).start()  # fmt: skip
+        delivery = Delivery(settings.kafka, delivery_settings).start()
         sink = delivery
     listeners: list[XidCallback] = []
     if cfg.xid_state:

@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from peerwatch.producers.health_hook import (
 from peerwatch.producers.nvml.device import NvmlApi, load_nvml
 from peerwatch.producers.spool_lock import SpoolBusyError, SpoolLock
 from peerwatch.schemas.codec import AvroCodec
-from peerwatch.settings import KafkaSettings, expand
+from peerwatch.settings import Settings
 from peerwatch.topics import HEALTH
 
 log = logging.getLogger(__name__)
@@ -81,18 +82,20 @@ def register(sub: Any) -> None:
 
 
 def _open_delivery(
-    kafka: KafkaSettings, spool_dir: Path, wait_s: float, timeout_s: float
+    tree: Settings, wait_s: float, timeout_s: float
 ) -> tuple[SpoolLock, Delivery] | None:
-    lock = SpoolLock(spool_dir, timeout_s=wait_s)
+    settings = replace(
+        DeliverySettings.of(tree, "health", deadletter=False),
+        message_timeout_ms=int(timeout_s * 1000),
+        retry_interval_s=0.5,
+    )
+    lock = SpoolLock(settings.spool_dir, timeout_s=wait_s)
     try:
         lock.acquire()
     except (SpoolBusyError, OSError) as exc:
         log.warning("health: %s", exc)
         return None
-    settings = DeliverySettings(
-        spool_dir=spool_dir, message_timeout_ms=int(timeout_s * 1000), retry_interval_s=0.5
-    )
-    return lock, Delivery(kafka, settings).start()
+    return lock, Delivery(tree.kafka, settings).start()
 
 
 def ib_state_path(state: Path | None, phase: str) -> Path | None:
@@ -107,9 +110,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     phase = args.phase.upper()
     ctx = slurm_context(phase, os.environ, args.node)
-    spool_dir = expand(settings.spool_dir) / "health"
     # Started before the checks so that results spooled by earlier runs replay meanwhile.
-    opened = _open_delivery(settings.kafka, spool_dir, 0.0, args.kafka_timeout_s)
+    opened = _open_delivery(settings, 0.0, args.kafka_timeout_s)
     xids: list[dict[str, Any]] = []
     cursor: int | None = None
     if args.xid_state:
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     code = exit_code_for(result["status"], phase, args.warn_exit_code)
     result["exit_code"] = code
     if opened is None:  # another run held the spool; it should be done with it by now
-        opened = _open_delivery(settings.kafka, spool_dir, 2.0, args.kafka_timeout_s)
+        opened = _open_delivery(settings, 2.0, args.kafka_timeout_s)
     published = "skipped (spool busy)"
     if opened is not None:
         lock, delivery = opened

@@ -86,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
         stats = write_archive(fleet, Path(args.archive), settings.topic_prefix, on_tick)
     else:
         from peerwatch.producers.delivery import Delivery, DeliverySettings
-        from peerwatch.settings import expand
         from peerwatch.topic_admin import ensure_topics
         from peerwatch.topics import catalogue
 
@@ -95,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         )
         delivery = Delivery(
             settings.kafka,
-            DeliverySettings(spool_dir=expand(settings.spool_dir) / "simulate"),
+            DeliverySettings.of(settings, "simulate", deadletter=False),
         ).start()
         try:
             stats = publish_to_kafka(

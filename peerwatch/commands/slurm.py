@@ -233,17 +233,13 @@ def run_watch(args: argparse.Namespace) -> int:
              state=state_file.load(), stats=stats)  # fmt: skip
         logging.getLogger(__name__).info("watch: %s", stats)
         return 0
-    from peerwatch.exporters.consume import deadletter_topic
     from peerwatch.producers.delivery import Delivery, DeliverySettings
     from peerwatch.schemas.codec import AvroCodec
 
     codecs = {name: AvroCodec(name) for name in topics}
     delivery = Delivery(
         settings.kafka,
-        DeliverySettings(
-            spool_dir=expand(settings.spool_dir) / "slurm-watch",
-            deadletter_topic=deadletter_topic(settings.topic_prefix),
-        ),
+        DeliverySettings.of(settings, "slurm-watch"),
     ).start()
     try:
         sink = KafkaSink(delivery.send, lambda s, r: codecs[s].encode(r), topics)

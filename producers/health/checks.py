@@ -15,6 +15,7 @@ import pynvml
 
 from peerwatch.producers.health.outcome import CRITICAL, OK, WARNING, outcome
 from peerwatch.producers.nvml.device import NvmlApi, is_unsupported
+from peerwatch.schemas.records import CheckOutcome
 
 # DETECTION.md: hardware XIDs that blame the node, and ones that are usually the application's.
 HARD_XIDS: frozenset[int] = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
@@ -23,13 +24,13 @@ APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68})
 Handles = Sequence[tuple[int, Any]]
 
 
-def _nvml_failure(name: str, index: int, exc: pynvml.NVMLError) -> dict[str, Any]:
+def _nvml_failure(name: str, index: int, exc: pynvml.NVMLError) -> CheckOutcome:
     if isinstance(exc, pynvml.NVMLError_GpuIsLost):
         return outcome(name, CRITICAL, f"GPU {index} is lost (fell off the bus)", index)
     return outcome(name, WARNING, f"GPU {index}: NVML error: {exc}", index)
 
 
-def check_gpu_count(nvml: NvmlApi, expected: int | None) -> tuple[list[dict[str, Any]], Handles]:
+def check_gpu_count(nvml: NvmlApi, expected: int | None) -> tuple[list[CheckOutcome], Handles]:
     """GPU count against ``expected`` (None: any count is fine) and a handle per GPU.
 
     Fewer GPUs than expected, or a GPU whose handle cannot be had, is CRITICAL; more than
@@ -40,7 +41,7 @@ def check_gpu_count(nvml: NvmlApi, expected: int | None) -> tuple[list[dict[str,
         count = nvml.nvmlDeviceGetCount()
     except pynvml.NVMLError as exc:
         return [outcome("gpu_count", CRITICAL, f"nvmlDeviceGetCount failed: {exc}")], []
-    results: list[dict[str, Any]] = []
+    results: list[CheckOutcome] = []
     handles: list[tuple[int, Any]] = []
     for index in range(count):
         try:
@@ -58,7 +59,7 @@ def check_gpu_count(nvml: NvmlApi, expected: int | None) -> tuple[list[dict[str,
     return results, handles
 
 
-def check_ecc(nvml: NvmlApi, handles: Handles) -> list[dict[str, Any]]:
+def check_ecc(nvml: NvmlApi, handles: Handles) -> list[CheckOutcome]:
     """Uncorrectable volatile ECC errors (since driver load): > 0 is CRITICAL."""
     results = []
     for index, handle in handles:
@@ -80,7 +81,7 @@ def check_ecc(nvml: NvmlApi, handles: Handles) -> list[dict[str, Any]]:
     return results
 
 
-def check_remap(nvml: NvmlApi, handles: Handles) -> list[dict[str, Any]]:
+def check_remap(nvml: NvmlApi, handles: Handles) -> list[CheckOutcome]:
     """Row remapping: a failed remap (replace the GPU) or a pending one (reset needed) is CRITICAL.
 
     Remapped rows alone are history, not a fault: they are only mentioned.
@@ -106,7 +107,7 @@ def check_remap(nvml: NvmlApi, handles: Handles) -> list[dict[str, Any]]:
     return results
 
 
-def check_pcie_width(nvml: NvmlApi, handles: Handles) -> list[dict[str, Any]]:
+def check_pcie_width(nvml: NvmlApi, handles: Handles) -> list[CheckOutcome]:
     """PCIe link width below the GPU's maximum is CRITICAL (a degraded link slows every copy).
 
     Only width is checked: the link generation drops legitimately at idle to save power.
@@ -130,7 +131,7 @@ def check_pcie_width(nvml: NvmlApi, handles: Handles) -> list[dict[str, Any]]:
     return results
 
 
-def check_xids(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def check_xids(events: Iterable[dict[str, Any]]) -> list[CheckOutcome]:
     """XID events since the last check (XidEvent dicts), one outcome per GPU that had any.
 
     A hardware XID (``HARD_XIDS``) is CRITICAL; an application XID is OK (recorded, the node is

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from peerwatch.producers.health.outcome import CRITICAL, OK, STATUSES, WARNING, outcome
+from peerwatch.schemas.records import CheckOutcome
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def check_dcgm_diag(
     binary: str = "dcgmi",
     timeout_s: float = 900.0,
     unavailable_status: str = DEFAULT_UNAVAILABLE_STATUS,
-) -> list[dict[str, Any]]:
+) -> list[CheckOutcome]:
     """Run ``<binary> diag -r <level> -j`` (``timeout_s`` in seconds) and turn its verdict into
     one outcome.
 

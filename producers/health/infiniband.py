@@ -22,6 +22,7 @@ from peerwatch.producers.nic.counters import counter_delta, saturation_value
 from peerwatch.producers.nic.ports import ib_ports
 from peerwatch.producers.nic.sampler import hw_counter_names, read_port
 from peerwatch.producers.nic.sysfs import Reader, SysfsTree
+from peerwatch.schemas.records import CheckOutcome, NicPortReading
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +43,14 @@ def _words(value: str) -> str:
 
 def check_ib_ports(
     root: Path = DEFAULT_SYSFS_ROOT, ignore: Collection[str] = ()
-) -> list[dict[str, Any]]:
+) -> list[CheckOutcome]:
     """One outcome per port: ACTIVE and LinkUp is OK, anything else CRITICAL (the node cannot
     take part in multi-node jobs). ``ignore`` holds ``"<hca>/<port>"`` names (e.g. an unused
     port). No ``root`` or no HCA: a single OK ("no InfiniBand"), since CPU-only or Ethernet-only
     nodes are legitimate; an unreadable state file is UNKNOWN."""
     if not root.is_dir():
         return [outcome("ib_port", OK, f"no InfiniBand devices ({root} absent)")]
-    results: list[dict[str, Any]] = []
+    results: list[CheckOutcome] = []
     for hca in sorted(p for p in root.iterdir() if (p / "ports").is_dir()):
         for port in sorted((hca / "ports").iterdir(), key=lambda p: (len(p.name), p.name)):
             name = f"{hca.name}/{port.name}"
@@ -140,11 +141,11 @@ def _values(entry: Any, key: str) -> dict[str, int | None]:
 
 def _judge_port(
     name: str,
-    reading: dict[str, Any],
+    reading: NicPortReading,
     before: Any,
     elapsed_s: float,
     thresholds: IbThresholds,
-) -> dict[str, Any]:
+) -> CheckOutcome:
     if before is None:
         return outcome("ib_errors", OK, f"{name}: baseline recorded; rates from the next run")
     now = {**reading["counters"], **reading["hw_counters"]}
@@ -178,7 +179,7 @@ def _judge_port(
     return outcome("ib_errors", OK, f"{name}: error rates within limits {span}{extra}")
 
 
-def _judge_rate(name: str, rate: float | None, expected: float | None) -> dict[str, Any] | None:
+def _judge_rate(name: str, rate: float | None, expected: float | None) -> CheckOutcome | None:
     if rate is None or expected is None:
         return None
     if rate < expected:
@@ -195,7 +196,7 @@ def check_ib_counters(
     thresholds: IbThresholds = IbThresholds(),
     expected_rate_gbps: float | None = None,
     ignore: Collection[str] = (),
-) -> list[dict[str, Any]]:
+) -> list[CheckOutcome]:
     """The IB ports' counters as rates since the previous run, and their link rate.
 
     ``state_path`` keeps each port's readings between runs (written atomically after the
@@ -214,7 +215,7 @@ def check_ib_counters(
     state = load_ib_state(state_path) if state_path is not None else {}
     before_ports = state.get("ports", {})
     elapsed_s = (now_ms - state["ts_ms"]) / 1000 if state else 0.0
-    results: list[dict[str, Any]] = []
+    results: list[CheckOutcome] = []
     new_ports: dict[str, Any] = {}
     for name, reading in readings.items():
         before = before_ports.get(name) if isinstance(before_ports.get(name), dict) else None

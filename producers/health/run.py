@@ -53,15 +53,21 @@ from peerwatch.producers.health.infiniband import (
 )
 from peerwatch.producers.health.outcome import CRITICAL, EXIT_CODES, OK, UNKNOWN, outcome, worst
 from peerwatch.producers.nvml.device import NvmlApi, NvmlUnavailableError, init_nvml, load_nvml
+from peerwatch.schemas.records import CheckOutcome, HealthCheckResult, HealthPhase, XidEvent
 
 log = logging.getLogger(__name__)
 
-PHASES: tuple[str, ...] = ("PROLOG", "EPILOG", "PERIODIC")
+PHASES: tuple[HealthPhase, ...] = ("PROLOG", "EPILOG", "PERIODIC")
+#: A phase name -> the schema's enum value (narrows a ``str`` without a cast).
+_PHASE_OF: dict[str, HealthPhase] = {p: p for p in PHASES}
 
 
 @dataclass(frozen=True)
 class HealthSettings:
-    """Settings of a health run. ``expected_gpus`` None accepts any count."""
+    """Settings of a health run, derived per command, not a table of the settings tree: a
+    health run is a Slurm prolog/epilog/periodic hook whose site knobs are its command line, so
+    it is built in one place, ``peerwatch health`` (peerwatch/commands/health.py), from its
+    flags. ``expected_gpus`` None accepts any count."""
 
     expected_gpus: int | None = None
     ib_sysfs_root: Path = DEFAULT_SYSFS_ROOT
@@ -108,13 +114,13 @@ def read_xid_events(path: Path, since_ms: int = 0) -> list[dict[str, Any]]:
     return events
 
 
-def append_xid_event(path: Path, event: dict[str, Any]) -> None:
+def append_xid_event(path: Path, event: XidEvent) -> None:
     """Append one XidEvent dict to the JSON-lines state file (the agent's side)."""
     with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(event, sort_keys=True) + "\n")
 
 
-def _guard(name: str, check: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _guard(name: str, check: Callable[[], list[CheckOutcome]]) -> list[CheckOutcome]:
     try:
         return check()
     except Exception as exc:
@@ -124,7 +130,7 @@ def _guard(name: str, check: Callable[[], list[dict[str, Any]]]) -> list[dict[st
 
 def _gpu_checks(
     nvml: NvmlApi, settings: HealthSettings, xids: Iterable[dict[str, Any]]
-) -> list[dict[str, Any]]:
+) -> list[CheckOutcome]:
     if settings.expected_gpus == 0:
         return [outcome("gpu_count", OK, "no GPUs expected; GPU checks skipped")]
     try:
@@ -132,7 +138,7 @@ def _gpu_checks(
     except NvmlUnavailableError as exc:
         return [outcome("nvml", CRITICAL, f"NVML unreachable: {exc}")]
     try:
-        results: list[dict[str, Any]] = [outcome("nvml", OK, "NVML reachable")]
+        results: list[CheckOutcome] = [outcome("nvml", OK, "NVML reachable")]
         count_results, handles = check_gpu_count(nvml, settings.expected_gpus)
         results += count_results
         results += _guard("ecc_uncorrected", lambda: check_ecc(nvml, handles))
@@ -155,16 +161,17 @@ def run_health(
     xids: Sequence[dict[str, Any]] = (),
     job_id: str | None = None,
     deps: HealthDeps | None = None,
-) -> tuple[dict[str, Any], int]:
+) -> tuple[HealthCheckResult, int]:
     """Run every check for ``phase`` (PROLOG, EPILOG or PERIODIC, case-insensitive).
 
     ``xids`` are the XidEvent dicts seen since the last check (see ``read_xid_events``).
     Returns the io.peerwatch.HealthCheckResult dict and the Nagios exit code. Never raises for
     check failures; raises ValueError for an unknown phase.
     """
-    phase = phase.upper()
-    if phase not in PHASES:
-        raise ValueError(f"unknown health phase {phase!r}; expected one of {PHASES}")
+    known = _PHASE_OF.get(phase.upper())
+    if known is None:
+        raise ValueError(f"unknown health phase {phase.upper()!r}; expected one of {PHASES}")
+    phase = known
     settings = settings or HealthSettings()
     deps = deps or HealthDeps()
     nvml = deps.nvml if deps.nvml is not None else load_nvml()
@@ -201,7 +208,7 @@ def run_health(
 
     status = worst([c["status"] for c in checks])
     end_ms = deps.clock.now_ms()
-    result = {
+    result: HealthCheckResult = {
         "event_id": deps.new_id(),
         "node": node,
         "ts_ms": end_ms,

@@ -22,6 +22,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from peerwatch.producers.nic.sysfs import Reader
+from peerwatch.schemas.records import NicPortKind
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class NicPort:
     """One port to sample. ``path`` is its sysfs directory relative to the tree's root."""
 
     name: str
-    kind: str  # "IB" or "NETDEV"
+    kind: NicPortKind  # "IB" or "NETDEV"
     device: str
     port: int | None
     path: str

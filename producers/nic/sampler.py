@@ -9,12 +9,12 @@ port's ``read_errors`` and the record's total; a tick never raises for sysfs tro
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from peerwatch.clock import Clock
 from peerwatch.producers.nic.counters import HW_COUNTERS, IB_COUNTERS, NETDEV_COUNTERS
 from peerwatch.producers.nic.ports import NicPort, link_up
 from peerwatch.producers.nic.sysfs import Reader
+from peerwatch.schemas.records import NicPortReading, NodeNicSample
 
 
 def hw_counter_names(reader: Reader, port: NicPort) -> tuple[str, ...]:
@@ -28,7 +28,7 @@ def hw_counter_names(reader: Reader, port: NicPort) -> tuple[str, ...]:
     return tuple(n for n in HW_COUNTERS if n in present)
 
 
-def read_port(reader: Reader, port: NicPort, hw_names: Iterable[str] = ()) -> dict[str, Any]:
+def read_port(reader: Reader, port: NicPort, hw_names: Iterable[str] = ()) -> NicPortReading:
     """One NicPortReading dict of ``port`` now (``hw_names``: the hw_counters to read). Values
     that cannot be read are None and counted in ``read_errors``; never raises."""
     r = reader
@@ -96,7 +96,7 @@ class NicSampler:
         self._clock = clock
         self._hw = {p.name: hw_counter_names(reader, p) for p in self.ports}
 
-    def sample(self, seq: int, ts_ms: int | None = None) -> dict[str, Any]:
+    def sample(self, seq: int, ts_ms: int | None = None) -> NodeNicSample:
         """The NodeNicSample dict of this tick: ``ts_ms`` is the tick's time (the agent passes
         its GPU record's, so the two join on it), else the clock's before the reads."""
         if ts_ms is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import pynvml
 
@@ -23,6 +23,7 @@ from peerwatch.clock import Clock
 from peerwatch.producers.nvml.device import NvmlApi, is_unsupported
 from peerwatch.producers.nvml.probe import GpuProbe, free_gpm, probe_gpus
 from peerwatch.producers.nvml.reads import ENERGY_READ, field_value
+from peerwatch.schemas.records import GpuReading, NodeGpuSample, XidEvent
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class GpuSampler:
             self._probes = probe_gpus(self._nvml, self._field_source)
         return self._probes
 
-    def sample(self, seq: int, xids: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+    def sample(self, seq: int, xids: Iterable[XidEvent] = ()) -> NodeGpuSample:
         """Read every GPU now and return one NodeGpuSample dict.
 
         ``seq`` is the record's sequence number; ``xids`` are XidEvent dicts seen since the
@@ -173,7 +174,13 @@ class GpuSampler:
 
     # -- per GPU ---------------------------------------------------------------------------
 
-    def _read_gpu(self, probe: GpuProbe, energy: bool = True) -> dict[str, Any]:
+    def _read_gpu(self, probe: GpuProbe, energy: bool = True) -> GpuReading:
+        # The cast: a reading is a dict under construction, filled key by key from the probe's
+        # reads (each a partial reading keyed by the schema's field names); _empty_reading sets
+        # every field first. The codec checks each record against the schema when encoding.
+        return cast(GpuReading, self._assemble(probe, energy))
+
+    def _assemble(self, probe: GpuProbe, energy: bool) -> dict[str, Any]:
         if probe.lost:
             return _empty_reading(probe, "LOST", probe.error or "GPU is lost")
         if probe.handle is None:

@@ -16,10 +16,11 @@ import pynvml
 
 from peerwatch.clock import Clock
 from peerwatch.producers.nvml.device import NvmlApi, is_unsupported
+from peerwatch.schemas.records import XidEvent
 
 log = logging.getLogger(__name__)
 
-XidCallback = Callable[[dict[str, Any]], None]
+XidCallback = Callable[[XidEvent], None]
 
 # After an NVML error other than the idle timeout, wait this long before waiting again, so a
 # broken event set does not spin a core.
@@ -44,13 +45,13 @@ class XidBuffer:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._events: list[dict[str, Any]] = []
+        self._events: list[XidEvent] = []
 
-    def add(self, event: dict[str, Any]) -> None:
+    def add(self, event: XidEvent) -> None:
         with self._lock:
             self._events.append(event)
 
-    def drain(self) -> list[dict[str, Any]]:
+    def drain(self) -> list[XidEvent]:
         """Return and forget every event added since the previous drain, oldest first."""
         with self._lock:
             events, self._events = self._events, []
@@ -169,7 +170,7 @@ class XidWatcher:
     def _deliver(self, data: Any) -> None:
         if not int(data.eventType) & pynvml.nvmlEventTypeXidCriticalError:
             return
-        event = {
+        event: XidEvent = {
             "gpu_index": self._gpu_index(data.device),
             "xid": int(data.eventData),
             "ts_ms": self._clock.now_ms(),

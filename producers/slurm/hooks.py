@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from peerwatch.producers.slurm import gres, hostlist
 from peerwatch.producers.slurm.errors import SlurmParseError
 from peerwatch.producers.slurm.event_ids import event_id
+from peerwatch.schemas.records import EventSource, JobEvent, JobEventKind
 
 __all__ = [
     "HOOKS",
@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 #: hook name -> (JobEvent kind, EventSource)
-HOOKS: dict[str, tuple[str, str]] = {
+HOOKS: dict[str, tuple[JobEventKind, EventSource]] = {
     "prolog": ("STARTED", "PROLOG"),
     "epilog": ("ENDED", "EPILOG"),
 }
@@ -117,8 +117,8 @@ def hook_event(
     *,
     node: str | None = None,
     detail_gpus: Mapping[str, tuple[int, ...]] | None = None,
-) -> dict[str, Any]:
-    """The JobEvent dict a ``prolog`` or ``epilog`` hook publishes for its node.
+) -> JobEvent:
+    """The JobEvent a ``prolog`` or ``epilog`` hook publishes for its node.
 
     ``now_ms`` (ms since the epoch) is the event time; ``node`` is used when
     ``SLURMD_NODENAME`` is unset. The event id hashes job, kind, source, node and restart

@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -235,7 +235,7 @@ class KafkaSink:
     def __init__(
         self,
         send: Callable[..., None],
-        encode: Callable[[str, dict[str, Any]], bytes],
+        encode: Callable[[str, Mapping[str, Any]], bytes],
         topics: dict[str, str],
     ) -> None:
         self._send = send

@@ -30,6 +30,7 @@ from peerwatch.producers.slurm.errors import SlurmParseError
 from peerwatch.producers.slurm.event_ids import event_id
 from peerwatch.producers.slurm.fields import Ctx, number
 from peerwatch.producers.slurm.parse import SlurmJob, SlurmNode, parse_squeue_job
+from peerwatch.schemas.records import JobEvent, JobEventKind, NodeAllocation, NodeStateEvent
 
 __all__ = [
     "FINAL_STATES",
@@ -55,11 +56,11 @@ MAX_RESTARTS = (1 << 31) - 1
 
 @dataclass(frozen=True)
 class WatchEvent:
-    """One record to publish: ``schema`` (``JobEvent``/``NodeStateEvent``), ``key``, value dict."""
+    """One record to publish: ``schema`` (``JobEvent``/``NodeStateEvent``), ``key``, value."""
 
     schema: str
     key: str
-    record: dict[str, Any]
+    record: JobEvent | NodeStateEvent
 
 
 @dataclass(frozen=True)
@@ -162,28 +163,40 @@ def vanished_jobs(
     return sorted(i for i, m in state.jobs.items() if not m.ended and i not in seen)
 
 
-def _allocations(nodes: Sequence[str], gpus: Mapping[str, tuple[int, ...]]) -> list[dict[str, Any]]:
+def _allocations(nodes: Sequence[str], gpus: Mapping[str, tuple[int, ...]]) -> list[NodeAllocation]:
     return [{"node": n, "gpu_indices": list(gpus.get(n, ()))} for n in nodes]
 
 
 def _job_event(
-    kind: str, job_id: str, m: JobMemo, ts_ms: int, eid: str, **extra: Any
+    kind: JobEventKind,
+    job_id: str,
+    m: JobMemo,
+    ts_ms: int,
+    eid: str,
+    *,
+    state: str | None,
+    exit_code: int | None = None,
+    end_ms: int | None = None,
 ) -> WatchEvent:
-    record = {
+    """A JobEvent of ``m``; a SUBMITTED one has no allocations and no start yet."""
+    submitted = kind == "SUBMITTED"
+    record: JobEvent = {
         "event_id": eid, "job_id": job_id, "kind": kind, "ts_ms": ts_ms, "source": "WATCHER",
-        "state": None, "exit_code": None, "user": m.user, "partition": m.partition,
-        "account": m.account, "job_name": m.name, "allocations": _allocations(m.nodes, m.gpus),
-        "start_ms": m.start_ms, "end_ms": None, "restart_count": m.restart_count,
+        "state": state, "exit_code": exit_code, "user": m.user, "partition": m.partition,
+        "account": m.account, "job_name": m.name,
+        "allocations": [] if submitted else _allocations(m.nodes, m.gpus),
+        "start_ms": None if submitted else m.start_ms, "end_ms": end_ms,
+        "restart_count": m.restart_count,
     }  # fmt: skip
-    record.update(extra)
     return WatchEvent("JobEvent", job_id, record)
 
 
-def _ended(job_id: str, m: JobMemo, job: SlurmJob, now_ms: int) -> WatchEvent:
+def _ended(job_id: str, m: JobMemo, job: SlurmJob, now_ms: int, known: bool = True) -> WatchEvent:
+    """The ENDED event; ``known`` False: Slurm no longer knows the job (state null)."""
     eid = event_id(job_id, "ENDED", m.restart_count, m.start_ms, sorted(m.nodes))
     return _job_event(
         "ENDED", job_id, m, job.end_ts_ms or now_ms, eid,
-        state=job.state, exit_code=job.exit_code, end_ms=job.end_ts_ms,
+        state=job.state if known else None, exit_code=job.exit_code, end_ms=job.end_ts_ms,
     )  # fmt: skip
 
 
@@ -198,7 +211,6 @@ def _observe_job(
             _job_event(
                 "SUBMITTED", jid, _with_meta(memo, job), job.submit_ts_ms or now_ms,
                 event_id(jid, "SUBMITTED", job.submit_ts_ms), state=job.state,
-                allocations=[], start_ms=None,
             )
         )  # fmt: skip
     new_run = (
@@ -263,9 +275,7 @@ def _close_vanished(
             account=None, name=None, submit_ts_ms=None, start_ts_ms=None, end_ts_ms=None,
             exit_code=None, exit_signal=None, nodes=(),
         )  # fmt: skip
-        event = _ended(job_id, memo, unknown, memo.last_seen_ms)
-        event.record["state"] = None
-        return None, [event]
+        return None, [_ended(job_id, memo, unknown, memo.last_seen_ms, known=False)]
     return memo, []
 
 
@@ -282,7 +292,7 @@ def _observe_node(
     if memo is not None and memo.key == key:
         return memo, []
     digest = event_id("node", node.name, key[0], key[1], *key[2:], memo.digest if memo else None)
-    record = {
+    record: NodeStateEvent = {
         "event_id": digest, "node": node.name, "ts_ms": now_ms, "state": node.state,
         "flags": [f for f in node.state_flags if f not in _TRANSIENT_FLAGS],
         "reason": node.reason, "reason_user": node.reason_set_by_user,

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -43,7 +42,7 @@ from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.policy import apply as policy_apply
 from peerwatch.streams.core.policy_state import DrainPolicyState
-from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
+from peerwatch.streams.core.settings import PolicySettings, StageSettings
 from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
 from peerwatch.streams.core.windows import (
     SAMPLE_SPEC,
@@ -61,32 +60,9 @@ _FAR_FUTURE_MS = 1 << 62
 #: Allocations and detector states are pruned at most this often (in event time); both are
 #: kept for an hour after their end, so a minute more changes nothing.
 PRUNE_EVERY_MS = 60_000
-#: The tree's ``[stream]`` defaults, the defaults of :class:`PipelineSettings`.
-_STREAM = StreamSettings()
-
-
-@dataclass(frozen=True)
-class PipelineSettings:
-    """Settings of the composed pipeline; the window length is ``detector.window_s``.
-
-    ``lateness_s``, ``job_grace_s``, ``fan_out_job_wide``, ``allocation_retention_s`` and the
-    ``silent_*`` settings: as the tree's ``[stream]`` table, whose defaults they take (so the
-    defaults replay what the live worker does; see
-    :class:`~peerwatch.streams.core.settings.StreamSettings`).
-    ``max_batch``: most sample records handed to the aggregator at once (offline only).
-    """
-
-    detector: DetectorSettings = field(default_factory=DetectorSettings)
-    policy: PolicySettings = field(default_factory=PolicySettings)
-    lateness_s: float = _STREAM.lateness_s
-    job_grace_s: float = _STREAM.job_grace_s
-    fan_out_job_wide: bool = _STREAM.fan_out_job_wide
-    allocation_retention_s: int = _STREAM.allocation_retention_s
-    silent_after_s: float = _STREAM.silent_after_s
-    silent_group_s: float = _STREAM.silent_group_s
-    silent_fleet_min_nodes: int = _STREAM.silent_fleet_min_nodes
-    silent_check_s: float = _STREAM.silent_check_s
-    max_batch: int = 1024
+#: Most sample records handed to the aggregator at once (offline only; larger values measured
+#: no faster, docs/performance.md).
+MAX_BATCH = 1024
 
 
 class Output(NamedTuple):
@@ -121,34 +97,41 @@ class PolicyStage:
 class Pipeline:
     """All four stages in one process (see the module docstring)."""
 
-    def __init__(self, settings: PipelineSettings | None = None, emit_windows: bool = True) -> None:
-        """``emit_windows``: yield every scored GpuWindow (WINDOW outputs); a replay that keeps
-        only findings and recommendations turns it off."""
-        self.settings = settings = settings or PipelineSettings()
+    def __init__(
+        self, settings: StageSettings, emit_windows: bool = True, max_batch: int = MAX_BATCH
+    ) -> None:
+        """``settings``: the live worker's settings objects (the tree's ``[stream]``,
+        ``[detector]`` and ``[policy]`` tables; :class:`peerwatch.settings.Settings` is one).
+        ``emit_windows``: yield every scored GpuWindow (WINDOW outputs); a replay that keeps
+        only findings and recommendations turns it off. ``max_batch``: most sample records
+        handed to the aggregator at once."""
+        self.settings = settings
+        self.max_batch = max_batch
+        stream = settings.stream
         self.emit_windows = emit_windows
-        self.allocations = AllocationTable(settings.allocation_retention_s * 1000)
+        self.allocations = AllocationTable(stream.allocation_retention_s * 1000)
         self.aggregator = WindowAggregator(
-            self.allocations, settings.detector.window_s, settings.lateness_s, idle_jobs=True
+            self.allocations, settings.detector.window_s, stream.lateness_s, idle_jobs=True
         )
         self.jobs = JobReleaser(
             settings.detector,
             self.allocations,
-            grace_ms=int(settings.job_grace_s * 1000),
-            fan_out_job_wide=settings.fan_out_job_wide,
+            grace_ms=int(stream.job_grace_s * 1000),
+            fan_out_job_wide=stream.fan_out_job_wide,
             scored_windows=emit_windows,
         )
         self.policy = PolicyStage(settings.policy)
         # Beside stage 2, on the same samples: hard rules on arrival and the silence watch.
         self.hard = HardWatch(self.allocations, self.aggregator.name, settings.detector)
         self.silence = SilenceWatch(
-            int(settings.silent_after_s * 1000),
-            int(settings.silent_group_s * 1000),
-            settings.silent_fleet_min_nodes,
+            int(stream.silent_after_s * 1000),
+            int(stream.silent_group_s * 1000),
+            stream.silent_fleet_min_nodes,
             settings.detector.window_ms,
             settings.detector.id_hex_chars,
             held=True,
         )
-        self.silence_clock = SilenceClock(max(1, int(settings.silent_check_s * 1000)))
+        self.silence_clock = SilenceClock(max(1, int(stream.silent_check_s * 1000)))
         self._next_silence_ms = -_FAR_FUTURE_MS
         self._max_sample_ms = -_FAR_FUTURE_MS
         self._open_nodes: dict[str, tuple[str, int]] = {}
@@ -177,7 +160,7 @@ class Pipeline:
             # out at the event time a live stream would publish them) or silence check.
             if (
                 ts >= min(self._next_close_ms, self._next_silence_ms)
-                or len(self._batch) + self._pending >= self.settings.max_batch
+                or len(self._batch) + self._pending >= self.max_batch
             ):
                 return self._part_done(self._flush_batch(), ts)
             return []
@@ -220,7 +203,7 @@ class Pipeline:
         ts = tables[""].values["ts_ms"]
         start = aggregated = 0
         while start < n:
-            end = min(n, start + self.settings.max_batch - self._pending)
+            end = min(n, start + self.max_batch - self._pending)
             # the first sample at or past the next closing (or silence check) time ends the
             # batch (it is in it)
             cut = min(self._next_close_ms, self._next_silence_ms)
@@ -233,7 +216,7 @@ class Pipeline:
             self._pending += end - start
             start = end
             last_ts_ms = int(ts[end - 1])
-            if last_ts_ms >= self._next_close_ms or self._pending >= self.settings.max_batch:
+            if last_ts_ms >= self._next_close_ms or self._pending >= self.max_batch:
                 # a drain follows: the aggregator first takes every sample before it
                 self._aggregate_rows(tables, aggregated, end)
                 aggregated = end
@@ -278,7 +261,7 @@ class Pipeline:
     def _part_done(self, out: list[Output], last_ts_ms: int) -> list[Output]:
         """After a part ending with a sample at ``last_ts_ms``: a drain when it closes windows
         or fills a batch, then the silence check when it is due."""
-        if last_ts_ms >= self._next_close_ms or self._pending >= self.settings.max_batch:
+        if last_ts_ms >= self._next_close_ms or self._pending >= self.max_batch:
             out += self._drain()
         if self._max_sample_ms >= self._next_silence_ms:
             out += self._check_silence()
@@ -376,8 +359,8 @@ class Pipeline:
         self._next_prune_ms = watermark_ms + PRUNE_EVERY_MS
         if self.allocations.prune(watermark_ms):
             self._allocations_changed()
-        self.jobs.prune(watermark_ms, self.settings.allocation_retention_s * 1000)
-        self.hard.prune(watermark_ms - self.settings.allocation_retention_s * 1000)
+        self.jobs.prune(watermark_ms, self.settings.stream.allocation_retention_s * 1000)
+        self.hard.prune(watermark_ms - self.settings.stream.allocation_retention_s * 1000)
 
     def _allocations_changed(self) -> None:
         """Hook: the allocation table changed (events applied or pruned)."""
@@ -442,7 +425,7 @@ class Pipeline:
 
 
 def run_records(
-    records: Iterable[tuple[str, str, Mapping[str, Any]]], settings: PipelineSettings | None = None
+    records: Iterable[tuple[str, str, Mapping[str, Any]]], settings: StageSettings
 ) -> list[Output]:
     """Convenience: run a fresh :class:`Pipeline` over ``records`` and return every output."""
     return list(Pipeline(settings).run(records))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 from peerwatch.errors import ConfigError
 from peerwatch.settings_base import (
@@ -638,3 +638,19 @@ class NetworkSettings:
     def from_dict(cls, data: Mapping[str, Any]) -> NetworkSettings:
         """Build from a mapping of overrides; raises ConfigError for an unknown or bad field."""
         return from_mapping(cls, "network", data)
+
+
+class StageSettings(Protocol):
+    """What the stages read of the settings tree: its ``[stream]``, ``[detector]`` and
+    ``[policy]`` tables. :class:`peerwatch.settings.Settings` is one, so the live worker and a
+    replay are given the same objects; a protocol because the core does not import the tree
+    (whose other tables belong to the edges)."""
+
+    @property
+    def stream(self) -> StreamSettings: ...
+
+    @property
+    def detector(self) -> DetectorSettings: ...
+
+    @property
+    def policy(self) -> PolicySettings: ...

@@ -4,10 +4,8 @@ same four stages as the live stream (:class:`~peerwatch.streams.core.pipeline.Pi
 Live == replay. The live app (:mod:`peerwatch.streams.live.app`) and the offline pipeline share every
 stage's code; what can make them differ is settings and input order:
 
-* settings: :func:`live_equivalent_settings` copies the live defaults (window 30 s, lateness 5 s,
-  job grace 30 s, job-wide findings fanned out to the job's nodes). The offline Pipeline's own
-  defaults (lateness 10 s, grace 0) are tuned for the evaluation harness and would close windows
-  at other moments, so replay never uses them;
+* settings: the pipeline takes the live worker's own settings objects (the tree's ``[stream]``,
+  ``[detector]`` and ``[policy]`` tables), so there are no offline defaults to drift;
 * order: records are merged by event time, ties broken deterministically (job events, node
   events and health results before the samples of the same millisecond, then by key, then by
   read order), so the same input always gives the same output. Live, each samples partition is
@@ -48,8 +46,8 @@ from peerwatch.streams.core.pipeline import (
     WINDOW,
     Output,
     Pipeline,
-    PipelineSettings,
 )
+from peerwatch.streams.core.settings import StageSettings
 from peerwatch.streams.offline.sample_runs import (
     DEFAULT_REORDER_MS,
     FAR_FUTURE_MS,
@@ -83,23 +81,11 @@ _KEY_FIELD = {
 Record = tuple[str, str, dict[str, Any]]
 
 
-def live_equivalent_settings(settings: Settings | None = None) -> PipelineSettings:
-    """Pipeline settings equal to a live worker's with the settings tree ``settings`` (default:
-    the tree's defaults): its ``[stream]``, ``[detector]`` and ``[policy]`` tables."""
-    tree = settings or Settings()
-    stream = tree.stream
-    return PipelineSettings(
-        detector=tree.detector,
-        policy=tree.policy,
-        lateness_s=stream.lateness_s,
-        job_grace_s=stream.job_grace_s,
-        fan_out_job_wide=stream.fan_out_job_wide,
-        allocation_retention_s=stream.allocation_retention_s,
-        silent_after_s=stream.silent_after_s,
-        silent_group_s=stream.silent_group_s,
-        silent_fleet_min_nodes=stream.silent_fleet_min_nodes,
-        silent_check_s=stream.silent_check_s,
-    )
+def live_equivalent_settings(settings: Settings | None = None) -> Settings:
+    """The settings a replay equal to a live worker runs with: the worker's own tree
+    ``settings`` (default: the tree's defaults); the pipeline reads its ``[stream]``,
+    ``[detector]`` and ``[policy]`` tables."""
+    return settings or Settings()
 
 
 @dataclass(frozen=True)
@@ -410,7 +396,7 @@ def collect(
 
 def replay(
     records: Iterable[Record],
-    settings: PipelineSettings,
+    settings: StageSettings,
     *,
     job: str | None = None,
     node: str | None = None,

@@ -46,7 +46,8 @@ from peerwatch.schemas.columns import ColumnDecoder
 from peerwatch.schemas.compiled import Unsupported
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.model import InvalidRecordError
-from peerwatch.streams.core.pipeline import Output, Pipeline, PipelineSettings
+from peerwatch.streams.core.pipeline import Output, Pipeline
+from peerwatch.streams.core.settings import StageSettings
 from peerwatch.streams.core.silence import newest_valid_ms
 from peerwatch.streams.core.windows import ClosedWindows
 from peerwatch.streams.offline.frames import FrameChannel, channel_pair, frames_of
@@ -65,7 +66,7 @@ class FrontPipeline(Pipeline):
     """Stage 2 of a split replay; everything else goes to ``send``. Its own methods return no
     outputs: the back pipeline makes them."""
 
-    def __init__(self, settings: PipelineSettings, send: Callable[[Message], Any]) -> None:
+    def __init__(self, settings: StageSettings, send: Callable[[Message], Any]) -> None:
         super().__init__(settings)
         self.send = send
         self._names_sent = 0
@@ -126,7 +127,7 @@ class FrontPipeline(Pipeline):
 class BackPipeline(Pipeline):
     """Stages 3 and 4 of a split replay: :meth:`handle` each message of the front, in order."""
 
-    def __init__(self, settings: PipelineSettings, emit_windows: bool = True) -> None:
+    def __init__(self, settings: StageSettings, emit_windows: bool = True) -> None:
         super().__init__(settings, emit_windows)
         self.front_counters: dict[str, int] = {}
         self._names: list[str] = []  # the reading process's aggregator's strings, by code
@@ -183,7 +184,7 @@ class SplitReplay:
 
     def __init__(
         self,
-        settings: PipelineSettings,
+        settings: StageSettings,
         *,
         job: str | None = None,
         node: str | None = None,
@@ -376,7 +377,7 @@ class PipeWriter:
 
 
 def _stages_main(
-    conn: FrameChannel, theirs: FrameChannel, settings: PipelineSettings, job: str | None,
+    conn: FrameChannel, theirs: FrameChannel, settings: StageSettings, job: str | None,
     node: str | None, keep_windows: bool,
 ) -> None:  # fmt: skip
     """The second process: every message through a BackPipeline, the kept outputs sent back

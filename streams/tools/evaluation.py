@@ -33,7 +33,8 @@ from typing import Any
 
 from peerwatch.producers.sim import Fleet, parse_scenario
 from peerwatch.settings import Settings
-from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
+from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
+from peerwatch.streams.core.settings import StageSettings
 from peerwatch.streams.tools.eval_suites import EvalScenario
 from peerwatch.streams.tools.soak import MAX_GPU_ALERTS_PER_100_NODE_DAYS, AlertCensus, census
 
@@ -383,7 +384,7 @@ class ScenarioResult:
     counters: dict[str, int]
 
 
-def run_scenario(scenario: EvalScenario, settings: PipelineSettings) -> ScenarioResult:
+def run_scenario(scenario: EvalScenario, settings: StageSettings) -> ScenarioResult:
     """Simulate ``scenario``, run the pipeline over it and score the outputs."""
     t0 = time.perf_counter()
     fleet = Fleet(parse_scenario(scenario.doc))
@@ -485,20 +486,17 @@ def soak_targets(total: AlertCensus) -> list[Target]:
     ]
 
 
-def parse_overrides(items: Sequence[str], base: Settings | None = None) -> PipelineSettings:
-    """The pipeline of the settings tree ``base`` (default: the tree's defaults, as a live worker
-    runs) with ``table.NAME=VALUE`` overrides (``detector``, ``policy``, ``stream``; ``pipeline``
-    is ``stream``, plus ``pipeline.max_batch``). Values are JSON (numbers, true/false, lists),
-    else strings. Raises ConfigError naming the setting."""
+def parse_overrides(items: Sequence[str], base: Settings | None = None) -> Settings:
+    """The settings tree ``base`` (default: the tree's defaults, as a live worker runs) with
+    ``table.NAME=VALUE`` overrides (``detector``, ``policy``, ``stream``; ``pipeline`` is
+    ``stream``). Values are JSON (numbers, true/false, lists), else strings. Raises ConfigError
+    naming the setting."""
     import json
-    from dataclasses import replace
 
     from peerwatch.errors import ConfigError
     from peerwatch.settings import with_overrides
-    from peerwatch.streams.offline.replay import live_equivalent_settings
 
     tree: dict[str, Any] = {}
-    max_batch: Any = None
     for item in items:
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().partition(".")
@@ -510,16 +508,8 @@ def parse_overrides(items: Sequence[str], base: Settings | None = None) -> Pipel
             value: Any = json.loads(raw)
         except ValueError:
             value = raw
-        if section == "pipeline" and name == "max_batch":
-            max_batch = value
-        else:
-            tree[f"{_OVERRIDABLE[section]}.{name}"] = value
-    pipeline = live_equivalent_settings(with_overrides(base or Settings(), tree))
-    if max_batch is not None:
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ConfigError("pipeline.max_batch", f"must be an integer >= 1, got {max_batch!r}")
-        pipeline = replace(pipeline, max_batch=max_batch)
-    return pipeline
+        tree[f"{_OVERRIDABLE[section]}.{name}"] = value
+    return with_overrides(base or Settings(), tree)
 
 
 #: Sections ``--set`` accepts -> their table in the settings tree.
@@ -533,7 +523,7 @@ _OVERRIDABLE = {
 
 def evaluate(
     scenarios: Sequence[EvalScenario],
-    settings: PipelineSettings,
+    settings: StageSettings,
     on_result: Callable[[ScenarioResult], None] | None = None,
 ) -> tuple[list[ScenarioResult], Score, list[Target]]:
     """Run every scenario; returns per-scenario results, the summed score and the targets.

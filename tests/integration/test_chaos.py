@@ -28,9 +28,9 @@ from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import STREAM_TOPICS
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas.codec import AvroCodec, decode_any
-from peerwatch.settings import KafkaSettings, expand
-from peerwatch.streams.core.pipeline import WINDOW, Pipeline, PipelineSettings
-from peerwatch.streams.core.settings import DetectorSettings
+from peerwatch.settings import KafkaSettings, Settings, expand
+from peerwatch.streams.core.pipeline import WINDOW, Pipeline
+from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
 from peerwatch.streams.live.hot_stage import samples_partition
 from peerwatch.streams.tools.bench_run import WorkerProcess, produce_raw, read_topic, wait_stable
 from peerwatch.topic_admin import ensure_topics
@@ -109,8 +109,9 @@ class Input:
     def expected_windows(self) -> set[WindowKey]:
         """The offline pipeline (streams/core) on the same records, fed without ``finish()``:
         windows close on the same watermark rule as the live hot stage."""
-        pipeline = Pipeline(PipelineSettings(detector=DetectorSettings(window_s=WINDOW_S),
-                                             lateness_s=LATENESS_S, fan_out_job_wide=True))  # fmt: skip
+        pipeline = Pipeline(Settings(detector=DetectorSettings(window_s=WINDOW_S),
+                                     stream=StreamSettings(lateness_s=LATENESS_S,
+                                                           fan_out_job_wide=True)))  # fmt: skip
         keys = [window_key(o.value) for _, s, k, v in self.records
                 for o in pipeline.feed(s, k, v) if o.kind == WINDOW]  # fmt: skip
         assert len(keys) == len(set(keys))

@@ -34,9 +34,9 @@ from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import STREAM_TOPICS
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas.codec import AvroCodec
-from peerwatch.settings import KafkaSettings
-from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
-from peerwatch.streams.core.settings import DetectorSettings
+from peerwatch.settings import KafkaSettings, Settings
+from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
+from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
 from peerwatch.streams.live.hot_stage import samples_partition
 from peerwatch.streams.tools.bench_run import produce_raw, read_topic
 from peerwatch.topics import NODE_PARTITIONS, RECOMMENDATIONS, STRAGGLERS
@@ -87,10 +87,9 @@ def offline_bytes(sc: Scenario) -> tuple[list[bytes], list[bytes]]:
     reads them (decoded from their Avro bytes: Avro floats are single precision), Avro-encoded
     as the worker publishes them (fed without ``finish()``: the live closing rule)."""
     pipeline = Pipeline(
-        PipelineSettings(
+        Settings(
             detector=DetectorSettings(window_s=WINDOW_S),
-            lateness_s=LATENESS_S,
-            fan_out_job_wide=True,
+            stream=StreamSettings(lateness_s=LATENESS_S, fan_out_job_wide=True),
         )
     )
     codecs = {

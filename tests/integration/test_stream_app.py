@@ -31,9 +31,9 @@ from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import STREAM_TOPICS
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas.codec import AvroCodec, decode_any
-from peerwatch.settings import KafkaSettings
-from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline, PipelineSettings
-from peerwatch.streams.core.settings import DetectorSettings
+from peerwatch.settings import KafkaSettings, Settings
+from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
+from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
 from peerwatch.streams.tools.bench_run import WorkerProcess, produce_raw, read_topic, wait_stable
 from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import (
@@ -169,10 +169,9 @@ def offline(sc: Scenario) -> tuple[set[str], list[str]]:
     """Finding ids and recommendation ids of the offline pipeline on the same records (fed
     without ``finish()``: windows close on the same watermark rule as the live hot stage)."""
     pipeline = Pipeline(
-        PipelineSettings(
+        Settings(
             detector=DetectorSettings(window_s=WINDOW_S),
-            lateness_s=LATENESS_S,
-            fan_out_job_wide=True,
+            stream=StreamSettings(lateness_s=LATENESS_S, fan_out_job_wide=True),
         )
     )
     findings: set[str] = set()
@@ -260,7 +259,7 @@ def test_end_to_end_matches_offline(scenario: Scenario, main_run: tuple[Outcome,
 
 def offline_unattributed(sc: Scenario) -> int:
     # GPU readings after job 2002 ended (the XID failed it): owned by no job, live or offline.
-    pipeline = Pipeline(PipelineSettings(detector=DetectorSettings(window_s=WINDOW_S)))
+    pipeline = Pipeline(Settings(detector=DetectorSettings(window_s=WINDOW_S)))
     for _, stream, key, value in sc.records:
         pipeline.feed(stream, key, value)
     pipeline.finish()
@@ -391,8 +390,9 @@ def test_step_times_reach_the_job_stage(kafka_settings: KafkaSettings, tmp_path:
         live = [
             decode_any(r.value)[1] for r in read_topic(kafka_settings, prefix + JOB_WINDOWS.name)
         ]
-    pipeline = Pipeline(PipelineSettings(detector=DetectorSettings(window_s=WINDOW_S),
-                                         lateness_s=LATENESS_S, fan_out_job_wide=True))  # fmt: skip
+    pipeline = Pipeline(Settings(detector=DetectorSettings(window_s=WINDOW_S),
+                                 stream=StreamSettings(lateness_s=LATENESS_S,
+                                                       fan_out_job_wide=True)))  # fmt: skip
     offline = [o.value for _, s, k, v in sc.records for o in pipeline.feed(s, k, v)
                if o.kind == "window"]  # fmt: skip
 

@@ -98,3 +98,14 @@ def test_delivery_stats_summary_names_what_is_not_zero() -> None:
     assert DeliveryStats(sent=2, spooled=2, dropped=1, worker_errors=1).summary() == (
         "2 sent, 0 delivered, 2 spooled, 1 dropped, 1 worker errors"
     )
+
+
+def test_delivery_settings_are_built_from_the_tree(tmp_path: Path) -> None:
+    from peerwatch.settings import Settings
+    from peerwatch.topics import DEADLETTER
+
+    tree = Settings(spool_dir=str(tmp_path), topic_prefix="t-")
+    agent = DeliverySettings.of(tree, "agent")
+    assert agent.spool_dir == tmp_path / "agent"
+    assert agent.deadletter_topic == "t-" + DEADLETTER.name
+    assert DeliverySettings.of(tree, "simulate", deadletter=False).deadletter_topic is None

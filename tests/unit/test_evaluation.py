@@ -153,7 +153,7 @@ def test_overrides() -> None:
     s = parse_overrides(["detector.mad_floor_clk_rel=0.009", "pipeline.lateness_s=7",
                          "policy.drain_after_confirmed_s=300"])  # fmt: skip
     assert s.detector.mad_floor_clk_rel == 0.009
-    assert s.lateness_s == 7 and s.policy.drain_after_confirmed_s == 300
+    assert s.stream.lateness_s == 7 and s.policy.drain_after_confirmed_s == 300
     for bad in (
         "mad_floor_clk_rel=1",
         "detector.no_such=1",

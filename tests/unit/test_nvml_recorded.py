@@ -26,6 +26,7 @@ from peerwatch.producers.nvml.sampler import GpuSampler
 from peerwatch.producers.nvml.trace import ReplayNvml, load_trace
 from peerwatch.producers.nvml.xid import XidWatcher
 from peerwatch.schemas.codec import AvroCodec
+from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
 
 DATA = Path(__file__).parents[1] / "data" / "nvml" / "h200"
@@ -115,7 +116,7 @@ def test_the_pipeline_finds_nothing_in_a_healthy_gpu(records: list[dict[str, Any
     for allocated in (True, False):  # owned by a job, and idle
         feed = [("job-events", "1", job)] if allocated else []
         feed += [("samples", node, r) for r in records]
-        outs = list(Pipeline().run(feed))
+        outs = list(Pipeline(Settings()).run(feed))
         assert [o.value for o in outs if o.kind in (FINDING, RECOMMENDATION)] == []
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from peerwatch.producers.sim import Fleet, parse_scenario
+from peerwatch.settings import Settings, with_overrides
 from peerwatch.streams.core.job_stage import JobStage
 from peerwatch.streams.core.pipeline import (
     FINDING,
@@ -12,10 +13,14 @@ from peerwatch.streams.core.pipeline import (
     WINDOW,
     Output,
     Pipeline,
-    PipelineSettings,
 )
 from peerwatch.streams.core.settings import DetectorSettings
 from peerwatch.streams.core.windows import JobWindowBatch
+
+
+def _fan_out(on: bool) -> Settings:
+    """The tree's defaults with ``stream.fan_out_job_wide`` set to ``on``."""
+    return with_overrides(Settings(), {"stream.fan_out_job_wide": on})
 
 
 def scenario(**extra: Any) -> dict[str, Any]:
@@ -29,7 +34,7 @@ def scenario(**extra: Any) -> dict[str, Any]:
 
 def run(doc: dict[str, Any]) -> tuple[list[Output], Fleet]:
     fleet = Fleet(parse_scenario(doc))
-    outs = list(Pipeline().run(r for batch in fleet.ticks() for r in batch))
+    outs = list(Pipeline(Settings()).run(r for batch in fleet.ticks() for r in batch))
     return outs, fleet
 
 
@@ -143,8 +148,8 @@ def test_job_wide_fan_out_alerts_every_node_of_the_job() -> None:
     doc["fleet"]["duration_s"] = 500
     fleet = Fleet(parse_scenario(doc))
     records = [r for batch in fleet.ticks() for r in batch]
-    plain = list(Pipeline(PipelineSettings(fan_out_job_wide=False)).run(records))
-    fanned = list(Pipeline(PipelineSettings(fan_out_job_wide=True)).run(records))
+    plain = list(Pipeline(_fan_out(False)).run(records))
+    fanned = list(Pipeline(_fan_out(True)).run(records))
     assert of(plain, FINDING) == of(fanned, FINDING)
     assert [f["status"] for f in of(plain, FINDING)] == ["JOB_WIDE"]
     assert of(plain, RECOMMENDATION) == []
@@ -161,7 +166,9 @@ def test_hard_error_on_an_idle_gpu_drains_the_node_without_a_job() -> None:
                     "params": {"xid": 79}}],
     }  # fmt: skip
     fleet = Fleet(parse_scenario(doc))
-    outs = list(Pipeline().run((r.stream, r.key, r.value) for t in fleet.ticks() for r in t))
+    outs = list(
+        Pipeline(Settings()).run((r.stream, r.key, r.value) for t in fleet.ticks() for r in t)
+    )
     hard = [f for f in of(outs, FINDING) if f["status"] == "HARD_ERROR"]
     # On arrival (the sample that shows it), then the window rule of the same window (a
     # backstop: same drain episode, no second drain).

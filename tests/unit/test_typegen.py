@@ -22,6 +22,7 @@ from peerwatch.producers.sim import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas import records, registry, typegen
 from peerwatch.schemas.codec import AvroCodec
+from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, WINDOW, run_records
 from peerwatch.streams.live.window_batches import WindowBatchCodec
 
@@ -176,7 +177,7 @@ def built() -> dict[str, list[dict[str, Any]]]:
     inputs = [rec for tick in Fleet(parse_scenario(SCENARIO)).ticks() for rec in tick]
     for rec in inputs:
         out[STREAM_RECORD[rec.stream]].append(rec.value)
-    for o in run_records((r.stream, r.key, r.value) for r in inputs):
+    for o in run_records(((r.stream, r.key, r.value) for r in inputs), Settings()):
         if o.kind in OUTPUT_RECORD:
             out[OUTPUT_RECORD[o.kind]].append(o.value)
     out["HealthCheckResult"].append(_health_result())
@@ -209,3 +210,12 @@ def test_scenario_builds_every_finding_and_recommendation_kind(
     statuses = {f["status"] for f in built["StragglerFinding"]}
     assert {"SUSPECT", "CONFIRMED", "HARD_ERROR"} <= statuses
     assert {r["action"] for r in built["DrainRecommendation"]} == {"ALERT", "DRAIN"}
+
+
+def test_every_drain_outcome_has_its_schema_decision() -> None:
+    # audit._DECISION narrows Outcome to the schema's enum without a cast: an Outcome added
+    # without its entry would raise KeyError when its action is built.
+    from peerwatch.exporters.drain import audit
+
+    assert {o: str(o) for o in Outcome} == audit._DECISION
+    assert set(audit._DECISION.values()) <= set(typing.get_args(records.DrainDecision))

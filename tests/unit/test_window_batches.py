@@ -17,6 +17,7 @@ from peerwatch.errors import CodecError
 from peerwatch.producers.sim import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas.codec import AvroCodec
+from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import WINDOW, run_records
 from peerwatch.streams.live.handlers import RECORD_ERRORS
 from peerwatch.streams.live.window_batches import (
@@ -49,7 +50,7 @@ def pipeline_windows() -> list[dict[str, Any]]:
     fills, with real values)."""
     records = [(r.stream, r.key, r.value) for t in Fleet(parse_scenario(SCENARIO)).ticks()
                for r in t]  # fmt: skip
-    out = [o.value for o in run_records(records) if o.kind == WINDOW]
+    out = [o.value for o in run_records(records, Settings()) if o.kind == WINDOW]
     assert len(out) > 100
     return out
 
