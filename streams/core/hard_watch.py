@@ -1,7 +1,8 @@
 """Hard rules on arrival: a HARD_ERROR finding from the sample that shows the fault.
 
-The window-based hard rules (:mod:`~peerwatch.streams.core.hard_rules`) wait for a window to
-close (30 s and the lateness). :class:`HardWatch` looks at every GPU reading as its batch comes
+The window-based hard rules (:mod:`~peerwatch.streams.core.hard_rules`, where every rule is
+declared once, as data) wait for a window to close (``detector.window_s`` and the lateness).
+:class:`HardWatch` judges the same rules on every GPU reading as its batch comes
 in, with the same columns the :class:`~peerwatch.streams.core.windows.WindowAggregator` gets
 (:data:`~peerwatch.streams.core.windows.SAMPLE_SPEC`), and keeps per GPU the last counters and
 condition flags. A finding leaves at the sample that shows a *new* condition:
