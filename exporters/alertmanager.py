@@ -1,7 +1,8 @@
 """``peerwatch export alertmanager``: the thin edges around :mod:`peerwatch.exporters.alerts`.
 
-* :class:`AlertmanagerClient` POSTs alerts to ``/api/v2/alerts`` (urllib, a timeout per
-  request); any failure is a :class:`~peerwatch.errors.ServiceError`.
+* :class:`AlertmanagerClient` POSTs alerts to ``/api/v2/alerts`` (httpx, one deadline for the
+  whole request, the answer read up to a bound); any failure is a
+  :class:`~peerwatch.errors.ServiceError`.
 * :class:`AlertSender` sends what the :class:`~peerwatch.exporters.alerts.AlertBook` says is
   due; while Alertmanager fails it keeps the alerts and retries with exponential backoff (capped
   at ``retry_max_s``), logging each failure: the loop never blocks on it and never dies of it.
@@ -15,14 +16,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx
 
 from peerwatch.clock import SYSTEM_CLOCK, Clock
 from peerwatch.errors import ServiceError
@@ -54,6 +56,8 @@ ALERT_TOPICS = (STRAGGLERS, RECOMMENDATIONS, JOB_EVENTS)
 #: Alerts per POST (Alertmanager takes any number; smaller bodies fail and retry cheaper).
 POST_BATCH = 500
 FIRST_RETRY_S = 0.5
+#: Most bytes of Alertmanager's answer read (it answers a POST with a few bytes of JSON).
+MAX_ANSWER_BYTES = 64 * 1024
 
 
 def alert_topics(prefix: str = "") -> list[str]:
@@ -61,33 +65,66 @@ def alert_topics(prefix: str = "") -> list[str]:
 
 
 class AlertmanagerClient:
-    """``POST {url}/api/v2/alerts``. ``opener`` is ``urllib.request.urlopen``-shaped."""
+    """``POST {url}/api/v2/alerts`` with httpx, bounded in time and memory whatever answers.
+
+    Every request gets one deadline of ``timeout_s`` for all of it (connect, send, the answer's
+    headers and body): httpx's own timeouts apply per network operation, so a peer answering
+    one byte a second would never trip them; ``asyncio.timeout`` around the whole exchange does.
+    The answer's body is read up to :data:`MAX_ANSWER_BYTES` and no further. ``transport`` is
+    an httpx async transport (tests inject ``httpx.MockTransport``)."""
 
     def __init__(
-        self, url: str, timeout_s: float, opener: Callable[..., Any] = urllib.request.urlopen
+        self,
+        url: str,
+        timeout_s: float,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self._open = opener
+        self._transport = transport
 
     def post_alerts(self, alerts: Sequence[Mapping[str, Any]]) -> None:
-        """Send ``alerts`` (v2 JSON). Raises ServiceError on a refused or failed request."""
+        """Send ``alerts`` (v2 JSON) within ``timeout_s`` seconds. Raises ServiceError for any
+        failure: refused, timed out, an answer that is not HTTP or is too large, or not 2xx."""
         body = json.dumps(list(alerts)).encode()
-        # The scheme is http(s): AlertmanagerSettings refuses any other URL.
-        request = urllib.request.Request(  # noqa: S310
-            f"{self.url}/api/v2/alerts",
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/json"},
-        )
         try:
-            with self._open(request, timeout=self.timeout_s) as response:
-                response.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode(errors="replace")
-            raise ServiceError(f"Alertmanager {self.url} answered {exc.code}: {detail}") from exc
-        except (OSError, urllib.error.URLError) as exc:  # refused, timed out, reset
-            raise ServiceError(f"Alertmanager {self.url} unreachable: {exc}") from exc
+            status, answer = asyncio.run(self._post(body))
+        except TimeoutError as exc:
+            raise ServiceError(
+                f"Alertmanager {self.url} unreachable: no complete answer within "
+                f"{self.timeout_s:g} s"
+            ) from exc
+        except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
+            raise ServiceError(
+                f"Alertmanager {self.url} unreachable: {type(exc).__name__}: {exc}"
+            ) from exc
+        if not 200 <= status < 300:
+            detail = answer[:300].decode(errors="replace")
+            raise ServiceError(f"Alertmanager {self.url} answered {status}: {detail}")
+
+    async def _post(self, body: bytes) -> tuple[int, bytes]:
+        """The status and at most :data:`MAX_ANSWER_BYTES` of the answer. Raises TimeoutError
+        past the deadline, httpx errors for what is not a valid HTTP answer, ServiceError for an
+        answer larger than the bound."""
+        async with asyncio.timeout(self.timeout_s):
+            async with (
+                httpx.AsyncClient(transport=self._transport, timeout=self.timeout_s) as client,
+                client.stream(
+                    "POST",
+                    f"{self.url}/api/v2/alerts",
+                    content=body,
+                    headers={"Content-Type": "application/json"},
+                ) as response,
+            ):
+                answer = bytearray()
+                async for chunk in response.aiter_raw():
+                    answer += chunk
+                    if len(answer) > MAX_ANSWER_BYTES:
+                        raise ServiceError(
+                            f"Alertmanager {self.url} answered {response.status_code} with "
+                            f"more than {MAX_ANSWER_BYTES} bytes (not read further)"
+                        )
+                return response.status_code, bytes(answer)
 
 
 @dataclass
@@ -132,11 +169,14 @@ class AlertSender:
                 self.book.mark_sent(due[i : i + POST_BATCH], now_ms)
                 self.stats.posts += 1
                 sent += len(payload[i : i + POST_BATCH])
-        except ServiceError as exc:
+        except Exception as exc:
+            # ServiceError is every failure the client knows; anything else is a client fault,
+            # logged with its traceback, but retried all the same: the loop must not die of it.
             self.stats.failures += 1
             self._retry_s = min(self.retry_max_s, max(FIRST_RETRY_S, 2 * self._retry_s))
             self._next_try_s = self.clock.monotonic_s() + self._retry_s
-            log.warning("%s; %d alerts kept, retry in %.1f s", exc, len(due) - sent, self._retry_s)
+            log.warning("%s; %d alerts kept, retry in %.1f s", exc, len(due) - sent, self._retry_s,
+                        exc_info=not isinstance(exc, ServiceError))  # fmt: skip
         else:
             if self._retry_s:
                 log.info("Alertmanager %s answers again", self.client.url)
@@ -312,7 +352,7 @@ def kafka_alert_export(
     ``kafka`` is the process's KafkaSettings."""
     from confluent_kafka import Consumer, Producer
 
-    from peerwatch.exporters.consume import KafkaDeadLetter
+    from peerwatch.io.deadletter import KafkaDeadLetter
     from peerwatch.kafka_config import consumer_config, producer_config
 
     book = book_for(settings)

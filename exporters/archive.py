@@ -7,7 +7,7 @@ Design (append + committed lengths):
 * Each (topic, hour) being written is ``<root>/<topic>/<YYYY-MM-DD>T<HH>.avro.part``, an Avro
   object container (schema embedded, logical types stripped, zstandard-compressed). Records
   are appended as blocks; a block is only ever written whole by fastavro, but a kill can cut the
-  last one short, so readers (:func:`~peerwatch.exporters.archive_files.read_file`) stop at a cut
+  last one short, so readers (:func:`~peerwatch.io.archive.reader.read_file`) stop at a cut
   tail: everything before it is intact and checked by its sync marker.
 * :meth:`ArchiveWriter.commit` writes every open file's pending block, ``fsync``s the files and
   their folders, then replaces the state file ``<root>/_archive_state.json`` atomically (write a
@@ -41,16 +41,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from peerwatch.errors import PeerwatchError
-from peerwatch.exporters.archive_files import (
-    DEFAULT_CODEC,
+from peerwatch.files import fsync_dir, remove_stale_tmp, write_atomic
+from peerwatch.io.archive.layout import (
     HOUR_MS,
-    ContainerWriter,
-    body_encoder,
     hour_of,
     hour_start_ms,
     parse_file_name,
+    topic_entries,
 )
-from peerwatch.files import fsync_dir, remove_stale_tmp, write_atomic
+from peerwatch.io.archive.writer import DEFAULT_CODEC, ContainerWriter, body_encoder
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 
 log = logging.getLogger(__name__)
@@ -126,11 +125,16 @@ def decode_state(data: bytes) -> tuple[Offsets, dict[str, int]]:
 
 
 def expired(name: str, now_ms: int, retention_ms: int) -> bool:
-    """True for a CLOSED archive file (not ``.part``) whose hour ended before now - retention."""
+    """True for a CLOSED archive file (not ``.part``) whose hour ended before now - retention;
+    False for other names, misnamed ones included (``2026-13-45T99.avro``)."""
     parsed = parse_file_name(name)
     if parsed is None or parsed[2]:
         return False
-    return hour_start_ms(parsed[0]) + HOUR_MS <= now_ms - retention_ms
+    try:
+        start_ms = hour_start_ms(parsed[0])
+    except ValueError:
+        return False
+    return start_ms + HOUR_MS <= now_ms - retention_ms
 
 
 def closed_name(folder: Path, hour: str) -> Path:
@@ -187,10 +191,10 @@ class ArchiveWriter:
         remove_stale_tmp(self.state_path)
         kept: dict[str, int] = {}
         for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            for path in sorted(folder.iterdir()):
-                parsed = parse_file_name(path.name)
-                if parsed is None or not parsed[2]:
+            for entry in topic_entries(folder):  # a misnamed entry is skipped, never removed
+                if not entry.partial:
                     continue
+                path = entry.path
                 rel = f"{folder.name}/{path.name}"
                 committed = lengths.get(rel)
                 size = path.stat().st_size
@@ -313,16 +317,18 @@ class ArchiveWriter:
         write_atomic(self.state_path, encode_state(self.offsets, self._lengths))
 
     def retain(self, now_ms: int) -> list[Path]:
-        """Delete closed files older than the retention (none when it is 0); returns them."""
+        """Delete closed files (not ``.part``) whose hour ended before now - retention (none
+        when it is 0); returns them. Misnamed entries are skipped with a warning (see
+        :func:`~peerwatch.io.archive.layout.topic_entries`), never deleted."""
         if self.settings.retention_days <= 0:
             return []
         retention_ms = int(self.settings.retention_days * 86_400_000)
         removed = []
         for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            for path in sorted(folder.iterdir()):
-                if expired(path.name, now_ms, retention_ms):
-                    path.unlink()
-                    removed.append(path)
+            for entry in topic_entries(folder):
+                if expired(entry.path.name, now_ms, retention_ms):
+                    entry.path.unlink()
+                    removed.append(entry.path)
         return removed
 
     def close(self) -> Offsets:

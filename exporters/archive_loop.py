@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 from peerwatch.errors import CodecError
 from peerwatch.exporters.archive import ArchiveWriter, Offsets
-from peerwatch.exporters.archive_files import hour_of, record_time_ms
 from peerwatch.exporters.consume import DeadLetterSink, Message, deadletter_headers
+from peerwatch.io.archive.layout import hour_of, record_time_ms
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.topics import (
     ACTIONS,

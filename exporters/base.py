@@ -13,16 +13,6 @@ from typing import Any, Protocol
 
 from peerwatch.errors import PeerwatchError
 
-#: Schemas whose records the exporters consume (topic values of the output topics).
-EXPORTED_SCHEMAS: tuple[str, ...] = (
-    "GpuWindow",
-    "JobEvent",
-    "StragglerFinding",
-    "DrainRecommendation",
-    "HealthCheckResult",
-    "DrainAction",
-)
-
 
 class Sink(Protocol):
     """Where decoded records go. Implementations must not raise for a record they ignore."""

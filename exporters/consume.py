@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from peerwatch.errors import CodecError
 from peerwatch.exporters.base import ExportError, Sink
+from peerwatch.io.deadletter import KafkaDeadLetter, dead_letter_headers
 from peerwatch.schemas.codec import decode_any
 from peerwatch.topics import (
     ACTIONS,
@@ -84,14 +85,9 @@ class ConsumeStats:
 
 
 def deadletter_headers(msg: Message, reason: str) -> list[tuple[str, bytes]]:
-    """Headers of a dead-letter record: the reason and where the original came from."""
-    return [
-        ("peerwatch.reason", reason.encode()),
-        ("peerwatch.stage", STAGE.encode()),
-        ("peerwatch.source.topic", str(msg.topic()).encode()),
-        ("peerwatch.source.partition", str(msg.partition()).encode()),
-        ("peerwatch.source.offset", str(msg.offset()).encode()),
-    ]
+    """Headers of a dead letter of the exporters: the reason and where the original came from."""
+    return dead_letter_headers(reason, stage=STAGE, topic=str(msg.topic()),
+                               partition=msg.partition(), offset=msg.offset())  # fmt: skip
 
 
 class ExportLoop:
@@ -177,69 +173,6 @@ class ExportLoop:
             except Exception as exc:  # nothing consumed yet: no offsets to commit
                 log.debug("final commit: %s", exc)
         return self.stats
-
-
-#: The longest key a dead letter keeps when the record is over the producer's size limit.
-DEADLETTER_KEY_MAX_BYTES = 1024
-
-
-def without_payload(
-    key: bytes | None, value: bytes | None
-) -> tuple[bytes | None, list[tuple[str, bytes]]]:
-    """What a dead letter too large to send keeps instead of the original record: its key when
-    at most :data:`DEADLETTER_KEY_MAX_BYTES`, and headers with the sizes of value and key."""
-    sizes = [("peerwatch.value.size", str(len(value or b"")).encode()),
-             ("peerwatch.key.size", str(len(key or b"")).encode())]  # fmt: skip
-    return (key if key is None or len(key) <= DEADLETTER_KEY_MAX_BYTES else None), sizes
-
-
-def produce_dead_letter(
-    producer: Any, topic: str, value: bytes | None, key: bytes | None,
-    headers: list[tuple[str, bytes]],
-) -> None:  # fmt: skip
-    """Produce one dead letter (confluent-kafka ``producer``). A record over the producer's
-    size limit (``message.max.bytes``: an input near the broker's limit plus our headers) goes
-    without its value (see :func:`without_payload`): the reason and the origin always arrive,
-    and the caller's loop goes on. Raises BufferError on a full queue; KafkaException for
-    anything else."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    try:
-        producer.produce(topic, value, key, headers=headers)
-        return
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else None
-        if not isinstance(err, KafkaError) or err.code() != KafkaError.MSG_SIZE_TOO_LARGE:
-            raise
-    log.error("dead letter of a %d-byte value and %d-byte key over the producer's limit: sent "
-              "without them", len(value or b""), len(key or b""))  # fmt: skip
-    short_key, sizes = without_payload(key, value)
-    producer.produce(topic, None, short_key, headers=[*headers, *sizes])
-
-
-class KafkaDeadLetter:
-    """Publishes rejected records to the dead-letter topic (confluent-kafka producer)."""
-
-    def __init__(self, producer: Any, topic: str) -> None:
-        self._producer = producer
-        self._topic = topic
-
-    def send(
-        self, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]]
-    ) -> None:
-        """Queue one record (see :func:`produce_dead_letter`); delivery is confirmed by
-        :meth:`flush`. Raises on a full queue."""
-        try:
-            produce_dead_letter(self._producer, self._topic, value, key, headers)
-        except BufferError:
-            self._producer.poll(1.0)
-            produce_dead_letter(self._producer, self._topic, value, key, headers)
-        self._producer.poll(0)
-
-    def flush(self, timeout_s: float = 10.0) -> int:
-        """Wait for delivery; returns how many records are still undelivered."""
-        remaining: int = self._producer.flush(timeout_s)
-        return remaining
 
 
 def kafka_export_loop(

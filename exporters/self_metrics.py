@@ -69,6 +69,8 @@ STREAM: tuple[SelfMetric, ...] = (
        "Stage 3's pending-table entries found damaged: dropped (their windows are lost)."),
     _c("peerwatch.stream.state_damaged", "{entry}", "state_damaged",
        "Stage 3's and 4's saved job and node states found damaged: dropped, started afresh."),
+    _g("peerwatch.stream.recovery.stalled", "s", "recovery_stalled_s",
+       "How long faust's table recovery has read no changelog record (0: not recovering)."),
     _g("peerwatch.stream.consumer.lag", "{record}", "consumer_lag",
        "Samples not yet consumed on this worker's partitions (high watermark - position)."),
     _g("peerwatch.stream.clock_skewed_nodes", "{node}", "clock_skewed_nodes",

@@ -31,7 +31,6 @@ from opentelemetry.sdk.resources import Resource
 
 from peerwatch import __version__
 from peerwatch.exporters.otlp_counting import CountingMetricExporter
-from peerwatch.exporters.otlp_sdk import otlp_metric_exporter
 from peerwatch.exporters.self_metrics import (
     COMPONENTS,
     SelfMetric,
@@ -124,15 +123,3 @@ class SelfTelemetry:
     def close(self) -> None:
         """A last export, then shut down (idempotent through the SDK)."""
         self.meter_provider.shutdown()
-
-
-def start_self_telemetry(
-    settings: TelemetrySettings, component: str, snapshot: Snapshot
-) -> SelfTelemetry | None:
-    """Export ``component``'s metrics to ``settings.endpoint``; None when it is empty (off)."""
-    if not settings.endpoint:
-        return None
-    exporter = otlp_metric_exporter(settings.endpoint, settings.protocol, settings.timeout_s)
-    log.info("self telemetry: peerwatch-%s metrics to %s every %g s",
-             component, settings.endpoint, settings.interval_s)  # fmt: skip
-    return SelfTelemetry(settings, component, snapshot, metric_exporter=exporter)

@@ -1,8 +1,10 @@
 """What ``peerwatch demo`` shows: a pure view model fed with decoded output records.
 
-The demo's terminal view and its closing summary are functions of the records the pipeline
-published (job events, straggler findings, drain recommendations) and of the simulator's ground
-truth labels; nothing here touches Kafka or the terminal.
+The demo's terminal view (rich tables, drawn by the command in a ``rich.live.Live`` on the
+alternate screen) and its closing summary are functions of the records the pipeline published
+(job events, straggler findings, drain recommendations) and of the simulator's ground truth
+labels; nothing here touches Kafka or the terminal. Text from the records (job and user names,
+nodes, causes) is shown through :func:`peerwatch.console.user_text`: escaped and capped.
 """
 
 from __future__ import annotations
@@ -11,6 +13,16 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from rich.console import Group
+from rich.text import Text
+
+from peerwatch.console import render, table, user_text
+from peerwatch.display import TEXT_MAX_CHARS, display_text
+from peerwatch.streams.core.slowdown import lead_feature, slowdown, slowdown_text
+
+#: Findings kept per flagged GPU for its slowdown (the demo runs minutes: a bound, not a window).
+_FINDINGS_KEPT = 500
 
 #: Finding statuses that flag a GPU (JOB_WIDE and CLEARED do not).
 FLAGGING = ("SUSPECT", "CONFIRMED", "HARD_ERROR")
@@ -28,6 +40,16 @@ class Flag:
     evidence: str
     cause: str
     window_end_ms: int
+    #: The GPU's flagging findings (the newest :data:`_FINDINGS_KEPT`), for its slowdown.
+    findings: list[Mapping[str, Any]] = field(default_factory=list)
+
+    @property
+    def slowdown_text(self) -> str:
+        """The GPU's slowdown (:mod:`peerwatch.streams.core.slowdown`), ``""`` without one."""
+        feature = lead_feature(e for f in self.findings for e in f.get("features") or [])
+        if feature is None:
+            return ""
+        return slowdown_text(feature, slowdown(self.findings, feature))
 
 
 @dataclass
@@ -66,7 +88,9 @@ class DemoView:
             and not current.job_id.startswith("idle:")
         ):
             return  # the GPU stayed broken after its job ended: keep the job's own finding
+        kept = [*current.findings[-_FINDINGS_KEPT + 1 :], finding] if current else [finding]
         self.flags[key] = Flag(
+            findings=kept,
             node=key[0],
             gpu_index=key[1],
             job_id=str(finding.get("job_id")),
@@ -81,34 +105,46 @@ class DemoView:
         self.recommendations.append(dict(rec))
 
     # -- rendering ----------------------------------------------------------------------------------
-    def render(self, width: int = 110) -> str:
-        lines = [
-            f"peerwatch demo — event time {fmt_time(self.event_time_ms)}   "
-            f"samples published {self.samples_published:,}   GPU windows analysed {self.windows:,}",
-            "",
-            f"{'job':>8} {'GPUs':>5} {'nodes':>5}  {'user':10} {'name':16} state",
-        ]
+    def renderable(self) -> Group:
+        """The live view: a status line, the jobs, the flagged GPUs with their slowdown and
+        evidence, the latest drain recommendations; tables fit the console's width."""
+        head = Text(
+            f"peerwatch demo — event time {fmt_time(self.event_time_ms)}   samples published "
+            f"{self.samples_published:,}   GPU windows analysed {self.windows:,}",
+            style="bold",
+        )
+        jobs = table("job", "GPUs", "nodes", "user", "name", "state", right=(1, 2))
         for job_id, job in sorted(self.jobs.items(), key=lambda kv: -int(kv[1].get("gpus") or 0)):
-            lines.append(
-                f"{job_id:>8} {job.get('gpus', 0):>5} {job.get('nodes', 0):>5}  "
-                f"{job.get('user') or '-'!s:10.10} {job.get('name') or '-'!s:16.16} "
-                f"{job.get('kind') or '-'}"
-            )
+            jobs.add_row(user_text(job_id, 20), str(job.get("gpus", 0)),
+                         str(job.get("nodes", 0)), user_text(job.get("user") or "-", 16),
+                         user_text(job.get("name") or "-", 24), user_text(job.get("kind") or "-", 12))  # fmt: skip
         active = sum(f.status != "CLEARED" for f in self.flags.values())
-        lines += ["", f"flagged GPUs ({active} now, {len(self.flags)} in all)"]
+        flags = table("status", "node", "GPU", "job", "cause", "slowdown", "evidence",
+                      title=f"flagged GPUs ({active} now, {len(self.flags)} in all)")  # fmt: skip
         for flag in sorted(self.flags.values(), key=lambda f: (f.node, f.gpu_index or -1)):
-            gpu = "-" if flag.gpu_index is None else str(flag.gpu_index)
-            lines.append(
-                f"  {flag.status:10} {flag.node} gpu{gpu} job {flag.job_id} [{flag.cause}]: "
-                f"{flag.evidence}"[:width]
-            )
-        lines += ["", f"drain recommendations ({len(self.recommendations)})"]
+            flags.add_row(
+                Text(flag.status, style="green" if flag.status == "CLEARED" else "red"),
+                user_text(flag.node, 24), "-" if flag.gpu_index is None else str(flag.gpu_index),
+                user_text(flag.job_id, 20), user_text(flag.cause, 16),
+                flag.slowdown_text or "-", user_text(flag.evidence, 160),
+            )  # fmt: skip
+        recs = table("action", "severity", "node", "GPUs", "cause", "slowdown",
+                     title=f"drain recommendations ({len(self.recommendations)}; the latest 12)")  # fmt: skip
         for rec in self.recommendations[-12:]:
-            lines.append(
-                f"  {rec.get('action'):5} {rec.get('severity'):8} {rec.get('node')} "
-                f"[{str(rec.get('cause') or 'UNKNOWN').lower()}]: {rec.get('reason')}"[:width]
-            )
-        return "\n".join(lines)
+            node = str(rec.get("node"))
+            gpus = [g for g in rec.get("gpu_indices") or [] if isinstance(g, int)]
+            slow = [f.slowdown_text for (n, g), f in self.flags.items() if n == node and g in gpus]
+            recs.add_row(
+                user_text(rec.get("action"), 8), user_text(rec.get("severity"), 10),
+                user_text(node, 24), ",".join(map(str, gpus)) or "-",
+                user_text(str(rec.get("cause") or "UNKNOWN").lower(), 16),
+                "; ".join(x for x in slow if x) or "-",
+            )  # fmt: skip
+        return Group(head, Text(""), jobs, Text(""), flags, Text(""), recs)
+
+    def render(self, width: int = 110) -> str:
+        """The live view as plain text of ``width`` columns (the last screen, tests)."""
+        return render([self.renderable()], width=width)
 
     def summary(self, labels: Iterable[Mapping[str, Any]]) -> tuple[str, bool]:
         """Injected faults vs what was found: (text, everything expected and nothing else)."""
@@ -136,12 +172,12 @@ class DemoView:
             drain_note = f", DRAIN recommended ({drains[0].get('severity')})" if drains else ""
             lines.append(
                 f"  {verdict:6} {label.get('name')} on {node} gpu{gpu} (job {label.get('job_id')})"
-                f"{drain_note}: {detail}"
+                f"{drain_note}: {display_text(detail, TEXT_MAX_CHARS)}"
             )
         extra = sorted(flagged_nodes - expected_nodes)
         for node in extra:
             ok = False
-            lines.append(f"  EXTRA  {node} was flagged without an injected fault")
+            lines.append(f"  EXTRA  {display_text(node)} was flagged without an injected fault")
         lines.append(
             "  result: every injected fault found, nothing else flagged"
             if ok

@@ -8,6 +8,7 @@ PeerwatchError
 │   └── EncodeError            a value does not fit the schema
 ├── TopicError             a topic does not exist or does not match the catalogue
 └── ServiceError           a local service (Kafka, Slurm, collector) could not be started or reached
+    ├── KafkaAuthError         Kafka refused this client's credentials or the TLS handshake
     └── SlurmCommandError      a Slurm command could not run, timed out, exited non-zero, or its
                                answer could not be read
 """
@@ -49,6 +50,11 @@ class TopicError(PeerwatchError):
 
 class ServiceError(PeerwatchError):
     """A local service (Kafka, Slurm, the collector) could not be started, stopped or reached."""
+
+
+class KafkaAuthError(ServiceError):
+    """Kafka refused this client: wrong SASL user or password, or a TLS handshake that failed
+    (a broker certificate from another CA). Retrying cannot help; the message names the cause."""
 
 
 class SlurmCommandError(ServiceError):

@@ -1,9 +1,12 @@
 """The parts every settings table is made of: :func:`setting` (a field with its one-line doc),
 :class:`Secret`, and the one validation style.
 
-A table is a frozen dataclass whose fields are declared with :func:`setting`; its
-``__post_init__`` calls :func:`check_types` (the field annotations are the types) and then the
-``check_*`` helpers for ranges and relations. Every failure raises
+A table is a frozen dataclass whose fields are declared with :func:`setting`; every number
+declares its range there (``setting(5, "...", lo=1, hi=3600)``, bounds inclusive; a number in a
+list or table is held to its field's range). Its ``__post_init__`` calls :func:`check_types`,
+which checks the type of every field (the annotations are the types), the declared ranges, and
+that strings carry no NUL and stay under :data:`MAX_TEXT` characters; then the ``check_*``
+helpers for choices and relations between fields. Every failure raises
 :class:`~peerwatch.errors.ConfigError` whose ``field`` is ``<table>.<field>``. The tree and its
 loader are in :mod:`peerwatch.settings`; this module imports nothing of peerwatch but the errors,
 so the pure core can declare its tables here without import cycles.
@@ -49,10 +52,20 @@ class Secret:
         return hash(self._value)
 
 
-def setting(default: Any, doc: str) -> Any:
+#: The lower bound of a number that must be above zero (``lo=POSITIVE``).
+POSITIVE = 1e-9
+#: Longest string a setting takes (paths, URLs, names): anything longer is a mistake.
+MAX_TEXT = 4096
+
+
+def setting(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None) -> Any:
     """A dataclass field with its one-line ``doc`` (shown by ``peerwatch config`` and in
-    docs/configuration.md). Dict defaults are copied per instance."""
-    meta = {"doc": doc}
+    docs/configuration.md) and, for numbers, its inclusive range ``lo``..``hi`` (checked by
+    :func:`check_types`; a number field without both is refused there). Dict defaults are
+    copied per instance."""
+    meta: dict[str, Any] = {"doc": doc}
+    if lo is not None or hi is not None:
+        meta["range"] = (lo, hi)
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -60,6 +73,23 @@ def setting(default: Any, doc: str) -> Any:
 
 def doc_of(f: Field[Any]) -> str:
     return str(f.metadata.get("doc", ""))
+
+
+def range_of(f: Field[Any]) -> tuple[float, float] | None:
+    """The declared inclusive range of a number field (or of the numbers in it), else None."""
+    bounds = f.metadata.get("range")
+    return None if bounds is None else (bounds[0], bounds[1])
+
+
+def _numbers_in(tp: Any) -> bool:
+    """Whether values of annotation ``tp`` are or hold numbers (which then need a range)."""
+    inner, _ = _optional(tp)
+    if inner is bool:
+        return False
+    if inner in (int, float):
+        return True
+    args = typing.get_args(inner)
+    return bool(args) and _numbers_in(args[-1])
 
 
 def default_of(f: Field[Any]) -> Any:
@@ -129,16 +159,21 @@ def conform(tp: Any, value: Any, where: str) -> Any:
     if inner is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(where, f"must be a number, got {value!r}")
-        if not math.isfinite(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond every float
+            bits = int(value).bit_length()
+            raise ConfigError(where, f"must be finite, got an integer of {bits} bits") from None
+        if not math.isfinite(number):
             raise ConfigError(where, f"must be finite, got {value!r}")
-        return float(value)
+        return number
     if inner is str:
         if not isinstance(value, str):
             raise ConfigError(where, f"must be a string, got {type(value).__name__}")
-        return value
+        return _text(value, where)
     if inner is Secret:
         if isinstance(value, str):
-            return Secret(value)
+            return Secret(_text(value, where))
         if not isinstance(value, Secret):
             raise ConfigError(where, f"must be a string, got {type(value).__name__}")
         return value
@@ -150,8 +185,31 @@ def conform(tp: Any, value: Any, where: str) -> Any:
     if origin is Mapping or origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(where, f"must be a {describe(inner)}")
-        return {str(k): conform(args[1], v, where) for k, v in value.items()}
+        return {_text(str(k), where): conform(args[1], v, where) for k, v in value.items()}
     raise TypeError(f"{where}: no rule for type {inner!r}")
+
+
+def _text(value: str, where: str) -> str:
+    """``value`` unless it holds a NUL (no path or name can) or is over MAX_TEXT characters."""
+    if "\x00" in value:
+        raise ConfigError(where, "must not contain a NUL character")
+    if len(value) > MAX_TEXT:
+        raise ConfigError(where, f"must be at most {MAX_TEXT} characters, got {len(value)}")
+    return value
+
+
+def _check_range(value: Any, bounds: tuple[float, float], where: str) -> None:
+    """Every number in ``value`` (a number, a list or a table of them) lies within ``bounds``."""
+    if isinstance(value, Mapping):
+        items: Any = value.values()
+    elif isinstance(value, tuple | frozenset | list | set):
+        items = value
+    else:
+        items = (value,)
+    lo, hi = bounds
+    for v in items:
+        if v is not None and not lo <= v <= hi:
+            raise ConfigError(where, f"must be between {lo} and {hi}, got {v!r}")
 
 
 def parse_text(tp: Any, text: str, where: str) -> Any:
@@ -189,32 +247,18 @@ def parse_text(tp: Any, text: str, where: str) -> Any:
 
 def check_types(obj: Any, table: str) -> None:
     """Raise ConfigError for the first field of ``obj`` whose value does not fit its annotation
-    (an int in a float field is accepted: TOML writes ``4`` for ``4.0``)."""
+    (an int in a float field is accepted: TOML writes ``4`` for ``4.0``) or its declared range.
+    Raises TypeError for a number field declared without a range (a programming error)."""
     tps = hints(type(obj))
     for f in fields(obj):
-        conform(tps[f.name], getattr(obj, f.name), f"{table}.{f.name}")
-
-
-def check_positive(obj: Any, table: str, *names: str) -> None:
-    for name in names:
-        if not getattr(obj, name) > 0:
-            raise ConfigError(f"{table}.{name}", f"must be > 0, got {getattr(obj, name)!r}")
-
-
-def check_at_least(obj: Any, table: str, minimum: float, *names: str) -> None:
-    for name in names:
-        if not getattr(obj, name) >= minimum:
-            raise ConfigError(
-                f"{table}.{name}", f"must be >= {minimum}, got {getattr(obj, name)!r}"
-            )
-
-
-def check_range(obj: Any, table: str, low: float, high: float, *names: str) -> None:
-    for name in names:
-        if not low <= getattr(obj, name) <= high:
-            raise ConfigError(
-                f"{table}.{name}", f"must be in [{low}, {high}], got {getattr(obj, name)!r}"
-            )
+        where = f"{table}.{f.name}"
+        value = conform(tps[f.name], getattr(obj, f.name), where)
+        bounds = range_of(f)
+        if bounds is None:
+            if _numbers_in(tps[f.name]):
+                raise TypeError(f"{where}: a number setting needs setting(..., lo=, hi=)")
+            continue
+        _check_range(value, bounds, where)
 
 
 def check_one_of(obj: Any, table: str, name: str, allowed: tuple[str, ...]) -> None:

@@ -203,3 +203,24 @@ def _described(admin: AdminClient, specs: list[TopicSpec], timeout_s: float) -> 
             gone = sorted(set(names) - set(found))
             raise ServiceError(f"topics not described by Kafka after creation: {', '.join(gone)}")
         time.sleep(0.2)
+
+
+def broker_state(
+    settings: KafkaSettings, specs: list[TopicSpec], timeout_s: float = 10.0
+) -> dict[str, str]:
+    """What the broker holds of each catalogue topic, in words: ``"12 partitions"``,
+    ``"missing"``, ``"6 partitions (the catalogue says 12)"``, with the configs that differ
+    appended. Raises ServiceError when Kafka cannot answer within ``timeout_s``."""
+    admin = AdminClient(admin_config(settings))
+    held = describe_partitions(admin, [s.name for s in specs], timeout_s)
+    configs = describe_configs(admin, [s for s in specs if s.name in held], timeout_s)
+    out: dict[str, str] = {}
+    for spec in specs:
+        if spec.name not in held:
+            out[spec.name] = "missing"
+            continue
+        n = held[spec.name]
+        words = f"{n} partition{'' if n == 1 else 's'}" + ("" if n == spec.partitions
+                                     else f" (the catalogue says {spec.partitions})")  # fmt: skip
+        out[spec.name] = "; ".join([words, *configs.get(spec.name, ())])
+    return out

@@ -1,7 +1,10 @@
 """The topic catalogue: every topic peerwatch reads or writes, declared once.
 
 Partition counts matter beyond throughput: the stream app co-partitions the allocation table with
-the samples, so every topic keyed by node has the same partition count as the hot topic.
+the samples, so every topic keyed by node has the same partition count as the hot topic. That
+count caps the hot path's consumers (one worker per partition at most): it is the setting
+``stream.node_partitions`` (default :data:`NODE_PARTITIONS`; docs/sizing.md says how many and how
+to grow it), passed to :func:`catalogue`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ class TopicSpec:
 SAMPLES = TopicSpec(
     "peerwatch.gpu.samples", "node", "NodeGpuSample", NODE_PARTITIONS, "delete", DAY_MS,
     "All GPUs of one node at one tick, plus XID events since the last tick (the hot topic).",
+)  # fmt: skip
+NIC_SAMPLES = TopicSpec(
+    "peerwatch.nic.samples", "node", "NodeNicSample", NODE_PARTITIONS, "delete", DAY_MS,
+    "The node's chosen NIC ports (InfiniBand, RoCE, Ethernet) at one tick: raw sysfs state and "
+    "counters. Co-partitioned with the GPU samples so stage 2 can join them by node.",
 )  # fmt: skip
 JOB_EVENTS = TopicSpec(
     "peerwatch.slurm.job-events", "job_id", "JobEvent", 6, "delete", 14 * DAY_MS,
@@ -77,7 +85,7 @@ DEADLETTER = TopicSpec(
 )  # fmt: skip
 
 TOPICS: tuple[TopicSpec, ...] = (
-    SAMPLES, JOB_EVENTS, NODE_EVENTS, HEALTH, STEP_TIMES,
+    SAMPLES, NIC_SAMPLES, JOB_EVENTS, NODE_EVENTS, HEALTH, STEP_TIMES,
     JOB_WINDOWS, STRAGGLERS, RECOMMENDATIONS, ACTIONS, STREAM_SETTINGS, DEADLETTER,
 )  # fmt: skip
 BY_NAME: dict[str, TopicSpec] = {t.name: t for t in TOPICS}
@@ -91,8 +99,25 @@ def topic_for_schema(schema_name: str) -> TopicSpec:
     raise KeyError(schema_name)
 
 
-def catalogue(prefix: str = "") -> tuple[TopicSpec, ...]:
-    """The catalogue with every name prefixed (``topic_prefix`` setting: test isolation, tenants)."""
-    if not prefix:
+#: The topics whose partition count is the samples topic's (``stream.node_partitions``).
+FOLLOW_SAMPLES: frozenset[str] = frozenset(
+    t.name for t in (SAMPLES, NODE_EVENTS, HEALTH, JOB_WINDOWS)
+)
+
+
+def catalogue(prefix: str = "", node_partitions: int = NODE_PARTITIONS) -> tuple[TopicSpec, ...]:
+    """The catalogue with every name prefixed (``topic_prefix`` setting: test isolation, tenants)
+    and the samples topic and those co-partitioned with it at ``node_partitions`` partitions
+    (``stream.node_partitions``). Raises ValueError for fewer than one partition."""
+    if node_partitions < 1:
+        raise ValueError(f"node_partitions must be >= 1, got {node_partitions}")
+    if not prefix and node_partitions == NODE_PARTITIONS:
         return TOPICS
-    return tuple(replace(t, name=prefix + t.name) for t in TOPICS)
+    return tuple(
+        replace(
+            t,
+            name=prefix + t.name,
+            partitions=node_partitions if t.name in FOLLOW_SAMPLES else t.partitions,
+        )
+        for t in TOPICS
+    )

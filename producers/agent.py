@@ -78,6 +78,19 @@ class XidSource(Protocol):
 Encoder = Callable[[Mapping[str, Any]], bytes]
 
 
+@dataclass(frozen=True)
+class TickChannel:
+    """A second record published on every regular tick, after the GPU sample (the NIC sample):
+    ``sample(seq, ts_ms)`` builds it with the tick's time, the GPU record's ``ts_ms``, so the two
+    join on it (must not raise for bad input, ``NicSampler.sample`` fits); ``encode`` turns it
+    into bytes, and it goes to ``topic`` under the node key. Its ``seq`` counts its own
+    records."""
+
+    sample: Callable[[int, int], dict[str, Any]]
+    encode: Encoder
+    topic: str
+
+
 @dataclass
 class AgentStats:
     """What one agent run did. ``cpu_ms`` is the loop thread's own CPU time (sample + encode +
@@ -91,6 +104,11 @@ class AgentStats:
     encode_errors: int = 0
     cpu_ms_total: float = 0.0
     cpu_ms_max: float = 0.0
+    #: The tick channel's (NIC) records, failures and loop-thread CPU, apart from the GPU's.
+    nic_records: int = 0
+    nic_errors: int = 0
+    nic_read_errors: int = 0
+    nic_cpu_ms_total: float = 0.0
 
     @property
     def cpu_ms_per_record(self) -> float:
@@ -146,7 +164,9 @@ class NodeAgent:
     ``encode`` turns a NodeGpuSample dict into bytes (``AvroCodec("NodeGpuSample").encode``).
     ``watcher_factory`` builds the XID source from the agent's callback (None: no XID watching).
     ``xid_listeners`` are also called with each XidEvent (e.g. to append it to a state file the
-    health checks read); their exceptions are logged, never raised.
+    health checks read); their exceptions are logged, never raised. ``channel`` (the NIC sample)
+    is published on every regular tick after the GPU record; its failure is counted and logged
+    and never stops the GPU records.
     """
 
     def __init__(
@@ -163,6 +183,7 @@ class NodeAgent:
         watcher_factory: Callable[[XidCallback], XidSource] | None = None,
         xid_listeners: Sequence[XidCallback] = (),
         cpu_time: Callable[[], float] = time.thread_time,
+        channel: TickChannel | None = None,
     ) -> None:
         if interval_ms <= 0:
             raise ValueError(f"interval_ms must be positive, got {interval_ms}")
@@ -180,6 +201,8 @@ class NodeAgent:
         self._xids = XidBuffer()
         self._stop = threading.Event()
         self.next_seq = 0
+        self._channel = channel
+        self.next_channel_seq = 0
         self.stats = AgentStats()
 
     # -- called from other threads -------------------------------------------------------------
@@ -249,14 +272,17 @@ class NodeAgent:
                     self.stats.missed_ticks += missed
                 target_ms += (missed + 1) * self.interval_ms
                 self.stats.ticks += 1
-                self._emit(xids)
+                tick_ms = self._emit(xids)
+                if self._channel is not None and tick_ms is not None:
+                    self._emit_channel(self._channel, tick_ms)
             elif xids:
                 self.stats.xid_records += 1
                 self._emit(xids)
             else:
                 self._wakeup.wait((target_ms - now_ms) / 1000)
 
-    def _emit(self, xids: list[dict[str, Any]]) -> None:
+    def _emit(self, xids: list[dict[str, Any]]) -> int | None:
+        """Sample, encode and send one record; its ``ts_ms``, None when it was dropped."""
         cpu0 = self._cpu_time()
         seq = self.next_seq
         # The seq is spent even if encoding fails: the gap shows the loss downstream.
@@ -267,21 +293,47 @@ class NodeAgent:
         except CodecError:
             self.stats.encode_errors += 1
             log.exception("agent: record seq %d does not fit the schema; dropped", seq)
-            return
+            return None
         self._sink.send(self.topic, self._key, value, ts_ms=int(record["ts_ms"]))
         self.stats.records += 1
         self.stats.xid_events += len(xids)
         cpu_ms = (self._cpu_time() - cpu0) * 1000
         self.stats.cpu_ms_total += cpu_ms
         self.stats.cpu_ms_max = max(self.stats.cpu_ms_max, cpu_ms)
+        return int(record["ts_ms"])
+
+    def _emit_channel(self, channel: TickChannel, tick_ms: int) -> None:
+        cpu0 = self._cpu_time()
+        seq = self.next_channel_seq
+        self.next_channel_seq += 1
+        try:
+            record = channel.sample(seq, tick_ms)
+            value = channel.encode(record)
+        except Exception:
+            # A sampler bug or a record that does not fit the schema: the GPU records go on.
+            self.stats.nic_errors += 1
+            log.exception("agent: %s record seq %d failed; dropped", channel.topic, seq)
+            return
+        self._sink.send(channel.topic, self._key, value, ts_ms=tick_ms)
+        self.stats.nic_records += 1
+        self.stats.nic_read_errors += int(record.get("read_errors") or 0)
+        self.stats.nic_cpu_ms_total += (self._cpu_time() - cpu0) * 1000
 
 
 class JsonLinesSink:
-    """A sink for ``--dry-run``: decodes each record and writes it as one JSON line."""
+    """A sink for ``--dry-run``: decodes each record and writes it as one JSON line.
 
-    def __init__(self, decode: Callable[[bytes], dict[str, Any]], out: IO[str]) -> None:
+    ``decode`` decodes every topic's records except those named in ``by_topic``."""
+
+    def __init__(
+        self,
+        decode: Callable[[bytes], dict[str, Any]],
+        out: IO[str],
+        by_topic: Mapping[str, Callable[[bytes], dict[str, Any]]] | None = None,
+    ) -> None:
         self._decode = decode
         self._out = out
+        self._by_topic = dict(by_topic or {})
 
     def send(
         self,
@@ -291,5 +343,6 @@ class JsonLinesSink:
         headers: Sequence[tuple[str, bytes]] = (),
         ts_ms: int = 0,
     ) -> None:
-        self._out.write(json.dumps(self._decode(value), sort_keys=True) + "\n")
+        decode = self._by_topic.get(topic, self._decode)
+        self._out.write(json.dumps(decode(value), sort_keys=True) + "\n")
         self._out.flush()

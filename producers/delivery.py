@@ -39,6 +39,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from peerwatch.errors import ServiceError
+from peerwatch.io.deadletter import dead_letter_headers
 from peerwatch.kafka_config import producer_config
 from peerwatch.producers.spool import Spool, SpooledRecord
 from peerwatch.settings import KafkaSettings
@@ -97,6 +98,38 @@ class DeliveryStats:
     #: records the broker refused for good (too large...): dead-lettered, never retried
     refused: int = 0
 
+    def summary(self) -> str:
+        """One readable line for logs: "3 sent, 3 delivered (2 from the spool), 1 spooled";
+        counters at zero are left out."""
+        parts = [f"{self.sent} sent", f"{self.delivered} delivered"]
+        if self.replayed:
+            parts[-1] += f" ({self.replayed} from the spool)"
+        for name, label in _SUMMARY_COUNTERS:
+            value = getattr(self, name)
+            if value:
+                parts.append(f"{value} {label}")
+        return ", ".join(parts)
+
+
+#: DeliveryStats counters named in its summary line when not zero, in this order.
+_SUMMARY_COUNTERS = (
+    ("spooled", "spooled"),
+    ("dropped", "dropped"),
+    ("dropped_in_memory", "dropped in memory"),
+    ("refused", "refused by Kafka"),
+    ("failed_attempts", "failed attempts"),
+    ("spool_corrupt_regions", "corrupt spool regions skipped"),
+    ("worker_errors", "worker errors"),
+    ("worker_restarts", "worker restarts"),
+)
+#: Delivery errors that may mean the topic does not exist (librdkafka waits for it to appear,
+#: then gives up or is purged at close): the topic is looked up and named if missing.
+_TOPIC_SUSPECT_ERRORS = frozenset({
+    KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._MSG_TIMED_OUT,
+    KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT,
+})  # fmt: skip
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+
 
 class Delivery:
     """Non-blocking, spooling Kafka delivery. Thread-safe ``send``; call :meth:`close` at the end."""
@@ -136,6 +169,9 @@ class Delivery:
         self._held: list[SpooledRecord] = []
         self._spooling = False
         self._next_attempt = 0.0
+        #: topics of records that failed in a way a missing topic explains; those named missing
+        self._unplaced_topics: set[str] = set()
+        self._missing_named: set[str] = set()
         #: The last error of the worker thread (None: none), for logs and health checks.
         self.last_error: str | None = None
 
@@ -247,7 +283,8 @@ class Delivery:
                 max_age_s=self._settings.spool_max_age_s,
             )
             found = {k: getattr(self._spool, k) for k in
-                     ("bad_head", "corrupt_regions", "corrupt_bytes", "torn_tails")}  # fmt: skip
+                     ("bad_head", "bad_segments", "corrupt_regions", "corrupt_bytes",
+                      "torn_tails")}  # fmt: skip
             self.stats.spool_corrupt_regions += found["corrupt_regions"]
             if any(found.values()):
                 log.error("delivery: the spool was damaged and repaired: %s", found)
@@ -277,7 +314,6 @@ class Delivery:
                 time.sleep(0.5)
             if stop:
                 break
-        self._shutdown()
 
     def _drain_queue(self, timeout_s: float) -> bool:
         stop = False
@@ -303,7 +339,7 @@ class Delivery:
         for rec in batch:
             self._dispatch(rec)
         if overflow:
-            self._enter_spooling("in-memory queue full")
+            self._enter_spooling("the in-memory queue is full")
             self._held.extend(overflow)
         return stop
 
@@ -313,7 +349,7 @@ class Delivery:
             self._held.append(rec)
             return
         if not self._produce(rec, replay=False):
-            self._enter_spooling("librdkafka queue full")
+            self._enter_spooling("librdkafka's queue is full")
             self._held.append(rec)
 
     def _produce(self, rec: SpooledRecord, replay: bool) -> bool:
@@ -365,7 +401,7 @@ class Delivery:
             elif isinstance(err, KafkaError) and err.code() in PERMANENT_ERRORS | SIZE_ERRORS:
                 self._refuse(rec, err)
             else:
-                self._enter_spooling(str(err))
+                self._enter_spooling(f"not delivered ({err})")
                 self._failed.append(rec)
 
     def _refuse(self, rec: SpooledRecord, err: KafkaError) -> None:
@@ -381,8 +417,8 @@ class Delivery:
             return
         keep = len(rec.value) <= DEADLETTER_VALUE_MAX_BYTES
         headers: list[tuple[str, str | bytes | None]] = [
-            ("peerwatch.reason", b"refused by Kafka"), ("peerwatch.error", reason.encode()[:1000]),
-            ("peerwatch.topic", rec.topic.encode()), ("peerwatch.size", str(len(rec.value)).encode()),
+            *dead_letter_headers("refused by Kafka", reason, stage="producer", topic=rec.topic,
+                                 size=len(rec.value))
         ]  # fmt: skip
         for value in (rec.value, b"") if keep else (b"",):
             try:
@@ -405,6 +441,8 @@ class Delivery:
                 self._replay_ok += 1
             return
         self.stats.failed_attempts += 1
+        if err.code() in _TOPIC_SUSPECT_ERRORS:
+            self._unplaced_topics.add(rec.topic)
         if err.code() in SIZE_ERRORS:
             # The broker refuses a whole batch for one record too large: which one is only
             # known by sending each alone (see _isolate), never by retrying the batch.
@@ -421,18 +459,41 @@ class Delivery:
             self._replay_failures.append(rec)
             return
         if not self._spooling:
-            self._enter_spooling(err.str())
+            purged = err.code() in _PURGED
+            self._enter_spooling(
+                "not delivered before close" if purged else f"not delivered ({err.str()})"
+            )
         self._failed.append(rec)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT):
-            self._enter_spooling(err.str())
+            self._enter_spooling(f"Kafka unavailable ({err.str()})")
         else:
             log.debug("kafka client: %s", err.str())
 
+    def _report_missing_topics(self) -> None:
+        """Name, once each, the topics records failed for that the broker does not have (a
+        missing topic otherwise looks like an unreachable broker). Needs the broker to answer:
+        when it does not, nothing is said here (the spooling warning is)."""
+        topics, self._unplaced_topics = self._unplaced_topics - self._missing_named, set()
+        if not topics or self._producer is None:
+            return
+        try:
+            md = self._producer.list_topics(timeout=1.0)
+        except KafkaException:
+            return
+        if not any(b.id >= 0 for b in md.brokers.values()):
+            return
+        for topic in sorted(topics):
+            meta = md.topics.get(topic)
+            if meta is None or meta.error is not None:
+                self._missing_named.add(topic)
+                log.error("delivery: topic %s does not exist on the broker; its records are "
+                          "spooled until it does (create it: peerwatch topics create)", topic)  # fmt: skip
+
     def _enter_spooling(self, why: str) -> None:
         if not self._spooling:
-            log.warning("delivery: Kafka unavailable (%s); spooling to disk", why)
+            log.warning("delivery: %s; spooling to disk", why)
             self._spooling = True
             self._next_attempt = time.monotonic() + self._settings.retry_interval_s
 
@@ -467,12 +528,26 @@ class Delivery:
         if not self._broker_answers():
             self._next_attempt = time.monotonic() + self._settings.retry_interval_s
             return
+        self._report_missing_topics()
         if not len(self._spool):
             if not self._held:
                 log.info("delivery: spool drained; back to direct delivery")
                 self._spooling = False
             return
-        while len(self._spool) and not self._stopping.is_set():
+        self._replay(closing_by_s=None)
+
+    def _replay(self, closing_by_s: float | None) -> None:
+        """Replay the spool chunk by chunk, in order, until it is empty or a chunk fails.
+        Running (``closing_by_s`` None): also stops when :meth:`close` is called, and keeps
+        accepting new records meanwhile. Closing: stops at the monotonic time ``closing_by_s``;
+        records still unanswered then are purged from librdkafka and stay in the spool (they
+        may have reached the broker: a later replay may deliver them twice)."""
+        assert self._spool is not None and self._producer is not None
+        while len(self._spool):
+            if closing_by_s is None and self._stopping.is_set():
+                return
+            if closing_by_s is not None and time.monotonic() >= closing_by_s:
+                return
             chunk = self._spool.peek(self._settings.replay_chunk_records)
             self._replay_ok, self._replay_failures = 0, []
             produced = 0
@@ -480,10 +555,18 @@ class Delivery:
                 if not self._produce(rec, replay=True):
                     break
                 produced += 1
-            deadline = time.monotonic() + self._settings.message_timeout_ms / 1000 + 5
-            while self._inflight and time.monotonic() < deadline:
+            if closing_by_s is None:
+                wait_until = time.monotonic() + self._settings.message_timeout_ms / 1000 + 5
+            else:
+                wait_until = closing_by_s
+            while self._inflight and time.monotonic() < wait_until:
                 self._producer.poll(0.05)
-                self._drain_queue(timeout_s=0)  # keep accepting (held back) records meanwhile
+                if closing_by_s is None:
+                    self._drain_queue(timeout_s=0)  # keep accepting (held back) records
+            if self._inflight:  # closing, out of time: their callbacks mark them failed
+                self._producer.purge(in_queue=True, in_flight=True)
+                self._producer.poll(0.5)
+                self._inflight = 0
             # Remove what was produced; put back exactly the records that failed, in order.
             self._spool.pop(produced)
             self._spool.prepend(sorted(self._replay_failures, key=lambda r: r.seq))
@@ -493,10 +576,10 @@ class Delivery:
                 return
             self._settle()
 
-    def _broker_answers(self) -> bool:
+    def _broker_answers(self, timeout_s: float = 1.0) -> bool:
         assert self._producer is not None
         try:
-            md = self._producer.list_topics(timeout=1.0)
+            md = self._producer.list_topics(timeout=timeout_s)
         except KafkaException:
             return False
         return bool(md.brokers) and any(b.id >= 0 for b in md.brokers.values())
@@ -511,6 +594,7 @@ class Delivery:
             log.error("delivery closed without a spool or a client: %d records lost (%s)",
                       lost, self.last_error)  # fmt: skip
             return
+        closing_by_s = time.monotonic() + self._close_timeout_s
         remaining = self._producer.flush(self._close_timeout_s)
         if remaining:
             # Undeliverable now: take them back from librdkafka (their callbacks mark them failed).
@@ -521,9 +605,16 @@ class Delivery:
                 self._producer.flush(1)
             self._inflight = 0
         self._settle()
+        self._report_missing_topics()
+        # A short-lived process (a health check, a hook) must not leave its spool for the next
+        # run: what the spool holds is replayed now, within what is left of the close timeout.
+        left_s = closing_by_s - time.monotonic()
+        if len(self._spool) and left_s > 0 and self._broker_answers(min(1.0, left_s)):
+            self._replay(closing_by_s=closing_by_s)
+            self._settle()
         if self._spool.dropped:
             self.stats.dropped = self._spool.dropped
-        log.info("delivery closed: %s (spool holds %d)", self.stats, len(self._spool))
+        log.info("delivery closed: %s; the spool holds %d", self.stats.summary(), len(self._spool))
 
     _replay_ok = 0
     _close_timeout_s = 10.0

@@ -119,14 +119,18 @@ def close_bounded(delivery: Delivery, timeout_s: float) -> DeliveryStats | None:
     return done[0]
 
 
-def publish_outcome(stats: DeliveryStats | None) -> str:
-    """ "delivered", "spooled" or "unknown" for a one-record health delivery."""
+def publish_outcome(stats: DeliveryStats | None, spool_left: int) -> str:
+    """ "delivered", "spooled" or "unknown" for a one-record health delivery that ended with
+    ``spool_left`` records in the spool. The spool replays oldest first, so while it holds any
+    record this run's (the newest) is among them; with the spool empty, this run's record was
+    delivered, directly or replayed at close, unless a record was refused or dropped."""
     if stats is None:
         return "unknown"
-    if stats.spooled:
+    if spool_left:
         return "spooled"
-    # ``delivered`` also counts earlier spooled records this run replayed.
-    return "delivered" if stats.delivered > stats.replayed else "unknown"
+    if stats.refused or stats.dropped or not stats.delivered:
+        return "unknown"
+    return "delivered"
 
 
 def summary_line(result: Mapping[str, Any], exit_code: int, published: str) -> str:

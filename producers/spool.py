@@ -10,6 +10,13 @@ at the tail (a crash mid-write) fails its length or CRC check and is cut off whe
 
 Limits: ``max_bytes`` and ``max_age_s``. When a limit forces dropping, whole oldest segments go
 first; every dropped record is counted in ``dropped`` and logged.
+
+Every file here is hostile input when the spool opens. Nothing is deleted on the word of the
+``head`` file alone: segments go only as records are popped or dropped (counted), and the head
+moves after the unlink. So a segment older than the head at open means a damaged head or a
+prepend cut short, and the spool is read from its oldest segment (records may come twice, none
+is lost). A segment path that is not a readable file (a folder, no permission) is set aside as
+``<name>.bad`` and counted in ``bad_segments``; delivery goes on with the others.
 """
 
 from __future__ import annotations
@@ -121,9 +128,13 @@ class Spool:
     max_age_s: float = 24 * 3600.0
     segment_bytes: int = 4 * 1024 * 1024
     dropped: int = 0
-    #: Found when opening: an unreadable ``head`` file, corrupt regions skipped inside segments
+    #: Found when opening: an unreadable or untrusted ``head`` file (off a frame boundary, or
+    #: with segments older than the one it names), corrupt regions skipped inside segments
     #: (and their bytes: records lost there), torn frames cut at a segment's tail.
     bad_head: int = 0
+    #: Segment paths set aside as ``<name>.bad`` (a folder, an unreadable file): their records,
+    #: if any, are not delivered.
+    bad_segments: int = 0
     corrupt_regions: int = 0
     corrupt_bytes: int = 0
     torn_tails: int = 0
@@ -151,37 +162,73 @@ class Spool:
 
     def _load(self) -> None:
         paths = sorted(p for p in self.directory.glob("*.seg") if p.stem.isdigit())
+        paths = [p for p in paths if p.is_file() or not self._set_aside(p, "not a file")]
         self._head_segment, self._head_offset = self._read_head(paths)
-        if not (self.directory / f"{self._head_segment:012d}.seg").exists():
+        numbers = [int(p.stem) for p in paths]
+        if self._head_segment not in numbers:
             # The head segment is gone (a crash inside prepend or pop): read what is left, from 0.
-            self._head_segment, self._head_offset = (int(paths[0].stem) if paths else 0), 0
+            self._head_segment, self._head_offset = (numbers[0] if numbers else 0), 0
+        elif numbers[0] < self._head_segment:
+            # Segments are unlinked before the head moves past them: one still here means the
+            # head is damaged (or a prepend was cut short). Deleting on its word lost every
+            # record before it; read from the oldest instead.
+            log.warning("spool: %d segment(s) older than the head %s; reading from the oldest",
+                        numbers.index(self._head_segment), self._head_segment)  # fmt: skip
+            self.bad_head += 1
+            self._head_segment, self._head_offset = numbers[0], 0
         for path in paths:
-            number = int(path.stem)
-            if number < self._head_segment:
-                path.unlink()  # fully consumed before a crash removed it
-                continue
-            seg = _Segment(number, path, 0, path.stat().st_mtime)
-            start = self._head_offset if number == self._head_segment else 0
-            if start:
-                # The head is always at a frame's end: elsewhere, it was damaged, and a damaged
-                # number says nothing of where delivery stopped. Read the whole segment again
-                # (records may come twice; none is lost).
-                data = path.read_bytes()
-                bounds = {a for a, _ in _frames(data, 0)[0]} | {len(data)}
-                if start not in bounds:
-                    log.warning("spool: head offset %d is no frame boundary of %s; reading "
-                                "the segment from its start", start, path.name)  # fmt: skip
-                    self.bad_head += 1
-                    start = 0
-                    self._head_offset = start
-            seg.size, seg.records, rewritten = self._recover(path, start)
-            if rewritten and number == self._head_segment:
-                self._head_offset = 0  # the segment now starts at the head
-            self._segments.append(seg)
-            self._count += seg.records
+            try:
+                self._load_segment(path)
+            except OSError as exc:  # unreadable (no permission, an I/O error): not fatal
+                self._set_aside(path, str(exc))
         if self._segments and self._segments[0].number != self._head_segment:
             self._head_segment, self._head_offset = self._segments[0].number, 0
         self._write_head()
+
+    def _load_segment(self, path: Path) -> None:
+        """Check one segment (from the head when it is the head's) and keep it. Raises OSError
+        when it cannot be read."""
+        number = int(path.stem)
+        seg = _Segment(number, path, 0, path.stat().st_mtime)
+        start = self._head_offset if number == self._head_segment else 0
+        if start:
+            # The head is always at a frame's end: elsewhere, it was damaged, and a damaged
+            # number says nothing of where delivery stopped. Read the whole segment again
+            # (records may come twice; none is lost).
+            data = path.read_bytes()
+            bounds = {a for a, _ in _frames(data, 0)[0]} | {len(data)}
+            if start not in bounds:
+                log.warning("spool: head offset %d is no frame boundary of %s; reading "
+                            "the segment from its start", start, path.name)  # fmt: skip
+                self.bad_head += 1
+                start = 0
+                self._head_offset = start
+        seg.size, seg.records, rewritten = self._recover(path, start)
+        if rewritten and number == self._head_segment:
+            self._head_offset = 0  # the segment now starts at the head
+        self._segments.append(seg)
+        self._count += seg.records
+
+    def _set_aside(self, path: Path, why: str) -> bool:
+        """Rename a segment path that cannot be read to ``<name>.bad`` (``.bad.<k>`` when taken),
+        out of the spool's way, and count it; True once done. Raises OSError when even the
+        rename fails (the folder is not writable: the spool cannot work at all)."""
+        target = path.with_name(path.name + ".bad")
+        for k in itertools.count(1):
+            if not target.exists():
+                break
+            target = path.with_name(f"{path.name}.bad.{k}")
+        os.replace(path, target)
+        self.bad_segments += 1
+        log.error("spool: %s set aside as %s (%s); its records, if any, are not delivered",
+                  path.name, target.name, why)  # fmt: skip
+        return True
+
+    def _fresh(self, path: Path) -> Path:
+        """``path`` for a new segment, with whatever non-file sits there set aside."""
+        if path.exists() and not path.is_file():
+            self._set_aside(path, "not a file")
+        return path
 
     def _read_head(self, paths: list[Path]) -> tuple[int, int]:
         """(segment, offset) from the ``head`` file. An empty or garbage file (a power loss
@@ -260,7 +307,8 @@ class Spool:
             fresh = seg is None or seg.size >= self.segment_bytes
             if fresh:
                 number = (seg.number + 1) if seg else max(self._head_segment, _FIRST_SEGMENT)
-                seg = _Segment(number, self.directory / f"{number:012d}.seg", 0, time.time())
+                path = self._fresh(self.directory / f"{number:012d}.seg")
+                seg = _Segment(number, path, 0, time.time())
                 self._segments.append(seg)
             assert seg is not None
             try:
@@ -349,7 +397,7 @@ class Spool:
         number = (self._segments[0].number if self._segments else self._head_segment) - 1
         if old is not None:
             number = old.number - 1
-        path = self.directory / f"{number:012d}.seg"
+        path = self._fresh(self.directory / f"{number:012d}.seg")
         with path.open("wb") as fh:
             fh.write(blob)
             fh.flush()

@@ -195,6 +195,7 @@ static int open_call(PyObject *const *args, Py_ssize_t nargs, const char *usage,
     r->pos = offset;
     r->lenient_text = 0;
     r->text_errors = 0;
+    r->value_errors = 0;
     return 0;
 }
 
@@ -203,6 +204,20 @@ static PyObject *py_skip(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_buffer view;
     Reader r;
     if (open_call(args, nargs, "skip(plan, buffer, offset)", &view, &r) < 0) return NULL;
+    PyObject *result = skip_value(&r, args[0], 0) == 0 ? PyLong_FromSsize_t(r.pos) : NULL;
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* skip_lenient(plan, buffer, offset): where one value ends, stepping over the faults a lenient
+   reader counts (see Reader): where a record that did not decode ends, so that the records
+   after it in a block can still be read (as decode_columns reads them). */
+static PyObject *py_skip_lenient(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    Py_buffer view;
+    Reader r;
+    if (open_call(args, nargs, "skip_lenient(plan, buffer, offset)", &view, &r) < 0) return NULL;
+    r.lenient_text = 1;
     PyObject *result = skip_value(&r, args[0], 0) == 0 ? PyLong_FromSsize_t(r.pos) : NULL;
     PyBuffer_Release(&view);
     return result;
@@ -233,8 +248,8 @@ static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
  * ``source`` is a list of buffers, one record each at ``offset`` that must end it exactly (Kafka
  * messages), or one buffer of ``count`` records one after the other from ``offset`` (an archive
  * block). A record that cannot be read leaves no row: in a list it is reported and the next one
- * read; in a block, a record with invalid UTF-8 is dropped and the next read (its bytes were
- * whole), any other fault ends the block there. Returns (tables, bad, end): per table
+ * read; in a block, a record with invalid UTF-8 or another value fault a lenient Reader steps
+ * over is dropped and the next read (its bytes were whole), any other fault ends the block. Returns (tables, bad, end): per table
  * (rows, parent, values, valid) as bytes (int64/float64 per row; valid: one uint8 per column
  * per row, row by row: a row's flags sit together, so a record writes one stream of flags
  * beside its value columns, not one per column),
@@ -618,12 +633,10 @@ static int read_op(Cols *cols, Reader *r, Op *op, Tab *t, Py_ssize_t row, int de
     case K_NULL:
         return 0;
     case K_LONG:
-        if (read_long(r, &iv) < 0) return -1;
+        if (read_value_long(r, &iv) < 0) return -1;
         break;
     case K_BOOL:
-        if (r->pos >= r->len) return bad("truncated boolean");
-        if (r->buf[r->pos] > 1) return bad("bad boolean");
-        iv = r->buf[r->pos++];
+        if (read_bool(r, &iv) < 0) return -1;
         break;
     case K_ENUM:
         if (read_long(r, &iv) < 0) return -1;
@@ -703,13 +716,16 @@ static void rollback(Cols *cols, const Py_ssize_t *saved) {
 }
 
 /* One record from r->pos: 0; -1 (ValueError: the bytes are malformed, or another error); -2
-   (ValueError: read whole, but a string is not UTF-8, so the next record can still be read).
-   On failure every table is cut back to where it was: no row of the record is kept. */
+   (ValueError: read whole, but a string is not UTF-8 or another value is out of range (see
+   Reader), so the next record can still be read). On failure every table is cut back to where
+   it was: no row of the record is kept. */
 static int read_record(Cols *cols, Reader *r, Prog *program, Py_ssize_t *saved) {
     for (Py_ssize_t k = 0; k < cols->ntabs; k++) saved[k] = cols->tabs[k].rows;
-    r->text_errors = 0;
+    r->text_errors = r->value_errors = 0;
     int rc = read_level(cols, r, program, 0, -1, 0);
     if (rc == 0 && r->text_errors) rc = bad("invalid UTF-8 in a string") - 1;
+    else if (rc == 0 && r->value_errors)
+        rc = bad("a boolean byte above 1 or a long over 64 bits") - 1;
     if (rc < 0) rollback(cols, saved);
     return rc;
 }
@@ -885,7 +901,7 @@ static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssi
                 Py_DECREF(seq);
                 goto done;
             }
-            Reader r = {(const unsigned char *)view.buf, view.len, offset, 1, 0};
+            Reader r = {(const unsigned char *)view.buf, view.len, offset, 1, 0, 0};
             int rc = offset > view.len ? bad("record shorter than its header")
                                        : read_record(&cols, &r, prog, saved);
             if (rc == 0 && r.pos != r.len) {
@@ -902,7 +918,7 @@ static PyObject *py_decode_columns(PyObject *self, PyObject *const *args, Py_ssi
     } else {
         Py_buffer view;
         if (PyObject_GetBuffer(source, &view, PyBUF_SIMPLE) < 0) goto done;
-        Reader r = {(const unsigned char *)view.buf, view.len, offset, 1, 0};
+        Reader r = {(const unsigned char *)view.buf, view.len, offset, 1, 0, 0};
         if (offset > view.len) count = 0;
         for (Py_ssize_t i = 0; i < count; i++) {
             Py_ssize_t at = r.pos;
@@ -961,6 +977,9 @@ static PyMethodDef methods[] = {
      "decode(plan, buffer, offset) -> (value, end offset); ValueError on malformed bytes."},
     {"skip", (PyCFunction)(void (*)(void))py_skip, METH_FASTCALL,
      "skip(plan, buffer, offset) -> end offset of the value there, built nothing."},
+    {"skip_lenient", (PyCFunction)(void (*)(void))py_skip_lenient, METH_FASTCALL,
+     "skip_lenient(plan, buffer, offset) -> end offset of the value there, stepping over "
+     "invalid UTF-8, boolean bytes above 1 and longs over 64 bits."},
     {"decode_columns", (PyCFunction)(void (*)(void))py_decode_columns, METH_FASTCALL,
      "decode_columns(program, ncols, source, offset, count, strings[, cache]) -> (tables, bad, "
      "end)."},

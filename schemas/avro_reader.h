@@ -28,9 +28,14 @@ typedef struct {
     Py_ssize_t len;
     Py_ssize_t pos;
     /* Invalid UTF-8 in a string: an error (0), or counted in text_errors and read on (1), so a
-       caller can drop the one record and keep reading the ones after it. */
+       caller can drop the one record and keep reading the ones after it. A lenient reader
+       likewise counts in value_errors (and reads on) the other values whose extent is known:
+       a boolean byte above 1, a long whose varint ends within 10 bytes but does not fit 64
+       bits. Lengths, counts, union branches and enum indexes are never lenient: past them,
+       where the record ends is not known. */
     int lenient_text;
     Py_ssize_t text_errors;
+    Py_ssize_t value_errors;
 } Reader;
 
 /* Whether s[0:n] is valid UTF-8 as Python's strict decoder takes it (no overlong forms, no
@@ -115,6 +120,36 @@ static inline int read_long(Reader *r, int64_t *out) {
     return err != NULL ? bad(err) : 0;
 }
 
+/* A long value (not a length or a count): read_long, but a lenient reader takes a varint that
+   ends at its 10th byte without fitting 64 bits as a value error (see Reader), read as 0. */
+static inline int read_value_long(Reader *r, int64_t *out) {
+    Py_ssize_t at = r->pos;
+    const char *err = varint_at(r->buf, &r->pos, r->len, out);
+    if (err == NULL) return 0;
+    /* varint_at fails past nine continuation bytes only: the 10th byte tells where it ends */
+    if (r->lenient_text && r->len - at >= 10 && r->buf[at + 9] < 0x80) {
+        r->pos = at + 10;
+        *out = 0;
+        r->value_errors++;
+        return 0;
+    }
+    return bad(err);
+}
+
+/* A boolean byte: 0 or 1; above 1 an error, or a value error of a lenient reader (read as 0). */
+static inline int read_bool(Reader *r, int64_t *out) {
+    if (r->pos >= r->len) return bad("truncated boolean");
+    unsigned char c = r->buf[r->pos];
+    if (c > 1) {
+        if (!r->lenient_text) return bad("bad boolean");
+        r->value_errors++;
+        c = 0;
+    }
+    r->pos++;
+    *out = c;
+    return 0;
+}
+
 static int read_length(Reader *r, Py_ssize_t *out) {
     int64_t n;
     if (read_long(r, &n) < 0) return -1;
@@ -152,8 +187,8 @@ static Py_ssize_t next_block(Reader *r) {
 }
 
 /* Step over one value without building it: 0 or -1. Refuses what decoding refuses (bounds,
-   varints, booleans, union branches, enum indexes, invalid UTF-8 in strings unless the reader
-   is lenient_text). */
+   varints, booleans, union branches, enum indexes, invalid UTF-8 in strings) unless the reader
+   is lenient_text: then it refuses only what leaves the value's end unknown (see Reader). */
 static int skip_value(Reader *r, PyObject *plan, int depth) {
     long kind;
     PyObject *a, *b;
@@ -162,14 +197,13 @@ static int skip_value(Reader *r, PyObject *plan, int depth) {
     switch (kind) {
     case K_NULL:
         return 0;
-    case K_BOOL:
-        if (r->pos >= r->len) return bad("truncated boolean");
-        if (r->buf[r->pos] > 1) return bad("bad boolean");
-        r->pos++;
-        return 0;
+    case K_BOOL: {
+        int64_t v;
+        return read_bool(r, &v);
+    }
     case K_LONG: {
         int64_t v;
-        return read_long(r, &v);
+        return read_value_long(r, &v);
     }
     case K_ENUM: {
         int64_t i;

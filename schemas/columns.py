@@ -225,8 +225,9 @@ class ColumnDecoder:
     ) -> tuple[dict[str, Table], list[tuple[int, str]], int]:
         """``count`` records one after the other from ``offset`` (an archive block). Returns the
         tables, ``(record number, reason)`` of each record not read (a record with invalid
-        UTF-8 is skipped and the next read; any other fault ends the block there: the last
-        entry) and the offset after the last record read."""
+        UTF-8, a boolean byte above 1 or a long over 64 bits is skipped and the next read; any
+        other fault ends the block there: the last entry) and the offset after the last record
+        read."""
         raw, bad, end = self.block_raw(data, offset, count, strings)
         return self.wrap(raw), bad, end
 

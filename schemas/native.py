@@ -117,6 +117,16 @@ def native_skipper(schema: Any) -> Any:
     return functools.partial(native.skip, plan_of(schema))
 
 
+def native_lenient_skipper(schema: Any) -> Any:
+    """``(buffer, offset) -> end`` of one value of ``schema`` that steps over the value faults
+    whose extent is known (invalid UTF-8, a boolean byte above 1, a long over 64 bits), as
+    ``decode_columns`` does in a block; or None when the C module is not in use. Raises
+    ValueError where the value's end is not known."""
+    if native is None:
+        return None
+    return functools.partial(native.skip_lenient, plan_of(schema))
+
+
 OP_SKIP, OP_VALUE, OP_TABLE = range(3)
 
 

@@ -94,6 +94,7 @@ FindingCause = Literal[
     "HOST",
     "HARDWARE",
     "NO_SAMPLES",
+    "NETWORK",
     "UNKNOWN",
 ]
 
@@ -140,6 +141,10 @@ class DrainRecommendation(TypedDict):
 
     #: Cause named from the evidence (as the findings').
     cause: FindingCause
+
+    #: The NIC port the finding names ('<hca>/<port>' such as mlx5_0/1, or a netdev such as eth0);
+    #: null when it names no port (cause NETWORK only).
+    port: str | None
 
 
 class GpuWindow(TypedDict):
@@ -561,6 +566,95 @@ class NodeGpuSample(TypedDict):
     xids: list[XidEvent]
 
 
+#: IB: an RDMA port under /sys/class/infiniband (InfiniBand, RoCE or EFA; link_layer says which).
+#: NETDEV: an Ethernet interface under /sys/class/net.
+NicPortKind = Literal["IB", "NETDEV", "UNKNOWN"]
+
+
+class NicPortReading(TypedDict):
+    """One NIC port at one tick: raw state and counters as sysfs gives them. Every value is null
+    where sysfs does not have it or it could not be read (counted in read_errors).
+    """
+
+    #: Port name: '<hca>/<port>' for an RDMA port (mlx5_0/1), the interface name for a netdev
+    #: (eth0).
+    name: str
+
+    #: Which sysfs class the port is read from.
+    kind: NicPortKind
+
+    #: The HCA (mlx5_0) or the interface (eth0).
+    device: str
+
+    #: IB port number (1-based); null for a netdev.
+    port: int | None
+
+    #: InfiniBand or Ethernet.
+    link_layer: str | None
+
+    #: IB logical state (ACTIVE, DOWN, INIT, ARMED) or netdev operstate (up, down, ...), without the
+    #: kernel's numeric prefix.
+    state: str | None
+
+    #: IB physical state (LinkUp, Polling, Disabled, ...); null for a netdev.
+    phys_state: str | None
+
+    #: IB: state ACTIVE and phys_state LinkUp; netdev: operstate up. Null when a state could not be
+    #: read.
+    up: bool | None
+
+    #: Current link rate in Gb/s (IB rate, or netdev speed / 1000); null when unknown (-1).
+    rate_gbps: float | None
+
+    #: PCI function of the NIC (0000:03:00.0).
+    pci_address: str | None
+
+    #: NUMA node of the NIC's PCI function; null when sysfs says -1 or nothing.
+    numa_node: int | None
+
+    #: NVML indices of the GPUs nearest this port (same PCIe switch, else same NUMA node): the rail.
+    #: Empty when unknown.
+    gpu_indices: list[int]
+
+    #: Raw counters: IB counters/ (port_*_data in 4-byte words; legacy error counters saturate at
+    #: their width) or netdev statistics/ plus carrier_changes. Null: unreadable.
+    counters: dict[str, int | None]
+
+    #: Raw IB hw_counters/ where the driver has them (mlx5: rnr_nak_retry_err,
+    #: local_ack_timeout_err, np_cnp_sent, ...).
+    hw_counters: dict[str, int | None]
+
+    #: Values of this port that could not be read or parsed this tick.
+    read_errors: int
+
+
+class NodeNicSample(TypedDict):
+    """The chosen NIC ports of one node at one tick, raw from sysfs (counters are totals; consumers
+    take deltas). Key: node.
+    """
+
+    #: Slurm node name (short hostname).
+    node: str
+
+    #: Event time of the tick (node clock), ms since the epoch (UTC).
+    ts_ms: int
+
+    #: Per-node, per-agent-run sequence number of NIC records, +1 per record.
+    seq: int
+
+    #: Random id of this agent process run (the same as its NodeGpuSample records).
+    agent_run_id: str
+
+    #: Configured sampling interval in milliseconds.
+    interval_ms: int
+
+    #: One reading per chosen port.
+    ports: list[NicPortReading]
+
+    #: Values of this record that could not be read or parsed (sum over ports).
+    read_errors: int
+
+
 class NodeStateEvent(TypedDict):
     """A Slurm node-state change (DRAIN/DOWN and why). Key: node."""
 
@@ -705,12 +799,21 @@ class StragglerFinding(TypedDict):
     #: Cause named from the evidence: THERMAL (HW thermal slowdown), POWER (power brake, SW power
     #: cap), CLOCKS (application clocks lowered), LINK (PCIe/NVLink), HOST (low SM activity with
     #: normal clocks: data loader, CPU), HARDWARE (a hard rule), NO_SAMPLES (the node went quiet),
-    #: UNKNOWN.
+    #: NETWORK (a NIC port or a leaf switch: the finding names the port or the switch), UNKNOWN.
+    #: Readers of an older schema read new symbols as UNKNOWN.
     cause: FindingCause
 
     #: Event time at which the detector had its evidence (the sample's time for a hard rule), ms
     #: (UTC); null from older writers.
     detected_ms: int | None
+
+    #: The NIC port the finding names ('<hca>/<port>' such as mlx5_0/1, or a netdev such as eth0);
+    #: null when it names no port (cause NETWORK only).
+    port: str | None
+
+    #: The leaf switch the finding names (a symptom shared by several of its nodes, from the Slurm
+    #: topology); null otherwise.
+    switch: str | None
 
 
 class WindowBatchPart(TypedDict):

@@ -14,7 +14,7 @@ import time
 import zlib
 from pathlib import Path
 
-from peerwatch.exporters.archive_files import raw_blocks
+from peerwatch.io.archive.reader import raw_blocks
 
 
 def main() -> None:

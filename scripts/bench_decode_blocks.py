@@ -15,7 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
-from peerwatch.exporters.archive_files import raw_blocks
+from peerwatch.io.archive.reader import raw_blocks
 from peerwatch.streams.offline.sample_runs import sample_decoder
 
 

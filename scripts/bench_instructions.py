@@ -33,7 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from peerwatch.exporters.archive_files import ReadStats, raw_blocks
+from peerwatch.io.archive.layout import ReadStats
+from peerwatch.io.archive.reader import raw_blocks
 from peerwatch.streams.core import loops
 from peerwatch.streams.offline.frames import frames_of
 from peerwatch.streams.offline.replay import (

@@ -1,5 +1,5 @@
 """Mutation fuzzing of the pure-Python readers of outside input: archive files, spool segments,
-Slurm JSON documents and Kafka messages (issue 12). A seeded random mutator damages valid
+Slurm JSON documents and Kafka messages (issue 12), step times and topic folders (issue 39). A seeded random mutator damages valid
 inputs; each target checks that the reader neither raises (beyond its documented errors) nor
 hangs, and that what it keeps is right:
 
@@ -20,7 +20,26 @@ hangs, and that what it keeps is right:
   4), the OTLP and Alertmanager exporters' loop, the archiver's loop (its files read back), the
   drain controller, replay from Kafka and its reader of the published settings. Each message is processed, or skipped and counted, or
   dead-lettered with a reason (the original key and value kept, or their sizes when too large
-  to send); nothing else escapes.
+  to send); nothing else escapes;
+* step-times: StepTime records with hostile durations (NaN, infinities, 1e308, negative, any
+  double's bits, huge ints, not numbers) added to a job's step times: replay counts each one the
+  input check refuses invalid (and finds exactly what it found without them when all are), the
+  live stage-3 handler refuses the same ones (dead-lettered), no window gets a non-finite step;
+* topic-folders: entries planted in an archive's topic folders (impossible or pre-1970 hours,
+  folders and dangling links named like hours, garbage under a real hour's name, Unicode digits,
+  near misses): both replay readers keep exactly the archive's records and count each misnamed
+  entry (and each unreadable file), the job view reads it, and the archiver's recovery and
+  retention run beside them and delete none.
+* sysfs: the recorded NIC tree (tests/data/sysfs/hgx) with counter, state and rate files
+  damaged, removed or replaced by a folder, read by the agent's NIC sampler and judged by the
+  health check's IB counter check: untouched values read as before, damaged counters are null
+  (and counted) or valid, nothing raises.
+* alertmanager: the Alertmanager sender against a hostile HTTP peer on 127.0.0.1 (random
+  bytes, damaged answers, headers up to 300 KiB, short or lying bodies, endless bodies, one
+  byte at a time, silence): the tick returns, a failure keeps the alert for the retry.
+* config: the printed settings tree with hostile values on random settings (out of range,
+  NaN, 4,301-digit integers, NULs, 3,000-deep nesting) or damaged bytes, and hostile
+  environment values: loaded within every declared range, or a ConfigError naming the setting.
 
     PYTHONPATH=. .venv/bin/python scripts/fuzz_inputs.py --seconds 60 [--seed 7] [--target T]
 
@@ -32,8 +51,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import datetime as dt
 import json
 import logging
+import math
+import os
+import re
+import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -45,14 +70,15 @@ from random import Random
 from typing import Any
 
 from peerwatch.errors import CodecError, PeerwatchError
-from peerwatch.exporters.archive_files import (
-    ContainerWriter,
-    ReadStats,
-    block_spans,
-    body_encoder,
-    raw_blocks,
-    read_file,
-)
+from peerwatch.io.archive.layout import ReadStats
+from peerwatch.io.archive.reader import block_spans, raw_blocks, read_file
+from peerwatch.io.archive.writer import ContainerWriter, body_encoder
+from peerwatch.producers.health.infiniband import check_ib_counters
+from peerwatch.producers.nic.counters import IB_COUNTERS
+from peerwatch.producers.nic.ports import discover_ports
+from peerwatch.producers.nic.sampler import NicSampler
+from peerwatch.producers.nic.sysfs import Reader as NicReader
+from peerwatch.producers.nic.sysfs import SysfsTree
 from peerwatch.producers.slurm.errors import SlurmParseError
 from peerwatch.producers.slurm.parse import (
     parse_sacct,
@@ -69,6 +95,9 @@ from peerwatch.schemas.registry import current_schema, raw_schema, strip_logical
 
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_DATA = ROOT / "tests" / "data" / "slurm"
+# The test helpers (the hostile HTTP peer, the fake clock) are shared with the tests.
+if str(ROOT / "tests") not in sys.path:
+    sys.path.append(str(ROOT / "tests"))
 #: One input taking longer than this is reported as a hang (the machine may be loaded: generous).
 SLOW_S = 20.0
 
@@ -231,6 +260,67 @@ def fuzz_spool(rng: Random, tmp: Path) -> None:
         seg.write_bytes(data)
         must, seqs = [], [r.seq for r in records]
     reopened = _timed("Spool()", lambda: Spool(folder))
+    _check_spool(reopened, records, must)
+    del seqs
+
+
+def fuzz_spool_segments(rng: Random, tmp: Path) -> None:
+    """A spool of several segments, some popped, then: a ``head`` naming another segment at
+    any offset (a frame boundary or not), or a segment path (existing, next or before) that is
+    a folder or a dangling link. It opens, deletes nothing on the head's word (every undelivered
+    record kept, in order), sets the bad path aside, and takes new records after."""
+    folder = tmp / f"spool{rng.randrange(1 << 30)}"
+    spool = Spool(folder, segment_bytes=rng.choice([200, 400, 1000]))
+    records = [SpooledRecord("t", b"k%d" % i, rng.randbytes(rng.randint(0, 80)), (), i, i)
+               for i in range(rng.randint(5, 60))]  # fmt: skip
+    spool.append(records)
+    popped = rng.randint(0, len(records) // 2)
+    spool.pop(popped)
+    segments = sorted(folder.glob("*.seg"))
+    numbers = [int(p.stem) for p in segments]
+    must = [r.seq for r in records[popped:]]
+    if rng.random() < 0.5:
+        target = rng.choice([*numbers, numbers[-1] + rng.randint(1, 3), numbers[0] - 1])
+        size = (folder / f"{target:012d}.seg").stat().st_size if target in numbers else 100
+        offset = rng.choice([0, rng.randint(0, size), size, size + rng.randint(1, 10**6)])
+        true_segment, true_offset = map(int, (folder / "head").read_text().split())
+        if target == true_segment and offset > true_offset:
+            # Another frame boundary of the head's own segment is a head like the true one:
+            # the records before it may be taken as delivered (no reader could tell).
+            frames = _segment_frames(segments[0].read_bytes())
+            if offset in {start for start, _ in frames} | {size}:
+                skipped = {seq for start, seq in frames if true_offset <= start < offset}
+                must = [m for m in must if m not in skipped]
+        (folder / "head").write_text(f"{target} {offset}\n")
+    else:
+        target = rng.choice([*numbers, numbers[-1] + 1, numbers[0] - 1])
+        path = folder / f"{target:012d}.seg"
+        if path.exists():  # its records go with it (set aside): they need not come
+            lost = {seq for _, seq in _segment_frames(path.read_bytes())}
+            must = [m for m in must if m not in lost]
+            path.unlink()
+        if rng.random() < 0.5:
+            path.mkdir()
+        else:
+            os.symlink(folder / "no-such", path)
+    reopened = _timed("Spool()", lambda: Spool(folder))
+    _check_spool(reopened, records, must)
+
+
+def _segment_frames(data: bytes) -> list[tuple[int, int]]:
+    """(start, record ``seq``) of each frame of an undamaged segment's bytes."""
+    frames, pos = [], 0
+    while pos < len(data):
+        end = pos + _FRAME.size + _FRAME.unpack_from(data, pos)[0]
+        frames.append((pos, SpooledRecord.decode(data[pos + _FRAME.size : end]).seq))
+        pos = end
+    return frames
+
+
+def _check_spool(reopened: Spool, records: list[SpooledRecord], must: list[int]) -> None:
+    """What a reopened spool holds: records of ``records`` only, in order, none twice, every
+    one of ``must``; it then takes a new record after them."""
+    folder = reopened.directory
     got = [r.seq for r in reopened.peek(1000)]
     if not _subsequence(got, [r.seq for r in records]) or len(set(got)) != len(got):
         raise Failure(f"spool invented or reordered records: {got}")
@@ -244,7 +334,6 @@ def fuzz_spool(rng: Random, tmp: Path) -> None:
     reopened.append([SpooledRecord("t", None, b"after", (), 0, 10**6)])
     if Spool(folder).peek(10_000)[-1].seq != 10**6:
         raise Failure("appending after the repair lost the new record")
-    del seqs
 
 
 # -- slurm -------------------------------------------------------------------------------------
@@ -624,7 +713,7 @@ def _check_dead_letters(sent: list[Produced], topic: str, messages: list[FakeMes
         reason = p.headers.get("peerwatch.reason") or p.headers.get("peerwatch.error")
         if not reason:
             raise Failure(f"a dead letter without a reason: {p.headers}")
-        offset = p.headers.get("peerwatch.offset") or p.headers.get("peerwatch.source.offset")
+        offset = p.headers.get("peerwatch.offset")
         if offset is not None and int(offset) in by_offset:
             m, cut = by_offset[int(offset)], "peerwatch.value.size" in p.headers
             key_ok = p.key == m.key() or (cut and p.key is None and len(m.key() or b"") > 1024)
@@ -765,7 +854,8 @@ def _kafka_export(rng: Random, tmp: Path) -> None:
     sinks, dead letters through ``KafkaDeadLetter``."""
     from peerwatch.exporters.alertmanager import AlertSink, book_for
     from peerwatch.exporters.alerts import to_api
-    from peerwatch.exporters.consume import ExportLoop, KafkaDeadLetter
+    from peerwatch.exporters.consume import ExportLoop
+    from peerwatch.io.deadletter import KafkaDeadLetter
     from peerwatch.settings import AlertmanagerSettings
 
     producer = FakeProducer()
@@ -813,7 +903,7 @@ def _kafka_archive(rng: Random, tmp: Path) -> None:
     read back."""
     from peerwatch.exporters.archive import ArchiveWriter
     from peerwatch.exporters.archive_loop import ArchiveLoop, archived_topics
-    from peerwatch.exporters.consume import KafkaDeadLetter
+    from peerwatch.io.deadletter import KafkaDeadLetter
 
     class Commits:
         def commit_offsets(self, offsets: Any) -> None:
@@ -890,7 +980,7 @@ def _kafka_drain(rng: Random, tmp: Path) -> None:
 def _kafka_replay(rng: Random, tmp: Path) -> None:
     """Replay from Kafka: the messages of a time range into input records (``message_records``,
     what ``kafka_records`` calls on what it consumed)."""
-    from peerwatch.exporters.archive_files import record_time_ms
+    from peerwatch.io.archive.layout import record_time_ms
     from peerwatch.streams.offline.replay import TimeRange, sort_records
     from peerwatch.streams.offline.replay_kafka import message_records
 
@@ -922,6 +1012,141 @@ def _kafka_settings(rng: Random, tmp: Path) -> None:
         _timed("live settings", lambda: live_settings(tree, records, 1_767_225_600_000))
 
 
+# -- alertmanager ------------------------------------------------------------------------------
+#: A good answer of Alertmanager to ``POST /api/v2/alerts``.
+GOOD_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n"
+#: The client's deadline per request in the fuzz loop (s): trickling answers end at it.
+ALERTMANAGER_TIMEOUT_S = 0.3
+
+
+def _hostile_answer(rng: Random) -> tuple[Any, str]:
+    """An answer (``hostile_http.Answer``) and what it is: "good" (must be sent), "refused" (a
+    well-formed non-2xx answer: must fail) or "hostile" (either, never a crash or a hang)."""
+    from hostile_http import send_for_ever
+
+    kind = rng.randrange(9)
+    if kind == 0:
+        return (lambda conn, stop: conn.sendall(GOOD_ANSWER)), "good"
+    if kind == 1:
+        status = rng.choice([301, 400, 404, 413, 429, 500, 503])
+        body = bytes(rng.randrange(256) for _ in range(rng.randint(0, 400)))
+        answer = (f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                  + body)  # fmt: skip
+        return (lambda conn, stop: conn.sendall(answer)), "refused"
+    if kind == 2:  # random bytes
+        junk = bytes(rng.randrange(256) for _ in range(rng.randint(0, 3000)))
+        return (lambda conn, stop: conn.sendall(junk)), "hostile"
+    if kind == 3:  # the good answer damaged (status line, headers or length)
+        damaged = mutate_bytes(GOOD_ANSWER, rng)
+        return (lambda conn, stop: conn.sendall(damaged)), "hostile"
+    if kind == 4:  # a header line of up to 300 KiB
+        pad = b"a" * rng.randint(1, 300 * 1024)
+        answer = b"HTTP/1.1 200 OK\r\nX-Pad: " + pad + b"\r\nContent-Length: 0\r\n\r\n"
+        return (lambda conn, stop: conn.sendall(answer)), "hostile"
+    if kind == 5:  # a body shorter, or chunks that lie about their size
+        head = rng.choice([b"Content-Length: %d\r\n" % rng.randint(1, 10**12),
+                           b"Transfer-Encoding: chunked\r\n"])  # fmt: skip
+        body = rng.choice([b"{}", b"5\r\nab\r\n", b"fffffffffffffffffff\r\n", b"-1\r\n", b""])
+        answer = b"HTTP/1.1 200 OK\r\n" + head + b"\r\n" + body
+        return (lambda conn, stop: conn.sendall(answer)), "hostile"
+    if kind == 6:  # a body without end
+        chunk = bytes(rng.randrange(256) for _ in range(rng.choice([1, 1024, 65536])))
+
+        def endless(conn: Any, stop: Any) -> None:
+            conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+            send_for_ever(conn, stop, chunk, 0.0)
+
+        return endless, "hostile"
+    if kind == 7:  # one byte at a time, in the status line, the headers or the body
+        start = GOOD_ANSWER[: rng.randrange(len(GOOD_ANSWER))]
+
+        def trickle(conn: Any, stop: Any) -> None:
+            conn.sendall(start)
+            send_for_ever(conn, stop, b"a", 0.02)
+
+        return trickle, "hostile"
+    return (lambda conn, stop: None), "hostile"  # hangs up without a word
+
+
+def fuzz_alertmanager(rng: Random, tmp: Path) -> None:
+    """The Alertmanager sender (``AlertSender.tick`` with its real httpx client) against a
+    hostile HTTP peer on 127.0.0.1: the tick returns within the deadline (plus slack), nothing
+    escapes it, a failed alert is kept for the retry, a good answer sends it, a refusal does not.
+    """
+    from fakes import FakeClock
+    from hostile_http import book_with_one_alert, serving
+
+    from peerwatch.exporters.alertmanager import AlertmanagerClient, AlertSender
+
+    answer, kind = _hostile_answer(rng)
+    clock = FakeClock()
+    book = book_with_one_alert(clock.now_ms())
+    with serving(answer) as server:
+        client = AlertmanagerClient(server.url, ALERTMANAGER_TIMEOUT_S)
+        sender = AlertSender(book, client, retry_max_s=8.0, clock=clock)
+        sent = _timed("AlertSender.tick", sender.tick)
+    if sent not in (0, 1) or sent + sender.stats.failures != 1:
+        raise Failure(f"tick sent {sent} with {sender.stats.failures} failures")
+    if kind == "good" and sent != 1:
+        raise Failure("a good answer was not taken")
+    if kind == "refused" and sent != 0:
+        raise Failure("a refusal was taken as sent")
+    if not sent and len(book.due(clock.now_ms())) != 1:
+        raise Failure("a failed alert was not kept for the retry")
+
+
+# -- config ----------------------------------------------------------------------------------
+HOSTILE_CONFIG_VALUES = [
+    "0", "-1", "1e308", "-1e308", "inf", "nan", "9223372036854775807", "18446744073709551616",
+    "9" * 4301, "1" * 4000, "0.0000000001", "true", '""', '"a\\u0000b"', '"' + "x" * 5000 + '"',
+    "[" * 3000 + "]" * 3000, "{a=" * 3000 + "1" + "}" * 3000, "[1, 2, 99999999999]",
+    "{ gpu = -1 }", "{ gpu = 1e300 }", '"\\u202eevil"',
+]  # fmt: skip
+
+
+def fuzz_config(rng: Random, tmp: Path) -> None:
+    """The config file and environment: the printed tree (``peerwatch config``) with hostile
+    values put on random settings, or its bytes damaged (not UTF-8, NULs, cut); and hostile
+    environment values. Loading gives settings whose every number lies within its declared
+    range, or a ConfigError naming the setting (or the file); nothing else escapes."""
+    from dataclasses import fields as dc_fields
+
+    from peerwatch.errors import ConfigError
+    from peerwatch.settings import TABLES, Settings, catalogue, env_name, load_settings
+    from peerwatch.settings_base import range_of
+    from peerwatch.settings_doc import to_toml
+
+    lines = to_toml(Settings()).splitlines()
+    settable = [i for i, line in enumerate(lines) if " = " in line and not line.startswith("#")]
+    for _ in range(rng.randint(1, 4)):
+        i = rng.choice(settable)
+        lines[i] = lines[i].split(" = ", 1)[0] + " = " + rng.choice(HOSTILE_CONFIG_VALUES)
+    data = ("\n".join(lines) + "\n").encode()
+    if rng.random() < 0.3:
+        data = mutate_bytes(data, rng)
+    cfg = tmp / "pw.toml"
+    cfg.write_bytes(bytes(data))
+    env: dict[str, str] = {}
+    if rng.random() < 0.5:
+        table, name, _ = rng.choice(list(catalogue()))
+        env[env_name(table, name)] = rng.choice(HOSTILE_CONFIG_VALUES).strip('"')
+    try:
+        tree = _timed("config", lambda: load_settings(cfg, env=env))
+    except ConfigError as exc:
+        if not exc.field:
+            raise Failure(f"config error naming no setting: {exc}") from exc
+        return
+    for table, cls in TABLES.items():
+        for f in dc_fields(cls):
+            bounds, value = range_of(f), getattr(getattr(tree, table), f.name)
+            if (
+                bounds is not None
+                and isinstance(value, int | float)
+                and not bounds[0] <= value <= bounds[1]
+            ):
+                raise Failure(f"{table}.{f.name} = {value!r} loaded outside {bounds}")
+
+
 KAFKA_CONSUMERS: dict[str, Callable[[Random, Path], None]] = {
     "hot": _kafka_hot,
     "jobs": _kafka_jobs,
@@ -934,12 +1159,399 @@ KAFKA_CONSUMERS: dict[str, Callable[[Random, Path], None]] = {
 }
 
 
+# -- step times (issue 39 item 5) ----------------------------------------------------------------
+#: A small job with step times, and a GPU slowed (findings to compare).
+_STEP_SCENARIO = {
+    "fleet": {"nodes": 2, "gpus_per_node": 4, "interval_s": 5.0, "duration_s": 400, "seed": 9,
+              "step_times": True},
+    "jobs": [{"job_id": "42", "gpus": 8, "first_node": 0, "duration_s": 7200, "warmup_s": 0}],
+    "faults": [{"name": "sm_clock_drop", "node": "gpu00001", "gpu_index": 2, "start_s": 60,
+                "params": {"pct": 8}}],
+}  # fmt: skip
+
+
+def _step_records() -> tuple[list[Any], list[Any]]:
+    """The scenario's records and its findings (computed once)."""
+    if not _STEP_CACHE:
+        from peerwatch.producers.sim.fleet import Fleet
+        from peerwatch.producers.sim.scenario import parse_scenario
+        from peerwatch.streams.core.pipeline import FINDING, Pipeline
+
+        records = [r for batch in Fleet(parse_scenario(_STEP_SCENARIO)).ticks() for r in batch]
+        clean = [o.value for o in Pipeline().run(records) if o.kind == FINDING]
+        if not clean:
+            raise Failure("the step-time scenario finds nothing: nothing to compare")
+        _STEP_CACHE.extend([records, clean])
+    return _STEP_CACHE[0], _STEP_CACHE[1]
+
+
+_STEP_CACHE: list[Any] = []
+
+
+def _hostile_duration(rng: Random) -> Any:
+    """A ``step_duration_ms`` a broken timer or a hostile producer could send."""
+    from peerwatch.streams.core.job_stage import STEP_MS_MAX
+
+    return rng.choice([
+        math.nan, -math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324, -5e-324, 0.0, -0.0,
+        STEP_MS_MAX, math.nextafter(STEP_MS_MAX, math.inf), -1.0, 2**63 - 1, -(2**63), 2**80,
+        struct.unpack("<d", rng.randbytes(8))[0],  # any double, NaN payloads included
+        rng.uniform(-10.0, 2 * STEP_MS_MAX), rng.uniform(0.0, 5000.0), True, None, "500", [],
+    ])  # fmt: skip
+
+
+def _step_taken(value: Any) -> bool:
+    """The oracle: a duration the input check must take (a finite number of 0 to a day, ms)."""
+    from peerwatch.streams.core.job_stage import STEP_MS_MAX
+
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return 0.0 <= value <= STEP_MS_MAX
+
+
+def fuzz_step_times(rng: Random, tmp: Path) -> None:
+    """1 to 4 StepTime records with hostile durations added to a job's step times: replay
+    counts each refused one invalid and, when all are refused, finds exactly what it found
+    without them; live, stage 3's handler raises InvalidRecordError (dead-lettered) for the
+    same ones; a taken one never puts a non-finite step time on a window."""
+    from peerwatch.streams.core.model import InvalidRecordError
+    from peerwatch.streams.core.pipeline import FINDING, INVALID, WINDOW, Pipeline
+
+    records, clean = _step_records()
+    steps = [i for i, r in enumerate(records) if r.stream == "step-times"]
+    added = []
+    fed = list(records)
+    for at in sorted(rng.sample(steps, rng.randint(1, 4)), reverse=True):
+        rec = records[at]
+        value = {**rec.value, "step_duration_ms": _hostile_duration(rng)}
+        added.append(value["step_duration_ms"])
+        fed.insert(at + 1, type(rec)(rec.stream, rec.key, value))
+    outs = _timed("Pipeline.run", lambda: list(Pipeline().run(fed)))
+    refused = sum(1 for o in outs if o.kind == INVALID and o.value.get("stream") == "step-times")
+    expected = sum(1 for v in added if not _step_taken(v))
+    if refused != expected:
+        raise Failure(f"replay refused {refused} of the step times {added!r}, not {expected}")
+    if expected == len(added) and [o.value for o in outs if o.kind == FINDING] != clean:
+        raise Failure(f"refused step times {added!r} changed the findings")
+    for o in outs:
+        step = o.value.get("step_ms") if o.kind == WINDOW else None
+        if step is not None and not math.isfinite(step):
+            raise Failure(f"a window got step_ms {step!r} from {added!r}")
+    handler = _jobs_handler()
+    codec = AvroCodec("StepTime")
+    for duration in added:
+        value = {**records[steps[0]].value, "step_duration_ms": duration}
+        try:
+            body = codec.encode(value)
+        except (CodecError, TypeError, ValueError, OverflowError):
+            continue  # not a StepTime on the wire: the producer's codec refuses it
+        wire = codec.decode(body)["step_duration_ms"]
+        try:
+            _timed("jobs handler", lambda b=body: handler.handle("st", 0, b"42", b))
+            taken = True
+        except InvalidRecordError:
+            taken = False
+        if taken != _step_taken(wire):
+            raise Failure(f"live {'took' if taken else 'refused'} step_duration_ms {wire!r}")
+
+
+def _jobs_handler() -> Any:
+    """A fresh stage-3 handler (step times on topic ``st``)."""
+    from peerwatch.settings import Settings
+    from peerwatch.streams.core.allocation import AllocationTable
+    from peerwatch.streams.core.job_stage import JobReleaser
+    from peerwatch.streams.live.counters import StreamCounters
+    from peerwatch.streams.live.handlers import JobsHandler
+
+    meta = AllocationTable(3600_000)
+    return JobsHandler(JobReleaser(Settings().detector, meta), meta, {}, {},
+                       job_events_topic="je", step_times_topic="st", retention_ms=3600_000,
+                       counters=StreamCounters())  # fmt: skip
+
+
+# -- topic folders (issue 39 item 9) -------------------------------------------------------------
+_FOLDER_SCENARIO = {
+    "fleet": {"nodes": 2, "gpus_per_node": 2, "interval_s": 10.0, "duration_s": 120, "seed": 4},
+    "jobs": [{"job_id": "42", "gpus": 4, "first_node": 0, "duration_s": 7200, "warmup_s": 0}],
+    "faults": [],
+}  # fmt: skip
+_SAMPLES, _JOB_EVENTS = "peerwatch.gpu.samples", "peerwatch.slurm.job-events"
+_WHOLE = (0, 253_402_300_800_000)  # 1970 up to the end of year 9999, ms
+
+
+def _hostile_entry_name(rng: Random) -> str:
+    """A name for an entry of a topic folder: like an archive file's, its date, hour, ``k``
+    and suffix random (many impossible), or odd (Unicode digits, a near miss)."""
+    if rng.random() < 0.15:
+        return rng.choice(["labels.jsonl", "2026-01-01T00.AVRO", "2026-01-01T00.avro~",
+                           "\uff12\uff10\uff12\uff16-01-01T00.avro",  # fullwidth digits
+                           "2026-01-01T00.avro.tmp", ".avro", "2026-01-01T01.avro\n",
+                           "2026-1-1T0.avro", "2026-01-01T00.-1.avro", "x" * 200 + ".avro"])  # fmt: skip
+    year = rng.choice([0, 1, 1969, 1970, 2026, 9999, rng.randint(0, 9999)])
+    month = rng.choice([0, 1, 2, 12, 13, rng.randint(0, 99)])
+    day = rng.choice([0, 1, 29, 30, 31, 32, rng.randint(0, 99)])
+    hour = rng.choice([0, 23, 24, rng.randint(0, 99)])
+    suffix = rng.choice(
+        [".avro", ".avro", ".1.avro", ".avro.part", f".{rng.randint(0, 10**6)}.avro"]
+    )
+    return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}{suffix}"
+
+
+def _archive_name(name: str) -> tuple[bool, bool]:
+    """The oracle: (named like an archive file, its hour exists and lies in 1970..9999)."""
+    m = re.fullmatch(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2})(\.[0-9]+)?\.avro(\.part)?", name)
+    if m is None:
+        return False, False
+    try:
+        dt.datetime(*(int(g) for g in m.groups()[:4]))
+    except ValueError:
+        return True, False
+    return True, int(m.group(1)) >= 1970
+
+
+def fuzz_topic_folders(rng: Random, tmp: Path) -> None:
+    """1 to 6 hostile entries planted in the samples and job-events folders of a small archive
+    (misnamed files, folders and dangling links named like hours, garbage under a real hour's
+    name, odd names): every replay reader keeps exactly the archive's records and counts each
+    misnamed entry; the job view reads it; the archiver recovers and retains beside them and
+    never deletes one."""
+    from peerwatch.exporters.archive import ArchiveSettings, ArchiveWriter
+    from peerwatch.streams.offline.job_records import archive_job_records, archive_span_ms
+    from peerwatch.streams.offline.replay import TimeRange, archive_records, column_archive_records
+    from peerwatch.streams.offline.sample_runs import SAMPLE_RUN
+
+    clean = tmp / "folders-clean"
+    if not clean.exists():
+        from peerwatch.producers.sim.fleet import Fleet
+        from peerwatch.producers.sim.publish import write_archive
+        from peerwatch.producers.sim.scenario import parse_scenario
+
+        write_archive(Fleet(parse_scenario(_FOLDER_SCENARIO)), clean)
+    root = tmp / f"folders{rng.randrange(1 << 30)}"
+    shutil.copytree(clean, root)
+    misnamed, garbage, kept = 0, 0, []
+    for _ in range(rng.randint(1, 6)):
+        path = root / rng.choice([_SAMPLES, _JOB_EVENTS]) / _hostile_entry_name(rng)
+        if path.exists() or path.is_symlink():
+            continue
+        kind = rng.choice(["empty", "garbage", "folder", "full-folder", "dangling", "to-folder"])
+        if kind in ("empty", "garbage"):
+            path.write_bytes(
+                b"" if kind == "empty" else b"\x00" + rng.randbytes(rng.randint(0, 300))
+            )
+        elif kind in ("folder", "full-folder"):
+            path.mkdir()
+            if kind == "full-folder":
+                (path / "2026-01-01T00.avro").write_bytes(b"Obj\x01")
+        else:
+            os.symlink(root / ("no-such" if kind == "dangling" else _SAMPLES), path)
+        like, valid = _archive_name(path.name)
+        if like and (not valid or kind not in ("empty", "garbage")):
+            misnamed += 1
+            kept.append(path)
+        elif like:
+            garbage += 1  # a real hour's name: read, its header refused
+        else:
+            kept.append(path)  # another file of the folder: never touched
+    span = TimeRange(*_WHOLE)
+    want: dict[str, Any] = {}
+    for name, where in (("clean", clean), ("planted", root)):
+        stats = ReadStats()
+        decoded = _timed("archive_records", lambda w=where, st=stats: [
+            (s, k, v.get("ts_ms")) for s, k, v in archive_records(w, span, stats=st)])  # fmt: skip
+        cstats = ReadStats()
+        runs = _timed("column_archive_records", lambda w=where, st=cstats: [
+            (s, v[""].n if s == SAMPLE_RUN else v.get("ts_ms"))
+            for s, _, v in column_archive_records(w, span, {}, stats=st)])  # fmt: skip
+        want[name] = (decoded, stats, runs, cstats)
+    decoded, stats, runs, cstats = want["planted"]
+    if decoded != want["clean"][0] or runs != want["clean"][2]:
+        raise Failure(f"planted entries changed the records read ({misnamed} misnamed)")
+    for what, st in (("decoded", stats), ("columns", cstats)):
+        if st.misnamed != misnamed or st.bad_files != garbage:
+            raise Failure(f"{what} path counted {st.as_dict()}, not {misnamed} misnamed and "
+                          f"{garbage} bad files")  # fmt: skip
+    _timed("archive_span_ms", lambda: archive_span_ms(root))
+    _timed("archive_job_records", lambda: archive_job_records(root, "42"))
+    topics = {_SAMPLES: "NodeGpuSample", _JOB_EVENTS: "JobEvent"}
+    writer = ArchiveWriter(root, topics, ArchiveSettings(retention_days=1))
+    _timed("ArchiveWriter.recover", writer.recover)
+    _timed("ArchiveWriter.retain", lambda: writer.retain(_WHOLE[1]))
+    writer.close()
+    gone = [p.name for p in kept if not (p.exists() or p.is_symlink())]
+    if gone:
+        raise Failure(f"the archiver deleted entries that are no archive files: {gone}")
+    shutil.rmtree(root)
+
+
+# -- sysfs -------------------------------------------------------------------------------------
+SYSFS_TREE = Path(__file__).resolve().parents[1] / "tests" / "data" / "sysfs" / "hgx"
+_SYSFS_PORTS = ("class/infiniband/mlx5_0/ports/1", "class/infiniband/mlx5_2/ports/1")
+_HOSTILE_SYSFS = (b"", b"\n", b"-1\n", b"18446744073709551615\n", b"99999999999999999999999\n",
+                  b"\xff\xfe\xfd", b"N/A (no PMA)\n", b"4: ACTIVE\x00junk", b"1" * 5000,
+                  b"400 Gb/sec (4X NDR)\n", b"0x10\n", b" 12 \n")  # fmt: skip
+
+
+def _nic_record(root: Path) -> dict[str, Any]:
+    reader = NicReader(SysfsTree(root))
+    ports = discover_ports(reader, {0: "00000000:04:00.0"}, ("mlx5_0/1", "mlx5_2/1", "ens5np0"))
+    sampler = NicSampler(reader, ports, node="n", interval_ms=1000,
+                         clock=_FixedClock(), agent_run_id="r")  # fmt: skip
+    return sampler.sample(0)
+
+
+class _FixedClock:
+    def now_ms(self) -> int:
+        return 1_700_000_000_000
+
+
+def fuzz_sysfs(rng: Random, tmp: Path) -> None:
+    """The recorded NIC tree with 1 to 6 counter, state or rate files damaged (mutated bytes,
+    hostile contents, removed, or a folder in their place): the agent's sampler and the health
+    check's counter judgement both run; every untouched value reads as before, every damaged
+    counter is null or a valid long, each null is counted, the record encodes."""
+    root = tmp / f"sys{rng.randrange(1 << 30)}"
+    shutil.copytree(SYSFS_TREE, root, symlinks=True)
+    clean = _nic_record(root)
+    files = [f"{port}/{sub}/{name}" for port in _SYSFS_PORTS
+             for sub, names in (("counters", IB_COUNTERS), ("hw_counters", ("np_cnp_sent",)))
+             for name in names] + [f"{port}/{n}" for port in _SYSFS_PORTS
+                                   for n in ("state", "phys_state", "rate", "link_layer")]  # fmt: skip
+    files = [f for f in files if (root / f).exists()]
+    damaged = rng.sample(files, rng.randint(1, 6))
+    for rel in damaged:
+        path = root / rel
+        kind = rng.random()
+        if kind < 0.4:
+            path.write_bytes(mutate_bytes(path.read_bytes(), rng))
+        elif kind < 0.8:
+            path.write_bytes(rng.choice(_HOSTILE_SYSFS))
+        elif kind < 0.9:
+            path.unlink()
+        else:
+            path.unlink()
+            path.mkdir()
+    ib = root / "class" / "infiniband"
+    state = tmp / f"ib{rng.randrange(1 << 30)}.json"
+    _timed("check_ib_counters", lambda: check_ib_counters(ib, state_path=state, now_ms=1))
+    record = _timed("NicSampler.sample", lambda: _nic_record(root))
+    AvroCodec("NodeNicSample").encode(record)
+    _timed("check_ib_counters", lambda: check_ib_counters(ib, state_path=state, now_ms=1001))
+    touched = {(r.split("/")[2] + "/1", r.rsplit("/", 1)[1]) for r in damaged}
+    before = {p["name"]: p for p in clean["ports"]}
+    nulls = 0
+    for port in record["ports"]:
+        for group in ("counters", "hw_counters"):
+            for name, value in port[group].items():
+                if (port["name"], name) not in touched:
+                    if value != before[port["name"]][group][name]:
+                        raise Failure(f"{port['name']} {name} untouched, read {value!r}")
+                elif value is None:
+                    nulls += 1
+                elif not 0 <= value < 1 << 63:
+                    raise Failure(f"{port['name']} {name} = {value!r} is not a valid counter")
+    if record["read_errors"] < nulls:
+        raise Failure(f"{nulls} damaged counters null, {record['read_errors']} counted")
+    shutil.rmtree(root)
+
+
+# -- display: hostile Slurm text through every view ---------------------------------------------
+#: Pieces a hostile job name is made of: escape sequences, C1 controls, bidi overrides and
+#: isolates, zero-width characters, rich markup, HTML, surrogates, long runs.
+_DISPLAY_PIECES = (
+    "\x1b[2J",
+    "\x1b]0;title\x07",
+    "\x1b]8;;http://e/\x1b\\",
+    "\x9b31m",
+    "\x07",
+    "\r",
+    "\n",
+    "\u202e",
+    "\u2066",
+    "\u200b",
+    "\ufeff",
+    "[bold]",
+    "[/]",
+    "[link=http://e]",
+    "</script>",
+    "<img src=x>",
+    "&amp;",
+    "\udcff",
+    "名前",
+    "x" * 300,
+    "gpu00001",
+    " ",
+)
+#: An escape the views may emit themselves: rich's colour codes (SGR).
+_SGR = __import__("re").compile("\x1b\\[[0-9;]*m")
+
+
+def _hostile_text(rng: Random) -> str:
+    return "".join(rng.choice(_DISPLAY_PIECES) for _ in range(rng.randint(1, 8)))
+
+
+def fuzz_display(rng: Random, tmp: Path) -> None:
+    """Hostile job names, users, nodes and causes through the job view (plain and coloured, 80
+    and 160 columns), the demo view and the report pages: no control or bidi character reaches
+    the output, and no record text becomes markup."""
+    from peerwatch.demo_view import DemoView
+    from peerwatch.display import is_displayable
+    from peerwatch.exporters.report import render_job_report, render_report
+    from peerwatch.job_view import render_text
+    from peerwatch.streams.core.job_summary import summarize_job
+
+    evil = [_hostile_text(rng) for _ in range(4)]
+    t0 = 1_767_225_600_000
+    windows = [
+        {"job_id": "7", "node": node, "gpu_index": g, "window_start_ms": t0 + i * 30_000,
+         "window_end_ms": t0 + (i + 1) * 30_000, "clk_ratio": 0.9 if (node, g) == (evil[0], 1) else 1.0,
+         "throttle_frac": 0.0, "sm_frac": 0.9, "power_ratio": 0.8, "score": 6.0 if g == 1 else 0.0}
+        for i in range(6) for node in (evil[0], "n0") for g in range(2)
+    ]  # fmt: skip
+    finding = {
+        "finding_id": "f", "job_id": "7", "node": evil[0], "gpu_index": 1, "status": "CONFIRMED",
+        "window_start_ms": t0, "window_end_ms": t0 + 30_000, "cause": evil[1], "reason": evil[2],
+        "features": [{"feature": "clk", "value": 0.9, "peer_median": 1.0, "mad": 0.01, "z": -9.0}],
+        "hard_rules": [evil[3]], "windows_flagged": 4, "windows_considered": 4,
+    }  # fmt: skip
+    job = {"job_id": "7", "kind": "STARTED", "ts_ms": t0, "user": evil[1], "job_name": evil[2],
+           "account": evil[3], "allocations": [{"node": evil[0], "gpu_indices": [0, 1]}]}  # fmt: skip
+    summary = summarize_job("7", windows, [finding], [], [job])
+    view = DemoView()
+    view.on_job_event(job)
+    view.on_finding(finding)
+    view.on_recommendation({"node": evil[0], "action": "DRAIN", "severity": evil[1],
+                            "gpu_indices": [1], "cause": evil[2]})  # fmt: skip
+    texts = [render_text(summary, colour=c, width=w) for c in (False, True) for w in (80, 160)]
+    texts += [view.render(80), view.render(160), view.summary([])[0]]
+    for text in texts:
+        if not is_displayable(_SGR.sub("", text).replace("\n", "")):
+            raise Failure(f"a control or bidi character reached the terminal: {text[:200]!r}")
+    events = [("job-events", job)]
+    for page in (render_job_report(summary, windows, [finding], [], events),
+                 render_report(windows, [finding], [], events)):  # fmt: skip
+        body = page.split("<body>", 1)[1].split("<script>", 1)[0]  # before uPlot's code
+        if not is_displayable(body.replace("\n", "")) or "<img src=x>" in body:
+            raise Failure(f"record text reached the page unescaped: {body[:200]!r}")
+        if "</script><" in body.split('type="application/json">', 1)[-1].split("</script>", 1)[0]:
+            raise Failure("chart data closed its script element")
+
+
 TARGETS: dict[str, Callable[[Random, Path], None]] = {
     "archive": fuzz_archive,
     "spool": fuzz_spool,
+    "spool-segments": fuzz_spool_segments,
     "slurm": fuzz_slurm,
     "kafka": fuzz_kafka,
+    "step-times": fuzz_step_times,
+    "topic-folders": fuzz_topic_folders,
+    "sysfs": fuzz_sysfs,
+    "alertmanager": fuzz_alertmanager,
+    "config": fuzz_config,
+    "display": fuzz_display,
 }
+#: Targets that open sockets on 127.0.0.1 (run by the integration tier, not the unit tier).
+NETWORK_TARGETS = frozenset({"alertmanager"})
 
 
 # -- driver ------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ the loop, the plan recursion guard is checked on synthetic plans nested around `
 (read from ``schemas/avro_reader.h``) and malformed plans must raise, never crash.
 
 ``skip`` must refuse exactly what decode refuses (invalid UTF-8 included) and end where decode
-ends; ``decode_columns`` must give the columns that :func:`peerwatch.schemas.columns
+ends; ``skip_lenient`` must step over and refuse what the archive readers' Python lax skip does
+(invalid UTF-8, boolean bytes above 1 and longs over 64 bits stepped over); ``decode_columns`` must give the columns that :func:`peerwatch.schemas.columns
 .tables_from_records` fills from the generated reader's dicts, or refuse the same records.
 
 Meant to run under AddressSanitizer/UBSan through ``scripts/fuzz_native.sh``, which builds the
@@ -177,6 +178,12 @@ def _columns_fallback(wire: Any) -> Fn:
     return run
 
 
+def _lax_skipper(wire: Any) -> Fn:
+    from peerwatch.io.archive.reader import lax_skipper
+
+    return lax_skipper(wire)  # type: ignore[no-any-return]
+
+
 def _end_of(wire: Any) -> Fn:
     decode = compile_decoder(wire)
     return lambda buf, offset: decode(buf, offset)[1]
@@ -196,6 +203,17 @@ TARGETS: list[Target] = [
         "_avro_native",
         native=lambda mod, wire: functools.partial(mod.skip, plan_of(wire)),
         fallback=_end_of,
+        compare=same_value,
+        expect=lambda record, end: end,
+    ),
+    # Where a record that does not decode ends, so that the block's next records can be read
+    # (replay's decoded path; decode_columns steps over the same faults in a block): the C
+    # lenient skip against the Python one, which must step over and refuse the same bytes.
+    Target(
+        "skip_lenient",
+        "_avro_native",
+        native=lambda mod, wire: functools.partial(mod.skip_lenient, plan_of(wire)),
+        fallback=_lax_skipper,
         compare=same_value,
         expect=lambda record, end: end,
     ),

@@ -11,6 +11,7 @@
 #                              placeholders (default /var/lib/peerwatch-slurm)
 #   PEERWATCH_SLURM_PROLOG     executable to run as Prolog= (unset: no prolog)
 #   PEERWATCH_SLURM_EPILOG     executable to run as Epilog= (unset: no epilog)
+#   PEERWATCH_SLURM_EPILOG_SLURMCTLD  executable to run as EpilogSlurmctld= (unset: none)
 #   PEERWATCH_SLURM_TIMEOUT_S  how long to wait for each daemon / the node (default 60)
 #   PEERWATCH_SLURM_ACCOUNTING slurmdbd (default) or none.
 #       slurmdbd: also installs slurmdbd + mariadb-server and runs a private MariaDB (data
@@ -126,7 +127,7 @@ MEM_TOTAL_MB=$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) / 1024))
 # Slurm drains a node that registers with less memory than RealMemory: leave head room.
 REAL_MEMORY_MB=$((MEM_TOTAL_MB * 9 / 10))
 
-for var in PEERWATCH_SLURM_PROLOG PEERWATCH_SLURM_EPILOG; do
+for var in PEERWATCH_SLURM_PROLOG PEERWATCH_SLURM_EPILOG PEERWATCH_SLURM_EPILOG_SLURMCTLD; do
     path="${!var:-}"
     if [[ -n "$path" && ! -x "$path" ]]; then
         die "$var=$path is not an executable file"
@@ -183,6 +184,9 @@ EOF
     fi
     if [[ -n "${PEERWATCH_SLURM_EPILOG:-}" ]]; then
         echo "Epilog=${PEERWATCH_SLURM_EPILOG}"
+    fi
+    if [[ -n "${PEERWATCH_SLURM_EPILOG_SLURMCTLD:-}" ]]; then
+        echo "EpilogSlurmctld=${PEERWATCH_SLURM_EPILOG_SLURMCTLD}"
     fi
     cat <<EOF
 NodeName=${NODE} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=${REAL_MEMORY_MB} Gres=gpu:${GPUS} State=UNKNOWN

@@ -18,7 +18,6 @@ from typing import Any
 
 from peerwatch.clock import SYSTEM_CLOCK, Clock
 from peerwatch.errors import CodecError, ServiceError, SlurmCommandError
-from peerwatch.exporters.consume import produce_dead_letter
 from peerwatch.exporters.drain.audit import action_record, invalid_record, resume_record
 from peerwatch.exporters.drain.config import DrainSettings
 from peerwatch.exporters.drain.decide import (
@@ -33,9 +32,12 @@ from peerwatch.exporters.drain.decide import (
     forget_resumed,
     observe_node,
 )
+from peerwatch.exporters.drain.provenance import refusal_of, unverified_decision
 from peerwatch.exporters.drain.slurm_ops import SlurmOps
 from peerwatch.exporters.drain.state import ControllerState, StateStore
+from peerwatch.io.deadletter import dead_letter_headers, produce_dead_letter
 from peerwatch.schemas.codec import AvroCodec
+from peerwatch.signing import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,18 @@ log = logging.getLogger(__name__)
 RETRY_S = 2.0
 #: Seconds between checks for expired recommendations (auto-resume).
 EXPIRY_CHECK_S = 30.0
+
+
+def offset_reset(store: StateStore) -> str:
+    """``auto.offset.reset`` for the controller's consumer group: where it starts when the group
+    has no committed offsets (a new group, or offsets Kafka expired).
+
+    Without a state file, "latest": nothing was decided yet, and the topic's backlog (30 days)
+    would be decided against today's cluster. With one, "earliest": the backlog since the last
+    commit is decided, and the decided ids and the freshness bounds keep it from acting twice or
+    on old evidence.
+    """
+    return "earliest" if store.path.exists() else "latest"
 
 
 @dataclass
@@ -60,6 +74,7 @@ class DrainStats:
     deadletter: int = 0
     node_events: int = 0
     audit_failures: int = 0
+    unverified: int = 0
     decision_time_s: float = 0.0
     outbox_depth: int | None = None
     drained_nodes: int | None = None
@@ -130,9 +145,12 @@ class AuditPublisher:
         for action in actions:
             self._delivered.discard(action["action_id"])
 
-    def dead_letter(self, key: bytes | None, value: bytes | None, why: str, source: str) -> None:
-        headers = [("peerwatch.error", why.encode()[:1000]), ("peerwatch.source", source.encode()),
-                   ("peerwatch.stage", b"drain-controller")]  # fmt: skip
+    def dead_letter(self, msg: Any, why: str) -> None:
+        """Dead-letter the undecodable recommendation ``msg`` (a confluent-kafka Message)."""
+        headers = dead_letter_headers("undecodable", why, stage="drain-controller",
+                                      topic=str(msg.topic()), partition=msg.partition(),
+                                      offset=msg.offset())  # fmt: skip
+        key, value = msg.key(), msg.value()
         produce_dead_letter(self._producer, self._topics.deadletter, value, key, headers)
 
 
@@ -149,8 +167,10 @@ class DrainController:
         topics: Topics,
         clock: Clock = SYSTEM_CLOCK,
         sleep: Callable[[float], None] = time.sleep,
+        verifier: Verifier | None = None,
     ) -> None:
         self._consumer = consumer
+        self._verifier = verifier
         self._publisher = publisher
         self._slurm = slurm
         self._store = store
@@ -203,17 +223,25 @@ class DrainController:
         started_s = time.monotonic()
         source = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
         with self._store.transaction() as state:
+            why = refusal_of(self._verifier, msg)
+            if why is not None:
+                decision = unverified_decision(msg.key(), why, self._settings.enforce, now_ms)
+                state.outbox.append(action_record(decision, source))
+                self.stats.unverified += 1
+                self.stats.refused += 1
+                log.warning("refused %s from %s: %s", decision.node, source, decision.detail)
+                return
             try:
                 rec = self._rec_codec.decode(msg.value() or b"")
             except CodecError as exc:
                 decision = invalid_record(msg.key(), f"undecodable record {source}: {exc}",
                                           self._settings.enforce, now_ms)  # fmt: skip
-                self._publisher.dead_letter(msg.key(), msg.value(), str(exc), source)
+                self._publisher.dead_letter(msg, str(exc))
                 state.outbox.append(action_record(decision, source))
                 self.stats.deadletter += 1
                 self.stats.observe(state, self._settings.enforce)
                 return
-            cluster = ClusterView.of(self._slurm.nodes(), self._settings.partition_sizes)
+            cluster = self._cluster()
             self._reconcile(state, cluster, now_ms)
             decision = decide(rec, state, cluster, self._settings, now_ms)
             decision = self._carry_out(decision)
@@ -224,6 +252,11 @@ class DrainController:
         self.stats.outcome(str(decision.outcome))
         self.stats.decision_time_s += time.monotonic() - started_s
         log.info("%s %s %s", decision.outcome, decision.node, decision.detail)
+
+    def _cluster(self) -> ClusterView:
+        """Slurm's nodes now, with the size overrides of the settings. Raises SlurmCommandError."""
+        s = self._settings
+        return ClusterView.of(self._slurm.nodes(), s.partition_sizes, s.cluster_size)
 
     def _carry_out(self, decision: Decision) -> Decision:
         if not (decision.enforce and decision.outcome == Outcome.DRAINED):
@@ -305,7 +338,7 @@ class DrainController:
             due = expired_drains(state, now_ms)
             if not due:
                 return 0
-            cluster = ClusterView.of(self._slurm.nodes(), self._settings.partition_sizes)
+            cluster = self._cluster()
             self._reconcile(state, cluster, now_ms)
             for entry in due:
                 facts = cluster.nodes.get(entry.node)

@@ -3,12 +3,18 @@ about the nodes, the settings and the time. It changes nothing; ``apply_decision
 decision in the state once the controller has carried it out.
 
 Checks, in order (the first that fails decides): a usable recommendation id; not decided before
-(DUPLICATE); a plain node name and job ids (invalid_input); a DRAIN action (ALERT is audited as
-``alert_only``); the node exists in Slurm (unknown_node); not already drained by peerwatch
-(DUPLICATE); no reason set by someone else (foreign_reason); breaker closed (breaker_open);
-operator cooldown unless hard (operator_cooldown); per-job rate (job_rate_limit); per-partition
-rate (partition_rate_limit); the drain would not take peerwatch-drained nodes above the breaker
-share (breaker_open, and the breaker latches open in enforce mode).
+(DUPLICATE); a plain node name, job ids and evidence time (invalid_input); a DRAIN action (ALERT is
+audited as ``alert_only``); the node exists in Slurm (unknown_node); not already drained by
+peerwatch (DUPLICATE); the recommendation's ``expires_ms`` has not passed (expired); its evidence
+(``ts_ms``) is younger than the freshness bound (stale); no reason set by someone else
+(foreign_reason); breaker closed (breaker_open); the evidence is newer than an operator's resume of
+the node, hard or not (evidence_before_resume); operator cooldown unless hard (operator_cooldown);
+per-job rate (job_rate_limit); per-partition rate (partition_rate_limit); the drain would not take
+peerwatch-drained nodes above the breaker share (breaker_open, and the breaker latches open in
+enforce mode); nor above the cluster-wide cap, nodes in no partition included (cluster_cap).
+
+The age checks come after the DUPLICATE of a node already carrying our reason, so a drain whose
+state save was lost in a crash is still adopted (then auto-resumed once expired), never repeated.
 """
 
 from __future__ import annotations
@@ -49,6 +55,16 @@ class Refusal(StrEnum):
     SLURM_ERROR = "slurm_error"
     #: An ALERT recommendation: audited, never drains.
     ALERT_ONLY = "alert_only"
+    #: The recommendation's ``expires_ms`` has passed.
+    EXPIRED = "expired"
+    #: The evidence (``ts_ms``) is older than ``drain.max_age_s`` (``hard_max_age_s`` if hard).
+    STALE = "stale"
+    #: An operator resumed the node after the evidence was taken (hard included).
+    EVIDENCE_BEFORE_RESUME = "evidence_before_resume"
+    #: The drain would take peerwatch-drained nodes of the whole cluster above the cap.
+    CLUSTER_CAP = "cluster_cap"
+    #: Not signed by a stream worker's key (exporters/drain/provenance.py): never decided.
+    UNVERIFIED_SOURCE = "unverified_source"
 
 
 @dataclass(frozen=True)
@@ -87,12 +103,26 @@ class ClusterView:
 
     nodes: Mapping[str, NodeFacts]
     size_overrides: Mapping[str, int] = field(default_factory=dict)
+    #: The cluster's node count for the cluster-wide cap; 0 = the nodes Slurm lists.
+    cluster_size_override: int = 0
 
     @classmethod
     def of(
-        cls, nodes: Iterable[NodeFacts], size_overrides: Mapping[str, int] | None = None
+        cls,
+        nodes: Iterable[NodeFacts],
+        size_overrides: Mapping[str, int] | None = None,
+        cluster_size: int = 0,
     ) -> ClusterView:
-        return cls({n.name: n for n in nodes}, dict(size_overrides or {}))
+        return cls({n.name: n for n in nodes}, dict(size_overrides or {}), cluster_size)
+
+    @property
+    def cluster_size(self) -> int:
+        """Every node of the cluster, those Slurm lists in no partition included."""
+        return self.cluster_size_override or len(self.nodes)
+
+    def ours(self) -> set[str]:
+        """Nodes Slurm shows held with a peerwatch reason, in any partition or none."""
+        return {n.name for n in self.nodes.values() if n.ours}
 
     def partition_size(self, partition: str) -> int:
         if partition in self.size_overrides:
@@ -193,6 +223,15 @@ def decide(
             Refusal.INVALID_INPUT, f"job_ids {safe_label(repr(jobs_raw))} are not Slurm job ids"
         )
     job_ids = tuple(dict.fromkeys(jobs_raw))
+    evidence_ms = rec.get("ts_ms")
+    if isinstance(evidence_ms, bool) or not isinstance(evidence_ms, int):
+        return refuse(Refusal.INVALID_INPUT, "ts_ms (the evidence time) is not an integer")
+    if evidence_ms > now_ms + settings.future_skew_s * 1000:
+        # A future time would pass every age check for as long as it stays ahead.
+        return refuse(
+            Refusal.INVALID_INPUT,
+            f"ts_ms {evidence_ms} is more than {settings.future_skew_s} s ahead of now ({now_ms})",
+        )
     raw_reason = rec.get("reason")
     slurm_reason = reasons.slurm_reason(
         raw_reason if isinstance(raw_reason, str) else "", settings.max_reason_chars
@@ -239,6 +278,20 @@ def decide(
             f"shadow: node would already be drained (recommendation {held.recommendation_id})",
             **common,
         )
+    if isinstance(expires, int) and expires <= now_ms:
+        return refuse(
+            Refusal.EXPIRED,
+            f"the recommendation expired at {expires} ({(now_ms - expires) // 1000} s ago)",
+            **common,
+        )
+    hard = bool(rec.get("hard"))
+    max_age_s = settings.hard_max_age_s if hard else settings.max_age_s
+    if now_ms - evidence_ms > max_age_s * 1000:
+        return refuse(
+            Refusal.STALE,
+            f"evidence taken at {evidence_ms} is {(now_ms - evidence_ms) // 1000} s old, above the {'hard' if hard else 'soft'} freshness bound of {max_age_s} s",
+            **common,
+        )
     if facts.foreign:
         who = f" by {safe_label(facts.reason_user)}" if facts.reason_user else ""
         return refuse(
@@ -253,8 +306,15 @@ def decide(
             **common,
         )
     resumed_ms = state.operator_resumes.get(node)
+    if resumed_ms is not None and evidence_ms <= resumed_ms:
+        # The operator looked at the node after this evidence: it says nothing about it now.
+        return refuse(
+            Refusal.EVIDENCE_BEFORE_RESUME,
+            f"evidence taken at {evidence_ms}, an operator resumed the node after it, at {resumed_ms}",
+            **common,
+        )
     cooldown_ms = settings.operator_cooldown_s * 1000
-    if resumed_ms is not None and now_ms - resumed_ms < cooldown_ms and not rec.get("hard"):
+    if resumed_ms is not None and now_ms - resumed_ms < cooldown_ms and not hard:
         return refuse(
             Refusal.OPERATOR_COOLDOWN,
             f"an operator resumed the node at {resumed_ms}; no soft drain before {resumed_ms + cooldown_ms}",
@@ -298,6 +358,15 @@ def decide(
             return refuse(
                 Refusal.BREAKER_OPEN, f"shadow: the circuit breaker would open: {why}", **common
             )
+    cluster_n = cluster.cluster_size
+    cap = int(min(settings.max_drained_nodes, _allowed(cluster_n, settings.max_drained_pct, 0)))
+    holding = set(ledger.drained) | (cluster.ours() if enforce else set())
+    if len(holding) + 1 > cap:
+        return refuse(
+            Refusal.CLUSTER_CAP,
+            f"{'shadow: ' if not enforce else ''}draining {node} would make {len(holding) + 1} of {cluster_n} nodes of the cluster drained by peerwatch, above the cap of {cap} (the lower of {settings.max_drained_nodes} nodes and {settings.max_drained_pct}%)",
+            **common,
+        )
     if enforce:
         return out(Outcome.DRAINED, f"drain {node}: {slurm_reason}", **common)
     return out(Outcome.SHADOWED, f"shadow: would drain {node}: {slurm_reason}", **common)

@@ -22,17 +22,26 @@ import pynvml
 
 from peerwatch.clock import SystemClock
 from peerwatch.commands import settings_of
-from peerwatch.producers.agent import JsonLinesSink, NodeAgent, NoGpuSampler, new_run_id
+from peerwatch.producers.agent import (
+    JsonLinesSink,
+    NodeAgent,
+    NoGpuSampler,
+    TickChannel,
+    new_run_id,
+)
 from peerwatch.producers.delivery import Delivery, DeliverySettings
 from peerwatch.producers.health.run import append_xid_event
 from peerwatch.producers.health_hook import short_hostname
+from peerwatch.producers.nic.ports import discover_ports
+from peerwatch.producers.nic.sampler import NicSampler
+from peerwatch.producers.nic.sysfs import Reader, SysfsTree
 from peerwatch.producers.nvml.device import NvmlApi, NvmlUnavailableError, init_nvml, load_nvml
 from peerwatch.producers.nvml.sampler import GpuSampler
 from peerwatch.producers.nvml.xid import XidCallback, XidWatcher
 from peerwatch.producers.spool_lock import SpoolLock
 from peerwatch.schemas.codec import AvroCodec
-from peerwatch.settings import expand
-from peerwatch.topics import SAMPLES
+from peerwatch.settings import AgentSettings, expand
+from peerwatch.topics import NIC_SAMPLES, SAMPLES
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +65,9 @@ def register(sub: Any) -> None:
         "--xid-state",
         help="also append each XID to this JSON-lines file (agent.xid_state; read by "
         "`peerwatch health --xid-state`)",
+    )
+    p.add_argument(
+        "--sysfs-root", help="read the NIC ports from this sysfs tree (agent.sysfs_root)"
     )
     p.set_defaults(func=run)
 
@@ -88,16 +100,41 @@ def agent_snapshot(agent: NodeAgent, delivery: Delivery | None) -> dict[str, Any
     return out
 
 
+def nic_channel(
+    cfg: AgentSettings,
+    *,
+    node: str,
+    interval_ms: int,
+    clock: SystemClock,
+    run_id: str,
+    gpu_bus_ids: dict[int, str],
+    topic: str,
+) -> tuple[TickChannel, AvroCodec]:
+    """The NIC sampler of ``cfg`` (``agent.sysfs_root``, ``agent.nic_ports``) as a tick channel
+    publishing NodeNicSample records to ``topic``, and its codec."""
+    reader = Reader(SysfsTree(cfg.sysfs_root))
+    ports = discover_ports(reader, gpu_bus_ids, cfg.nic_ports)
+    log.info("agent: NIC ports %s (rails %s)", [p.name for p in ports] or "none",
+             {p.name: list(p.gpu_indices) for p in ports})  # fmt: skip
+    sampler = NicSampler(
+        reader, ports, node=node, interval_ms=interval_ms, clock=clock, agent_run_id=run_id
+    )
+    codec = AvroCodec("NodeNicSample")
+    return TickChannel(sampler.sample, codec.encode, topic), codec
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_of(args, {"agent.interval_s": args.interval_s,
                                   "agent.allow_no_gpu": args.allow_no_gpu,
-                                  "agent.xid_state": args.xid_state and str(args.xid_state)})  # fmt: skip
+                                  "agent.xid_state": args.xid_state and str(args.xid_state),
+                                  "agent.sysfs_root": args.sysfs_root})  # fmt: skip
     cfg = settings.agent
     interval_ms = round(cfg.interval_s * 1000)
     node = args.node or short_hostname()
     clock = SystemClock()
     run_id = new_run_id()
     nvml: NvmlApi | None = nvml_factory()
+    gpu_bus_ids: dict[int, str] = {}
     sampler: GpuSampler | NoGpuSampler
     watcher_factory: Callable[[XidCallback], XidWatcher] | None = None
     try:
@@ -116,16 +153,26 @@ def run(args: argparse.Namespace) -> int:
             energy_interval_ms=round(cfg.energy_interval_s * 1000),
         )  # fmt: skip
         # Probe now so that the first tick is not late by the probing time.
-        log.info("agent: %d GPUs on %s", len(gpu_sampler.probe()), node)
+        probes = gpu_sampler.probe()
+        log.info("agent: %d GPUs on %s", len(probes), node)
+        gpu_bus_ids = {p.index: p.pci_bus_id for p in probes if p.pci_bus_id}
         sampler = gpu_sampler
         nvml_now = nvml
         watcher_factory = lambda cb: XidWatcher(nvml_now, cb, clock)  # noqa: E731
 
     codec = AvroCodec("NodeGpuSample")
+    channel: TickChannel | None = None
+    by_topic = {}
+    if cfg.nic:
+        channel, nic_codec = nic_channel(
+            cfg, node=node, interval_ms=interval_ms, clock=clock, run_id=run_id,
+            gpu_bus_ids=gpu_bus_ids, topic=settings.topic_prefix + NIC_SAMPLES.name,
+        )  # fmt: skip
+        by_topic[channel.topic] = nic_codec.decode
     lock: SpoolLock | None = None
     delivery: Delivery | None = None
     if args.dry_run:
-        sink: Delivery | JsonLinesSink = JsonLinesSink(codec.decode, sys.stdout)
+        sink: Delivery | JsonLinesSink = JsonLinesSink(codec.decode, sys.stdout, by_topic)
     else:
         spool_dir = expand(settings.spool_dir) / "agent"
         lock = SpoolLock(spool_dir)
@@ -151,9 +198,10 @@ def run(args: argparse.Namespace) -> int:
         clock=clock,
         watcher_factory=watcher_factory,
         xid_listeners=listeners,
+        channel=channel,
     )
     log.info("agent: run %s, every %d ms to %s", run_id, interval_ms, agent.topic)
-    from peerwatch.exporters.self_telemetry import start_self_telemetry
+    from peerwatch.exporters.telemetry_start import start_self_telemetry
 
     telemetry = start_self_telemetry(
         settings.telemetry, "agent", functools.partial(agent_snapshot, agent, delivery)

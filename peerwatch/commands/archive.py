@@ -9,10 +9,10 @@ import json
 import logging
 import signal
 import threading
-from pathlib import Path
 from typing import Any
 
 from peerwatch.commands import settings_of
+from peerwatch.output_paths import check_output_dir
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,11 @@ def run(args: argparse.Namespace) -> int:
     from peerwatch.topic_admin import ensure_topics
     from peerwatch.topics import catalogue
 
+    if args.codec == "zstandard":
+        # fastavro's zstandard codec needs it at the first block: fail before any work if the
+        # archive extra is not installed (the CLI names the extra).
+        import zstandard  # noqa: F401
+
     settings = settings_of(args)
     archive = ArchiveSettings(
         codec=args.codec,
@@ -47,15 +52,17 @@ def run(args: argparse.Namespace) -> int:
         rotate_after_s=args.rotate_after_s,
         retention_days=args.retention_days,
     ).validate()
+    root = check_output_dir(args.dir, "--dir")  # before any Kafka work
     topics = archived_topics(settings.topic_prefix)
-    ensure_topics(settings.kafka, catalogue(settings.topic_prefix))
-    writer = ArchiveWriter(Path(args.dir), topics, archive)
+    ensure_topics(settings.kafka, catalogue(settings.topic_prefix, settings.stream.node_partitions))
+    writer = ArchiveWriter(root, topics, archive)
     start = writer.recover()
     log.info("archive: %s, resuming %d partitions from the archive state", args.dir, len(start))
     source = KafkaArchiveSource(settings.kafka, args.group_id, sorted(topics), start)
     from confluent_kafka import Producer
 
-    from peerwatch.exporters.consume import KafkaDeadLetter, deadletter_topic
+    from peerwatch.exporters.consume import deadletter_topic
+    from peerwatch.io.deadletter import KafkaDeadLetter
     from peerwatch.kafka_config import producer_config
 
     deadletter = KafkaDeadLetter(
@@ -66,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     import dataclasses
 
-    from peerwatch.exporters.self_telemetry import start_self_telemetry
+    from peerwatch.exporters.telemetry_start import start_self_telemetry
 
     loop = ArchiveLoop(source, writer, topics, deadletter=deadletter)
     telemetry = start_self_telemetry(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from peerwatch.commands import settings_of
+from peerwatch.console import make_console
 
 DEFAULT_SCENARIO = "demo.json"
 
@@ -53,7 +54,7 @@ class _Consumer(threading.Thread):
         super().__init__(name="demo-consumer", daemon=True)
         from confluent_kafka import Consumer
 
-        from peerwatch.exporters.archive_files import AvroFileSink
+        from peerwatch.io.archive.writer import AvroFileSink
         from peerwatch.kafka_config import consumer_config
         from peerwatch.topics import JOB_EVENTS, JOB_WINDOWS, RECOMMENDATIONS, STRAGGLERS
 
@@ -84,7 +85,7 @@ class _Consumer(threading.Thread):
 
     def _run(self) -> None:
         from peerwatch.errors import CodecError
-        from peerwatch.exporters.archive_files import record_time_ms
+        from peerwatch.io.archive.layout import record_time_ms
         from peerwatch.schemas.codec import decode_any
 
         self.consumer.subscribe(list(self.topics))
@@ -149,7 +150,10 @@ def run(args: argparse.Namespace) -> int:
     settings = replace(
         settings, topic_prefix=prefix, stream=replace(settings.stream, app_id="demo-stream")
     )
-    ensure_topics(settings.kafka, [*catalogue(prefix), *internal_topics(settings)])
+    ensure_topics(
+        settings.kafka,
+        [*catalogue(prefix, settings.stream.node_partitions), *internal_topics(settings)],
+    )
     now_ms = int(time.time() * 1000)
     scenario = load_scenario(_scenario_path(args))
     interval_ms = int(args.interval_s * 1000)
@@ -208,21 +212,28 @@ def run(args: argparse.Namespace) -> int:
     publisher.start()
     interrupted = False
     tty = sys.stdout.isatty() and not args.no_view
+    # The live view on the terminal's alternate screen, redrawn in place (no clear, no flicker);
+    # the screen the user had comes back when the demo ends.
+    from rich.live import Live
+
+    live = Live(console=make_console(), screen=True, auto_refresh=False) if tty else None
     try:
+        if live is not None:
+            live.start()
         last_line = 0.0
         while True:
             time.sleep(1.0)
             if worker.poll() is not None:
+                _leave(live)  # back to the normal screen, so the message stays
                 print(f"demo: the stream worker exited ({worker.returncode}); log: {log_path}")
                 break
             if not consumer.is_alive():
+                _leave(live)  # back to the normal screen, so the message stays
                 print(f"demo: the view's consumer stopped ({consumer.error}); stopping")
                 break
-            with lock:
-                screen = view.render()
-            if tty:
-                sys.stdout.write("\x1b[H\x1b[2J" + screen + "\n")
-                sys.stdout.flush()
+            if live is not None:
+                with lock:
+                    live.update(view.renderable(), refresh=True)
             elif time.monotonic() - last_line > 10:
                 last_line = time.monotonic()
                 with lock:
@@ -236,8 +247,11 @@ def run(args: argparse.Namespace) -> int:
                 break
     except KeyboardInterrupt:
         interrupted = True
+        _leave(live)  # back to the normal screen, so the message stays
         print("\ndemo: interrupted, cleaning up ...")
     finally:
+        if live is not None:
+            live.stop()
         stop.set()
         publisher.join(10)
         delivery.close(timeout_s=10)
@@ -254,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
         if started_kafka is not None:
             started_kafka.stop()
     with lock:
-        print(view.render())
+        make_console().print(view.renderable())
         text, ok = view.summary(fleet.labels())
     print(text)
     flagged = sorted({f.job_id for f in view.flags.values() if not f.job_id.startswith("idle:")})
@@ -280,3 +294,8 @@ def _delete_topics(settings: Any, prefix: str) -> None:
                 future.result(30)
             except Exception as exc:  # cleanup is best effort; say what failed
                 print(f"demo: could not delete a topic: {exc}", file=sys.stderr)
+
+
+def _leave(live: Any) -> None:
+    if live is not None:
+        live.stop()

@@ -15,7 +15,12 @@ from peerwatch.clock import SYSTEM_CLOCK
 from peerwatch.commands import settings_of
 from peerwatch.errors import ServiceError
 from peerwatch.exporters.drain.config import DrainSettings
-from peerwatch.exporters.drain.controller import AuditPublisher, DrainController, Topics
+from peerwatch.exporters.drain.controller import (
+    AuditPublisher,
+    DrainController,
+    Topics,
+    offset_reset,
+)
 from peerwatch.exporters.drain.operations import describe, reset_breaker, resume_node
 from peerwatch.exporters.drain.slurm_ops import ScontrolSlurm
 from peerwatch.exporters.drain.state import StateStore
@@ -93,10 +98,16 @@ def run(args: argparse.Namespace) -> int:
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
-    consumer = Consumer(consumer_config(settings.kafka, drain.group_id))
+    from peerwatch.signing import verifier_of
+
+    verifier = verifier_of(settings.signing)  # before connecting: a bad key file exits at once
+    reset = offset_reset(store)  # before the controller's first save creates the file
+    consumer = Consumer(
+        consumer_config(settings.kafka, drain.group_id, **{"auto.offset.reset": reset})
+    )
     controller = DrainController(consumer, _publisher(settings, drain), slurm, store, drain,
-                                 _topics(settings))  # fmt: skip
-    from peerwatch.exporters.self_telemetry import start_self_telemetry
+                                 _topics(settings), verifier=verifier)  # fmt: skip
+    from peerwatch.exporters.telemetry_start import start_self_telemetry
 
     telemetry = start_self_telemetry(
         settings.telemetry, "drain-controller", lambda: dataclasses.asdict(controller.stats)

@@ -10,11 +10,15 @@ blaming alerts per 100 node-days (see :mod:`peerwatch.streams.tools.soak`).
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from typing import Any
 
 from peerwatch.commands import settings_of
+from peerwatch.console import CountProgress, make_console
+from peerwatch.display import display_text
+from peerwatch.errors import ConfigError
 from peerwatch.streams.tools.eval_suites import suite
 from peerwatch.streams.tools.evaluation import (
     evaluate,
@@ -37,18 +41,44 @@ def register(sub: Any) -> None:
         help="override a setting of the detector, policy or stream table, e.g. "
         "detector.mad_floor_clk_rel=0.009 (repeatable)",
     )
-    p.add_argument("--only", help="run only scenarios whose name contains this text")
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="run only the scenario of this exact name (repeatable; --list names them)")  # fmt: skip
+    p.add_argument("--list", action="store_true", help="list the suite's scenarios and exit")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (there is none unless stderr is a terminal)")  # fmt: skip
     p.set_defaults(func=run)
 
 
+def chosen_scenarios(names: list[str], scenarios: list[Any]) -> list[Any]:
+    """The scenarios named in ``names`` (exact names; all when empty), in suite order. Raises
+    ConfigError naming an unknown name and the closest known ones."""
+    known = {s.name for s in scenarios}
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; see eval --list"
+            raise ConfigError("--only", f"no scenario {display_text(name)!r} in this suite{hint}")
+    return [s for s in scenarios if not names or s.name in names]
+
+
 def run(args: argparse.Namespace) -> int:
-    settings = parse_overrides(args.set, settings_of(args))
     soaking = args.suite == "soak"
     chosen = soak_suite() if soaking else suite(args.suite)
-    scenarios = [s for s in chosen if not args.only or args.only in s.name]
-    results, total, checks = evaluate(scenarios, settings)
+    if args.list:
+        for s in chosen:
+            print(s.name)
+        return 0
+    settings = parse_overrides(args.set, settings_of(args))
+    scenarios = chosen_scenarios(args.only, chosen)
+    with CountProgress(f"eval {args.suite}", len(scenarios), sys.stderr,
+                       enabled=not args.no_progress) as bar:  # fmt: skip
+        results, total, checks = evaluate(scenarios, settings, lambda r: bar.advance(r.name))
     if soaking:  # no fault to recall: what counts is what on-call receives
         checks = soak_targets(total.alerts)
+    unmeasured: list[str] = []
+    if args.only:  # a subset may hold nothing a target measures: no verdict on it, not a FAIL
+        unmeasured = [t.name for t in checks if t.value is None]
+        checks = [t for t in checks if t.value is not None]
     if args.json:
         doc = {
             "suite": args.suite,
@@ -69,13 +99,16 @@ def run(args: argparse.Namespace) -> int:
                 {"name": t.name, "value": t.value, "goal": t.goal, "passed": t.passed}
                 for t in checks
             ],
+            "not_measured": unmeasured,
         }
         json.dump(doc, sys.stdout, indent=2, default=str)
         print()
     else:
         if args.set:
             print(f"overrides: {' '.join(args.set)}")
-        print(format_report(results, total, checks))
+        print(format_report(results, total, checks, width=make_console().width))
+        if unmeasured:
+            print(f"not measured by this subset: {'; '.join(unmeasured)}")
         print()
         print("alerts by kind, per 100 node-days of fleet time:")
         print(format_census([(r.name, r.score.alerts) for r in results], total.alerts))

@@ -47,6 +47,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--dcgm-level", type=int, default=1, help="dcgmi diag level in the epilog (0: never run it)"
     )
+    p.add_argument(
+        "--dcgm-unavailable",
+        choices=["ok", "warning", "unknown", "critical"],
+        default="warning",
+        help="status when dcgmi is installed but cannot run (host engine down, timeout); "
+        "default warning: a monitor's missing tool must not drain the node",
+    )
     p.add_argument("--xid-state", type=Path, help="the agent's XID state file (JSON lines)")
     p.add_argument(
         "--warn-exit-code",
@@ -56,6 +63,17 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--node", help="node name (default: $SLURMD_NODENAME, else short hostname)")
     p.add_argument("--ib-sysfs-root", type=Path, default=DEFAULT_SYSFS_ROOT)
+    p.add_argument(
+        "--ib-state",
+        type=Path,
+        help="keep the IB counters here between runs and judge their rates (periodic runs use "
+        "<path>.periodic); without it no counter is judged",
+    )
+    p.add_argument(
+        "--ib-expected-rate-gbps",
+        type=float,
+        help="a port below this rate is a WARNING (default: the highest rate it reported before)",
+    )
     p.add_argument(
         "--kafka-timeout-s", type=float, default=5.0, help="bound on time spent publishing"
     )
@@ -77,6 +95,14 @@ def _open_delivery(
     return lock, Delivery(kafka, settings).start()
 
 
+def ib_state_path(state: Path | None, phase: str) -> Path | None:
+    """Prolog and epilog share the IB counter state (rates over each job and each idle spell);
+    periodic runs keep their own beside it, so they never shorten a job's span."""
+    if state is None or phase in ("PROLOG", "EPILOG"):
+        return state
+    return state.with_name(state.name + ".periodic")
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     phase = args.phase.upper()
@@ -91,8 +117,11 @@ def run(args: argparse.Namespace) -> int:
     health_settings = HealthSettings(
         expected_gpus=args.expected_gpus,
         ib_sysfs_root=args.ib_sysfs_root,
+        ib_state=ib_state_path(args.ib_state, phase),
+        ib_expected_rate_gbps=args.ib_expected_rate_gbps,
         dcgm_level=max(args.dcgm_level, 1),
         dcgm_phases=frozenset({"EPILOG"}) if args.dcgm_level > 0 else frozenset(),
+        dcgm_unavailable_status=args.dcgm_unavailable.upper(),
     )
     result, _ = run_health(
         phase,
@@ -112,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
         value = AvroCodec("HealthCheckResult").encode(result)
         topic = settings.topic_prefix + HEALTH.name
         delivery.send(topic, ctx.node.encode(), value, ts_ms=result["ts_ms"])
-        published = publish_outcome(close_bounded(delivery, args.kafka_timeout_s))
+        stats = close_bounded(delivery, args.kafka_timeout_s)
+        published = publish_outcome(stats, delivery.spooled_records if stats else 0)
         lock.release()
     if args.xid_state and cursor is not None:
         save_cursor(args.xid_state, phase, cursor)

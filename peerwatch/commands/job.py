@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from peerwatch.commands import settings_of
 from peerwatch.errors import ConfigError, ServiceError
+from peerwatch.output_paths import check_output_file, write_output
 
 
 def register(sub: Any) -> None:
@@ -38,19 +38,15 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _colour(args: argparse.Namespace) -> bool:
-    if args.color != "auto":
-        return bool(args.color == "always")
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
 def _replayed(args: argparse.Namespace, records: Any) -> Any:
     """The archive's samples of the job through the pipeline (``peerwatch replay --job``)."""
     from peerwatch.cli import build_parser
     from peerwatch.commands.replay import replay_from_args
 
     argv = ["--config", args.config] if args.config else []
-    argv += ["replay", "--archive", args.archive, "--job", args.job_id, "--no-progress"]
+    argv += ["replay", "--archive", args.archive, "--job", args.job_id]
+    if args.quiet:  # elsewhere the bar shows on a terminal only (peerwatch.console)
+        argv.append("--no-progress")
     replay_args = build_parser("replay").parse_args(argv)
     result, _, _ = replay_from_args(replay_args, keep_windows=True)
     records.windows = result.windows
@@ -65,6 +61,7 @@ def load(args: argparse.Namespace) -> Any:
     from peerwatch.streams.offline.job_records import (
         archive_has_samples,
         archive_job_records,
+        check_archive_prefix,
         kafka_job_records,
     )
 
@@ -73,9 +70,11 @@ def load(args: argparse.Namespace) -> Any:
         root = Path(args.archive)
         if not root.is_dir():
             raise ConfigError("--archive", f"{args.archive} is not a directory")
+        check_archive_prefix(root, settings.topic_prefix)
         records = archive_job_records(root, args.job_id, settings.topic_prefix)
         if (
             not records.windows
+            and records.knows(args.job_id)  # its events say which GPUs were its own
             and not args.no_replay
             and archive_has_samples(root, settings.topic_prefix)
         ):
@@ -94,8 +93,28 @@ def load(args: argparse.Namespace) -> Any:
         raise ServiceError(f"cannot read the job's records from Kafka: {exc}") from exc
 
 
+#: Exit status of ``peerwatch job`` for a job it finds no record of.
+EXIT_UNKNOWN_JOB = 1
+
+
+def unknown_job(args: argparse.Namespace) -> str:
+    """What to say of a job with no event, window or finding where it was looked for."""
+    from peerwatch.topics import JOB_EVENTS, JOB_WINDOWS
+
+    if args.archive:
+        return (
+            f"job {args.job_id} is unknown: {args.archive} holds no event, window or finding of it"
+        )
+    days = {t.name: t.retention_ms / 86_400_000 for t in (JOB_WINDOWS, JOB_EVENTS)}
+    return (
+        f"job {args.job_id} is unknown: Kafka holds no event, window or finding of it. Kafka "
+        f"keeps GPU windows {days[JOB_WINDOWS.name]:g} days and job events "
+        f"{days[JOB_EVENTS.name]:g} days (topic retention); an older job is read from the "
+        "archive: peerwatch job JOBID --archive DIR"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    from peerwatch.job_view import render_text
     from peerwatch.streams.core.job_summary import summarize_job
 
     if args.admin_comment:
@@ -103,7 +122,14 @@ def run(args: argparse.Namespace) -> int:
 
         if not JOB_ID.fullmatch(args.job_id):
             raise ConfigError("JOBID", f"{args.job_id!r} is not a plain Slurm job id")
+    html = check_output_file(args.html, "--html") if args.html else None  # before the work
     records = load(args)
+    # The epilog hook (--admin-comment) still writes its comment for a job with no record (a
+    # CPU job, say): "no GPU windows or findings found", and does not fail for it.
+    if not records.knows(args.job_id) and not args.admin_comment:
+        if not args.quiet:
+            print(f"peerwatch job: {unknown_job(args)}", file=sys.stderr)
+        return EXIT_UNKNOWN_JOB
     summary = summarize_job(
         args.job_id, records.windows, records.findings, records.recommendations,
         records.job_events, records.node_events, records.actions,
@@ -111,15 +137,14 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if records.undecodable:
         summary.skipped["undecodable"] = records.undecodable
-    if args.html:
+    if html is not None:
         from peerwatch.exporters.report import render_job_report
 
         events = [("job-events", e) for e in records.job_events]
         events += [("node-events", e) for e in records.node_events]
-        Path(args.html).write_text(
-            render_job_report(summary, records.windows, records.findings,
-                              summary.recommendations, events)
-        )  # fmt: skip
+        page = render_job_report(summary, records.windows, records.findings,
+                                 summary.recommendations, events)  # fmt: skip
+        write_output(html, page, "--html")
     if args.admin_comment:
         from peerwatch.producers.slurm.command import SlurmCommands
         from peerwatch.producers.slurm.job_comment import set_admin_comment
@@ -130,5 +155,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary.to_json(), sort_keys=True))
     else:
-        sys.stdout.write(render_text(summary, colour=_colour(args), all_gpus=args.all))
+        from rich.console import Group
+
+        from peerwatch.console import make_console, wants_colour
+        from peerwatch.job_view import renderables
+
+        console = make_console(colour=wants_colour(args.color))
+        console.print(Group(*renderables(summary, all_gpus=args.all)))
     return 0

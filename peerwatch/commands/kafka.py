@@ -17,6 +17,10 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, default=9092, help="broker port (default 9092)")
     p.add_argument("--controller-port", type=int, default=None,
                    help="KRaft controller port (default: the broker port + 100, 9192)")  # fmt: skip
+    p.add_argument("--secure", action="store_true",
+                   help="SASL_SSL (SCRAM-SHA-512) with the project's own CA, ACLs enforced, one "
+                        "user per role; passwords and certificates under the state dir (give it to "
+                        "status too)")  # fmt: skip
     p.add_argument(
         "--timeout",
         type=float,
@@ -36,6 +40,7 @@ def local_kafka(args: argparse.Namespace) -> LocalKafka:
         state_dir=expand(settings.state_dir),
         port=args.port,
         controller_port=args.controller_port,
+        secure=args.secure,
     )
 
 
@@ -46,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.action == "start":
         outcome = kafka.start(timeout_s=args.timeout)
         print(f"kafka {outcome}: {kafka.bootstrap} (log: {kafka.log_file})")
+        if kafka.secure:
+            print(f"secured: SASL_SSL SCRAM-SHA-512; CA {kafka.tls_dir / 'ca.pem'}; passwords in "
+                  f"{kafka.credentials_dir}/<user>.password (admin: admin)")  # fmt: skip
     elif args.action == "stop":
         print(f"kafka {kafka.stop()}")
     else:

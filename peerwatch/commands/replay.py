@@ -18,6 +18,7 @@ from typing import Any
 
 from peerwatch.commands import settings_of
 from peerwatch.errors import ConfigError, ServiceError
+from peerwatch.output_paths import check_output_file, write_output
 from peerwatch.settings import Settings, with_overrides
 
 
@@ -67,7 +68,11 @@ def register(sub: Any) -> None:
                    help="how far samples of an archive may be out of event-time order for it "
                         "to be read as a stream, the span of samples held (default 30; an "
                         "archive out of order by more is read again with a window twice its lag)")  # fmt: skip
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is none unless stderr is a terminal)",
+    )
     p.set_defaults(func=run)
 
 
@@ -81,6 +86,10 @@ def time_range(args: argparse.Namespace) -> Any:
         raise ConfigError("--from", "--from and --to are required with --kafka")
     if not args.kafka and not Path(args.archive).is_dir():
         raise ConfigError("--archive", f"{args.archive} is not a directory")
+    if not args.kafka:
+        from peerwatch.streams.offline.job_records import check_archive_prefix
+
+        check_archive_prefix(Path(args.archive), settings_of(args).topic_prefix)
     whole = (0, 0)
     if args.from_ is None or args.to is None:
         found = archive_span_ms(Path(args.archive), settings_of(args).topic_prefix)
@@ -99,16 +108,18 @@ def run(args: argparse.Namespace) -> int:
     from peerwatch.streams.offline.replay import output_lines
 
     gc_tuning.tune()
+    # Checked before the replay: a path that cannot be written fails now, not after the work.
+    findings = check_output_file(args.findings, "--findings") if args.findings else None
+    report = check_output_file(args.report, "--report") if args.report else None
     result, span, extra = replay_from_args(args)
-    if args.findings:
-        with open(args.findings, "w") as fh:
-            fh.writelines(output_lines(result))
-    if args.report:
+    if findings is not None:
+        write_output(findings, "".join(output_lines(result)), "--findings")
+    if report is not None:
         from peerwatch.exporters.report import render_report
 
         page = render_report(result.windows, result.findings, result.recommendations,
                              result.events, from_ms=span.from_ms, to_ms=span.to_ms)  # fmt: skip
-        Path(args.report).write_text(page)
+        write_output(report, page, "--report")
     print(json.dumps({**result.summary(), **extra}))
     return 0
 
@@ -117,7 +128,8 @@ def replay_from_args(args: argparse.Namespace, keep_windows: bool | None = None)
     """Run the replay the options ``args`` describe; returns (ReplayResult, TimeRange, extra
     facts for the summary). ``keep_windows``: default, only with ``--report``. Raises
     ConfigError for bad options and ServiceError when Kafka cannot be read."""
-    from peerwatch.streams.offline.replay import Progress, live_equivalent_settings
+    from peerwatch.console import EventTimeProgress
+    from peerwatch.streams.offline.replay import live_equivalent_settings
 
     if keep_windows is not None:
         args.keep_windows = keep_windows
@@ -128,7 +140,8 @@ def replay_from_args(args: argparse.Namespace, keep_windows: bool | None = None)
     tree = with_overrides(_replay_settings(args, span, extra), _overrides(args))
     pipeline = live_equivalent_settings(tree)
     keep = _scope(args, span, extra)
-    progress = None if args.no_progress else Progress(span, sys.stderr)
+    progress = EventTimeProgress(span.from_ms, span.to_ms, sys.stderr,
+                                 enabled=not args.no_progress)  # fmt: skip
     result = None
     if not args.kafka and args.workers <= 1:
         result = _column_replay(args, span, pipeline, keep, progress, extra)
@@ -220,7 +233,7 @@ def _replay(
         # Fetching and decoding are part of the replay's cost: the rate covers them.
         read_s = time.perf_counter() - t0
     else:
-        from peerwatch.exporters.archive_files import ReadStats
+        from peerwatch.io.archive.layout import ReadStats
 
         stats = ReadStats()
         records = archive_records(Path(args.archive), span, settings.topic_prefix, args.workers,
@@ -242,7 +255,7 @@ def _column_replay(
     (no C module, sample files of another schema version): then the decoded path runs. An
     archive out of order by more than ``--reorder-s`` is replayed again with a window wide enough
     (:func:`~peerwatch.streams.offline.sample_runs.wider_window_ms`), at most whole hours."""
-    from peerwatch.exporters.archive_files import ReadStats
+    from peerwatch.io.archive.layout import ReadStats
     from peerwatch.schemas.compiled import Unsupported
     from peerwatch.streams.core.pipeline import Pipeline
     from peerwatch.streams.offline.replay import column_archive_records, replay

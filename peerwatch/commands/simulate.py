@@ -65,30 +65,42 @@ def build_fleet(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from peerwatch.console import EventTimeProgress
     from peerwatch.producers.sim.publish import STREAM_TOPICS, publish_to_kafka, write_archive
 
     fleet = build_fleet(args)
     settings = settings_of(args)
+    # A bar with ETA over the simulated time, on a terminal only (stderr; stdout is the JSON).
+    bar = EventTimeProgress(fleet.spec.start_ms, fleet.spec.start_ms + fleet.spec.duration_ms,
+                            sys.stderr, "simulate")  # fmt: skip
+
+    def on_tick(tick_ms: int, stats: Any) -> None:
+        bar.update(tick_ms, stats.node_records)
+
     cpu_start = _cpu_s()
     if args.labels:
         Path(args.labels).write_text(
             "".join(json.dumps(lbl, sort_keys=True) + "\n" for lbl in fleet.labels())
         )
     if args.archive:
-        stats = write_archive(fleet, Path(args.archive), settings.topic_prefix)
+        stats = write_archive(fleet, Path(args.archive), settings.topic_prefix, on_tick)
     else:
         from peerwatch.producers.delivery import Delivery, DeliverySettings
         from peerwatch.settings import expand
         from peerwatch.topic_admin import ensure_topics
         from peerwatch.topics import catalogue
 
-        ensure_topics(settings.kafka, catalogue(settings.topic_prefix))
+        ensure_topics(
+            settings.kafka, catalogue(settings.topic_prefix, settings.stream.node_partitions)
+        )
         delivery = Delivery(
             settings.kafka,
             DeliverySettings(spool_dir=expand(settings.spool_dir) / "simulate"),
         ).start()
         try:
-            stats = publish_to_kafka(fleet, delivery, settings.topic_prefix, args.rate)
+            stats = publish_to_kafka(
+                fleet, delivery, settings.topic_prefix, args.rate, on_tick=on_tick
+            )
         finally:
             delivery.close(timeout_s=60)
         if delivery.stats.delivered < stats.records:
@@ -97,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
                 f"(spooled: {delivery.spooled_records})",
                 file=sys.stderr,
             )
+    bar.done(stats.node_records)
     cpu_s = _cpu_s() - cpu_start
     summary = {
         "nodes": fleet.spec.nodes, "gpus_per_node": fleet.spec.gpus_per_node,

@@ -269,10 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         # A typo in slurm.conf's Prolog= line must not fail every job on the node.
         return 0 if is_hook else int(exc.code or 0)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from peerwatch.display import setup_logging
+
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     from peerwatch.errors import PeerwatchError
 
     try:

@@ -12,6 +12,8 @@ from typing import Any
 
 from peerwatch.commands import settings_of
 
+log = logging.getLogger(__name__)
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("stream", help="run a stream worker: attribution, detection, drain policy")
@@ -56,13 +58,75 @@ def run(args: argparse.Namespace) -> int:
 
     gc_tuning.tune()
     settings = settings_of(args, overrides(args))
-    ensure_topics(settings.kafka, [*catalogue(settings.topic_prefix), *internal_topics(settings)])
+    ensure_topics(
+        settings.kafka,
+        [
+            *catalogue(settings.topic_prefix, settings.stream.node_partitions),
+            *internal_topics(settings),
+        ],
+    )
     # What this worker runs with, for replays of its time (peerwatch replay --settings-from live).
     publish_settings(settings, int(time.time() * 1000))
     app = build_app(settings)
     worker = _quiet_worker(faust.Worker)(app, loglevel=args.loglevel, redirect_stdouts=False)
-    worker.execute_from_commandline()
-    return 0
+    watch = watch_recovery(app, settings.stream.recovery_timeout_s)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit:
+        if not watch.fired:  # else faust's own status (0) would hide why it stopped
+            raise
+    finally:
+        watch.stop()
+    return EXIT_RECOVERY_STUCK if watch.fired else 0
+
+
+#: Exit status of a worker whose table recovery got stuck (the service manager restarts it).
+EXIT_RECOVERY_STUCK = 3
+#: After asking faust to stop (SIGTERM), how long before the process is ended regardless (s):
+#: a worker stuck in recovery may not stop cleanly either.
+STOP_GRACE_S = 30.0
+
+
+def watch_recovery(app: Any, timeout_s: float) -> Any:
+    """Start the recovery watchdog (:mod:`peerwatch.streams.live.recovery_watchdog`) of ``app``:
+    a recovery without progress for ``timeout_s`` is logged as an error, the worker asked to
+    stop (SIGTERM, as a service manager would) and, failing that, ended after
+    :data:`STOP_GRACE_S`, with exit status :data:`EXIT_RECOVERY_STUCK`."""
+    import os
+    import signal
+    import threading
+
+    from peerwatch.streams.live.recovery_watchdog import (
+        RecoveryWatch,
+        RecoveryWatchdog,
+        faust_recovery_state,
+    )
+
+    counters = app.peerwatch_counters
+
+    def on_stuck(stalled_s: float, remaining: int | None) -> None:
+        left = "an unknown number of" if remaining is None else str(remaining)
+        log.error(
+            "stream: faust's table recovery made no progress for %.0f s (%s changelog records "
+            "left to read); the worker exits with status %d to be restarted "
+            "(stream.recovery_timeout_s = %g)",
+            stalled_s, left, EXIT_RECOVERY_STUCK, timeout_s,
+        )  # fmt: skip
+        ender = threading.Timer(STOP_GRACE_S, os._exit, args=(EXIT_RECOVERY_STUCK,))
+        ender.daemon = True
+        ender.start()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def report(stalled_s: float) -> None:
+        counters.recovery_stalled_s = stalled_s
+
+    return RecoveryWatch(
+        RecoveryWatchdog(timeout_s),
+        lambda: faust_recovery_state(app),
+        on_stuck,
+        interval_s=min(5.0, timeout_s / 4),
+        report=report,
+    ).start()
 
 
 def _quiet_worker(base: Any) -> Any:

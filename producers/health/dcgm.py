@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from peerwatch.producers.health.outcome import CRITICAL, OK, UNKNOWN, WARNING, outcome
+from peerwatch.producers.health.outcome import CRITICAL, OK, STATUSES, WARNING, outcome
 
 
 @dataclass(frozen=True)
@@ -79,21 +79,37 @@ def parse_diag(stdout: str) -> list[tuple[str, str]]:
     return list(_statuses(doc))
 
 
+#: Status of a ``dcgmi diag`` that could not run (nv-hostengine down, timeout, no output): a
+#: WARNING, so the monitor's own missing tool never drains the node (Slurm drains on a non-zero
+#: prolog/epilog, and a WARNING exits 0 there); a fault found by a test is still CRITICAL.
+DEFAULT_UNAVAILABLE_STATUS = WARNING
+
+
 def check_dcgm_diag(
-    runner: Runner, level: int, *, binary: str = "dcgmi", timeout_s: float = 900.0
+    runner: Runner,
+    level: int,
+    *,
+    binary: str = "dcgmi",
+    timeout_s: float = 900.0,
+    unavailable_status: str = DEFAULT_UNAVAILABLE_STATUS,
 ) -> list[dict[str, Any]]:
-    """Run ``<binary> diag -r <level> -j`` and turn its verdict into one outcome.
+    """Run ``<binary> diag -r <level> -j`` (``timeout_s`` in seconds) and turn its verdict into
+    one outcome.
 
     Any failed test is CRITICAL, any warning WARNING, all passed (or skipped) OK. Output with no
-    test status in it is UNKNOWN (with the exit code and stderr).
+    test status in it (dcgmi could not run: host engine down, timed out) is ``unavailable_status``
+    (WARNING by default), with the exit code and the last line of stderr. Raises ValueError for
+    an ``unavailable_status`` that is not a Nagios status.
     """
+    if unavailable_status not in STATUSES:
+        raise ValueError(f"unknown health status {unavailable_status!r}")
     argv = [binary, "diag", "-r", str(level), "-j"]
     result = runner(argv, timeout_s)
     pairs = parse_diag(result.stdout)
     if not pairs:
         detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or [""]
-        msg = f"dcgmi diag -r {level}: no result (exit {result.returncode}) {detail[0]}"
-        return [outcome("dcgm_diag", UNKNOWN, msg.strip())]
+        msg = f"dcgmi diag -r {level} could not run (exit {result.returncode}) {detail[0]}"
+        return [outcome("dcgm_diag", unavailable_status, msg.strip())]
     failed = sorted({t for t, s in pairs if s.lower().startswith("fail")})
     warned = sorted({t for t, s in pairs if s.lower().startswith("warn")})
     if failed:

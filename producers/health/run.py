@@ -10,7 +10,10 @@ Choices (documented for operators):
   the GPU checks are skipped and that is OK.
 * ``dcgmi diag`` runs only in the phases listed in ``dcgm_phases`` (default: epilog only, because
   it takes the GPUs for minutes) and only when the binary is on PATH; absent binary is OK
-  ("skipped"), not UNKNOWN, so nodes without DCGM are not flagged.
+  ("skipped"), not UNKNOWN, so nodes without DCGM are not flagged. A ``dcgmi`` that is there but
+  cannot run (nv-hostengine down, timeout) is ``dcgm_unavailable_status``: WARNING by default, so
+  a monitor's own broken tool does not drain every node it runs on at each epilog; UNKNOWN or
+  CRITICAL for sites that want such nodes drained.
 * A check that raises unexpectedly becomes UNKNOWN for that check; the run itself never raises.
 """
 
@@ -35,8 +38,19 @@ from peerwatch.producers.health.checks import (
     check_remap,
     check_xids,
 )
-from peerwatch.producers.health.dcgm import Runner, Which, check_dcgm_diag, subprocess_runner
-from peerwatch.producers.health.infiniband import DEFAULT_SYSFS_ROOT, check_ib_ports
+from peerwatch.producers.health.dcgm import (
+    DEFAULT_UNAVAILABLE_STATUS,
+    Runner,
+    Which,
+    check_dcgm_diag,
+    subprocess_runner,
+)
+from peerwatch.producers.health.infiniband import (
+    DEFAULT_SYSFS_ROOT,
+    IbThresholds,
+    check_ib_counters,
+    check_ib_ports,
+)
 from peerwatch.producers.health.outcome import CRITICAL, EXIT_CODES, OK, UNKNOWN, outcome, worst
 from peerwatch.producers.nvml.device import NvmlApi, NvmlUnavailableError, init_nvml, load_nvml
 
@@ -52,9 +66,13 @@ class HealthSettings:
     expected_gpus: int | None = None
     ib_sysfs_root: Path = DEFAULT_SYSFS_ROOT
     ib_ignore_ports: frozenset[str] = frozenset()
+    ib_state: Path | None = None  # the IB counters of the previous run; None: no rates
+    ib_thresholds: IbThresholds = field(default_factory=IbThresholds)
+    ib_expected_rate_gbps: float | None = None  # None: the highest rate seen in earlier runs
     dcgm_level: int = 1
     dcgm_phases: frozenset[str] = frozenset({"EPILOG"})
     dcgm_timeout_s: float = 900.0
+    dcgm_unavailable_status: str = DEFAULT_UNAVAILABLE_STATUS
 
 
 @dataclass
@@ -156,6 +174,17 @@ def run_health(
     checks += _guard(
         "ib_port", lambda: check_ib_ports(settings.ib_sysfs_root, settings.ib_ignore_ports)
     )
+    checks += _guard(
+        "ib_errors",
+        lambda: check_ib_counters(
+            settings.ib_sysfs_root,
+            state_path=settings.ib_state,
+            now_ms=start_ms,
+            thresholds=settings.ib_thresholds,
+            expected_rate_gbps=settings.ib_expected_rate_gbps,
+            ignore=settings.ib_ignore_ports,
+        ),
+    )
     if phase in settings.dcgm_phases:
         if deps.which("dcgmi") is None:
             checks.append(outcome("dcgm_diag", OK, "dcgmi not on PATH; skipped"))
@@ -163,7 +192,10 @@ def run_health(
             checks += _guard(
                 "dcgm_diag",
                 lambda: check_dcgm_diag(
-                    deps.runner, settings.dcgm_level, timeout_s=settings.dcgm_timeout_s
+                    deps.runner,
+                    settings.dcgm_level,
+                    timeout_s=settings.dcgm_timeout_s,
+                    unavailable_status=settings.dcgm_unavailable_status,
                 ),
             )
 

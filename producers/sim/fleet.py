@@ -6,7 +6,9 @@ publish as :class:`SimRecord` ``(stream, key, value)`` tuples:
 - ``("job-events", job_id, JobEvent)`` and ``("node-events", node, NodeStateEvent)`` that happened
   since the previous tick (they come first, so attribution knows the owner before the samples);
 - ``("samples", node, NodeGpuSample)``, one per node, in node order;
-- ``("step-times", job_id, StepTime)``, one per training rank, when ``fleet.step_times`` is on.
+- ``("step-times", job_id, StepTime)``, one per training rank, when ``fleet.step_times`` is on;
+- ``("nic-samples", node, NodeNicSample)`` right after the node's GPU sample, with the same
+  ``ts_ms``, when ``fleet.nics_per_node`` > 0 (see ``nic.py``; none otherwise).
 
 A final, samples-free list carries scheduler events between the last tick and the scenario end.
 Missing samples (``missing_samples`` confounder) are dropped: with ``mode: not_sampled`` (default)
@@ -26,10 +28,17 @@ from typing import Any, NamedTuple
 
 from peerwatch.producers.sim import dynamics as dyn
 from peerwatch.producers.sim.labels import build_labels
+from peerwatch.producers.sim.nic import IDLE as NIC_IDLE
+from peerwatch.producers.sim.nic import NIC_CONFOUNDERS, NIC_FAULTS, NicModel, NicWindow, leaf_nodes
+from peerwatch.producers.sim.nic import PAUSED as NIC_PAUSED
+from peerwatch.producers.sim.nic import TRAIN as NIC_TRAIN
 from peerwatch.producers.sim.scenario import Injection, Scenario
 from peerwatch.producers.sim.scheduler import JobRun, Schedule, build_schedule
 
-STREAMS = ("samples", "job-events", "node-events", "step-times")
+STREAMS = ("samples", "job-events", "node-events", "step-times", "nic-samples")
+_NIC = NIC_FAULTS | NIC_CONFOUNDERS
+#: NIC confounders that act on every node of a job.
+_NIC_JOB = frozenset({"alltoall_phase", "checkpoint_traffic"})
 _JOB_WIDE = frozenset({"checkpoint", "eval_pause", "pipeline_stages", "network_slowdown"})
 _NODE_WIDE = frozenset({"clock_skew", "missing_samples", "agent_silent"})
 _FLEET_WIDE = frozenset({"cluster_power_cap", "cluster_cooling"})
@@ -80,9 +89,49 @@ class Fleet:
         self._node_inj: dict[int, list[_Window]] = {}
         self._global: list[_Window] = []
         self._xids: list[tuple[int, int, int, int]] = []  # (onset ms, node, gpu, code)
+        nic_windows: list[NicWindow] = []
         for inj in scenario.injections:
-            self._index(inj)
+            if inj.name in _NIC:
+                nic_windows.append(self._nic_window(inj))
+            else:
+                self._index(inj)
         self._special = {n for n, _ in self._gpu_inj} | set(self._node_inj)
+        self.nic: NicModel | None = None
+        if spec.nics_per_node > 0:
+            self.nic = NicModel(spec.nodes, spec.nics_per_node, spec.nic_rate_gbps,
+                                spec.gpus_per_node, spec.seed, nic_windows)  # fmt: skip
+
+    def _nic_window(self, inj: Injection) -> NicWindow:
+        """A NIC injection's nodes (its node, the nodes of its leaf switch, or of its job) and
+        the jobs it slows (the owners of those nodes at onset)."""
+        start = round(inj.start_s * 1000)
+        end = round(inj.end_s * 1000) if inj.end_s is not None else self.spec.duration_ms + 1
+        nodes: frozenset[int] = frozenset({inj.node}) if inj.node is not None else frozenset()
+        if inj.name == "switch_congestion" and inj.node is not None:
+            nodes = leaf_nodes(inj.node, self.spec.nodes_per_leaf, self.spec.nodes)
+        runs = [r for n in nodes if (r := self.schedule.owner_at(n, None, start)) is not None]
+        if inj.name in _NIC_JOB:
+            wanted = inj.params.get("job_id")
+            if wanted is not None:
+                runs = [
+                    r for r in self.schedule.runs if r.job.job_id == str(wanted) and r.covers(start)
+                ]
+            nodes = frozenset(n for r in runs for n, _ in r.alloc)
+        port = int(inj.params["port"]) if "port" in inj.params else None
+        if (
+            inj.name
+            in (
+                "nic_port_flap",
+                "nic_symbol_errors",
+                "nic_port_down",
+                "nic_half_rate",
+                "nic_retransmit",
+            )
+            and port is None
+        ):
+            port = 0  # fmt: skip
+        jobs = frozenset(r.job.job_id for r in runs)
+        return NicWindow(inj.name, nodes, port, start, end, dict(inj.params), jobs)
 
     def _index(self, inj: Injection) -> None:
         start = round(inj.start_s * 1000)
@@ -137,6 +186,8 @@ class Fleet:
                 smf *= w.inj.param("sm_factor", 0.65)
             elif name == "pipeline_stages":
                 stages = tuple(w.inj.params.get("sm_factors", _DEFAULT_STAGE_SM))
+        if self.nic is not None:  # a slow or dead link: every rank of the job waits on it
+            smf *= self.nic.job_sm_factor(job.job_id, t)
         return mode, smf, stages
 
     def _global_effects(self, t: int) -> dyn.Effects | None:
@@ -192,6 +243,8 @@ class Fleet:
         pending_xids: dict[int, list[dict[str, Any]]] = {}
         events, ei, xi = sched.events, 0, 0
         read, gpu_inj, special = d.read, self._gpu_inj, self._special
+        nic = self.nic
+        nic_train, nic_paused, nic_idle = NIC_TRAIN, NIC_PAUSED, NIC_IDLE
         for tick in range(self.n_ticks):
             t = tick * iv
             out: list[SimRecord] = []
@@ -218,6 +271,7 @@ class Fleet:
                 own = owners[n]
                 is_special = n in special
                 readings = []
+                activity = nic_idle
                 for g in gpus:
                     run = own[g.index]
                     if run is None:
@@ -234,6 +288,8 @@ class Fleet:
                         eff = self._gpu_effects(gpu_inj[(n, g.index)], t, glob)
                     reading = read(g, tick, mode, smf, eff)
                     readings.append(reading)
+                    if nic is not None and mode != dyn.IDLE:
+                        activity = min(activity, nic_train if mode == dyn.TRAIN else nic_paused)
                     if spec.step_times and mode == dyn.TRAIN and reading["state"] == "OK":
                         assert run is not None
                         steps.append(self._step(run, n, g, reading, smf, eff, t, tick))
@@ -252,6 +308,10 @@ class Fleet:
                         "xids": pending_xids.pop(n, []),
                     }
                     out.append(SimRecord("samples", names[n], sample))
+                    if nic is not None and nic.publishing(n, t):
+                        nic_rec = nic.sample(n, names[n], t, t0 + t + skew, iv, activity,
+                                             self.agent_run_ids[n])  # fmt: skip
+                        out.append(SimRecord("nic-samples", names[n], dict(nic_rec)))
                 if advance:
                     seqs[n] += 1
             out.extend(steps)

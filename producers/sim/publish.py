@@ -13,7 +13,7 @@ from typing import Protocol
 
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.schemas.codec import AvroCodec
-from peerwatch.topics import JOB_EVENTS, NODE_EVENTS, SAMPLES, STEP_TIMES, TopicSpec
+from peerwatch.topics import JOB_EVENTS, NIC_SAMPLES, NODE_EVENTS, SAMPLES, STEP_TIMES, TopicSpec
 
 #: Simulator stream -> catalogue topic.
 STREAM_TOPICS: dict[str, TopicSpec] = {
@@ -21,6 +21,7 @@ STREAM_TOPICS: dict[str, TopicSpec] = {
     "job-events": JOB_EVENTS,
     "node-events": NODE_EVENTS,
     "step-times": STEP_TIMES,
+    "nic-samples": NIC_SAMPLES,
 }
 
 
@@ -86,9 +87,15 @@ def publish_to_kafka(
     return stats
 
 
-def write_archive(fleet: Fleet, root: Path, topic_prefix: str = "") -> PublishStats:
-    """Write every record to Avro container files under ``root`` plus ``labels.jsonl``; no Kafka."""
-    from peerwatch.exporters.archive_files import AvroFileSink
+def write_archive(
+    fleet: Fleet,
+    root: Path,
+    topic_prefix: str = "",
+    on_tick: Callable[[int, PublishStats], None] | None = None,
+) -> PublishStats:
+    """Write every record to Avro container files under ``root`` plus ``labels.jsonl``; no Kafka.
+    ``on_tick`` is called after each tick with its time (epoch ms) and the counts so far."""
+    from peerwatch.io.archive.writer import AvroFileSink
 
     topics = {s: topic_prefix + t.name for s, t in STREAM_TOPICS.items()}
     sink = AvroFileSink(root, {topics[s]: t.value_schema or "" for s, t in STREAM_TOPICS.items()})
@@ -101,6 +108,8 @@ def write_archive(fleet: Fleet, root: Path, topic_prefix: str = "") -> PublishSt
                 stats.records += 1
                 stats.node_records += rec.stream == "samples"
             stats.sim_end_ms = tick_ms
+            if on_tick is not None:
+                on_tick(tick_ms, stats)
     finally:
         sink.close()
     with (Path(root) / "labels.jsonl").open("w") as fh:

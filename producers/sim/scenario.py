@@ -18,6 +18,7 @@ from typing import Any
 
 from peerwatch.errors import ConfigError
 from peerwatch.producers.sim._fields import Section as _Section
+from peerwatch.producers.sim.nic import NIC_CONFOUNDERS, NIC_FAULTS
 
 #: Injected faults: what the detector should find.
 FAULT_KINDS: frozenset[str] = frozenset(
@@ -31,6 +32,7 @@ FAULT_KINDS: frozenset[str] = frozenset(
         "gpu_lost",
         "agent_silent",
     }
+    | NIC_FAULTS
 )
 #: Injected confounders: things that look odd but must not blame a GPU.
 CONFOUNDER_KINDS: frozenset[str] = frozenset(
@@ -47,6 +49,7 @@ CONFOUNDER_KINDS: frozenset[str] = frozenset(
         "missing_samples",
         "clock_skew",
     }
+    | NIC_CONFOUNDERS
 )
 #: Injections that need a node; the others may leave ``node`` out (fleet- or job-wide ones).
 NODE_OPTIONAL: frozenset[str] = frozenset({"cluster_power_cap", "cluster_cooling", "small_jobs"})
@@ -84,6 +87,9 @@ class FleetSpec:
     partition: str = "gpu"
     driver_version: str = "550.90.07"
     step_times: bool = False
+    nics_per_node: int = 0
+    nic_rate_gbps: float = 400.0
+    nodes_per_leaf: int = 32
 
     def node_name(self, node_idx: int) -> str:
         """Slurm name of node number ``node_idx`` (0-based)."""
@@ -196,6 +202,9 @@ def _parse_fleet(data: object) -> FleetSpec:
         partition=sec.text("partition", _FD.partition),
         driver_version=sec.text("driver_version", _FD.driver_version),
         step_times=sec.flag("step_times", _FD.step_times),
+        nics_per_node=sec.num("nics_per_node", _FD.nics_per_node, 0, 16, integer=True),
+        nic_rate_gbps=sec.num("nic_rate_gbps", _FD.nic_rate_gbps, 1, 3200),
+        nodes_per_leaf=sec.num("nodes_per_leaf", _FD.nodes_per_leaf, 1, 100_000, integer=True),
     )
     names = {spec.node_name(i) for i in range(min(spec.nodes, 2))}
     if spec.nodes > 1 and len(names) < 2:
@@ -334,6 +343,13 @@ def _parse_injection(
     if not isinstance(params, Mapping):
         raise ConfigError(sec.at("params"), "expected a table/object")
     _check_params(name, params, sec.at("params"))
+    if name in NIC_FAULTS | NIC_CONFOUNDERS:
+        if fleet.nics_per_node <= 0:
+            raise ConfigError(sec.at("name"), f"{name} needs fleet.nics_per_node > 0")
+        if "port" in params and not (
+            isinstance(params["port"], int) and 0 <= params["port"] < fleet.nics_per_node
+        ):
+            raise ConfigError(f"{sec.at('params')}.port", f"expected 0..{fleet.nics_per_node - 1}")
     return Injection(kind, name, node, gpu, start_s, end_s, dict(params))
 
 

@@ -163,3 +163,14 @@ def compress(hosts: Iterable[str]) -> str:
         text = f"{prefix}{body}{suffix}" if len(ordered) == 1 else f"{prefix}[{body}]{suffix}"
         terms.append((f"{prefix}\0{suffix}\0{width:09d}", text))
     return ",".join(text for _, text in sorted(terms))
+
+
+def hostlist_text(hosts: Iterable[str]) -> str:
+    """Host names for people: :func:`compress`'s hostlist (``gpu[00000-00031]``), or, where a
+    name cannot be in a hostlist (``[``, ``]``, ``,``, empty), the sorted names comma-separated.
+    Raises nothing."""
+    names = sorted({str(h) for h in hosts})
+    try:
+        return compress(names)
+    except SlurmParseError:
+        return ", ".join(names)

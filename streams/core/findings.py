@@ -10,6 +10,7 @@ from peerwatch.schemas.records import (
     StragglerFinding,
 )
 from peerwatch.streams.core.detector_state import GpuDetectorState
+from peerwatch.streams.core.hard_rules import hard_cause
 from peerwatch.streams.core.model import CLEARED, JOB_WIDE, SUSPECT, stable_id
 from peerwatch.streams.core.peers import GpuVerdict
 from peerwatch.streams.core.settings import DetectorSettings
@@ -32,15 +33,6 @@ def straggler_reason(status: str, verdict: GpuVerdict, gpu_state: GpuDetectorSta
 def flagged_windows(gpu_state: GpuDetectorState) -> int:
     """Windows of the GPU's recent history flagged by any feature."""
     return sum(1 for code in gpu_state.history if code)
-
-
-#: Hard rules that name a link (PCIe, NVLink) rather than the GPU itself.
-_LINK_RULES = ("nvlink_", "pcie_")
-
-
-def hard_cause(rules: list[str]) -> FindingCause:
-    """LINK when every rule that fired is a PCIe/NVLink one, else HARDWARE."""
-    return "LINK" if rules and all(r.startswith(_LINK_RULES) for r in rules) else "HARDWARE"
 
 
 def describe_feature(ev: FeatureEvidence) -> str:
@@ -83,6 +75,8 @@ def job_wide_finding(
         "cause": cause,
         # A window-based verdict has its evidence when the window's last moment has been seen.
         "detected_ms": end_ms,
+        "port": None,
+        "switch": None,
     }
 
 
@@ -132,4 +126,6 @@ def make_finding(
         "reason": reason,
         "cause": cause if cause is not None else hard_cause(rules) if rules else "UNKNOWN",
         "detected_ms": int(window["window_end_ms"]) if detected_ms is None else detected_ms,
+        "port": None,
+        "switch": None,
     }

@@ -462,6 +462,8 @@ class FleetWatch:
             "cause": part.cause,
             # A window-based verdict has its evidence when the window's last moment has been seen.
             "detected_ms": end_ms,
+            "port": None,
+            "switch": None,
         }
 
     def counters(self) -> dict[str, int]:

@@ -40,20 +40,14 @@ from peerwatch.schemas.columns import Table
 from peerwatch.schemas.records import StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows
-from peerwatch.streams.core.loops import HARD_COLUMNS, hard_rules, warm
+from peerwatch.streams.core.hard_rules import HARD_RULES, hard_cause
+from peerwatch.streams.core.loops import HARD_COLUMNS, HARD_MEMORY, N_RISE, hard_rules, warm
 from peerwatch.streams.core.model import HARD_ERROR, IDLE_JOB_PREFIX, stable_id
 from peerwatch.streams.core.settings import DetectorSettings
 from peerwatch.streams.core.windows import SAMPLE_SPEC, VALUE_LIMIT
 
 #: The rules with per-GPU memory, in bit order (XIDs are kept apart, by code).
-RULES = (
-    "gpu_lost",
-    "remap_pending",
-    "remap_failed",
-    "pcie_width_degraded",
-    "ecc_uncorrected",
-    "nvlink_errors",
-)
+RULES = tuple(rule.name for rule in HARD_RULES)
 _LOST = SAMPLE_SPEC.children[0][1].columns[2].symbols.index("LOST")  # type: ignore[union-attr]
 _FAR_PAST = -(1 << 62)
 
@@ -79,9 +73,10 @@ class HardWatch:
         self.window_ms = settings.window_ms
         self.memory_ms = settings.clear_after_windows * settings.window_ms
         self._row_of = GpuKeys()
-        fill = {"key": 0, "ts": -1, "ecc": 0, "ecc_ok": 0, "nvl": 0, "nvl_ok": 0, "flags": 0}
+        fill = {"key": 0, "ts": -1, "flags": 0}
         fill.update({f"fired_{r}": _FAR_PAST for r in RULES})
-        self._gpu = GrowingRows(fill)
+        counters = np.zeros(N_RISE, np.int64)  # cnt, cnt_ok: per rise rule
+        self._gpu = GrowingRows(fill, wide={"cnt": counters, "cnt_ok": counters})
         self._xid_fired: dict[tuple[int, int], int] = {}  # (row, xid) -> ms it last fired
         self.readings = 0
         self.invalid_samples = 0
@@ -158,7 +153,7 @@ class HardWatch:
         bits, bad = hard_rules(
             gid, ts[parent], rows, state == _LOST,
             [gpus.values[c] for c in HARD_COLUMNS], [_valid(gpus, c) for c in HARD_COLUMNS],
-            [g[k] for k in ("ts", "flags", "ecc", "ecc_ok", "nvl", "nvl_ok")])  # fmt: skip
+            [g[k] for k in HARD_MEMORY])  # fmt: skip
         self.bad_values += bad
         for r in np.flatnonzero(bits).tolist():  # arrival order
             s, idx = int(parent[r]), int(index[r])
@@ -230,8 +225,10 @@ class HardWatch:
             "first_flagged_ms": start,
             "peer_group_size": 1,
             "reason": f"hard on arrival: {', '.join(rules)}",
-            "cause": "HARDWARE",
+            "cause": hard_cause(rules),
             "detected_ms": t,
+            "port": None,
+            "switch": None,
         }
 
     def _uuid(self, table: Table, reading: int) -> str | None:

@@ -32,7 +32,7 @@ from peerwatch.streams.core.allocation import JobMeta
 from peerwatch.streams.core.detector import DetectionResult, ScoredWindows, detect_job_window
 from peerwatch.streams.core.detector_state import JobDetectorState
 from peerwatch.streams.core.fleet import FleetWatch, SourceCensus, set_ratios
-from peerwatch.streams.core.model import JOB_WIDE, JobContext
+from peerwatch.streams.core.model import JOB_WIDE, InvalidRecordError, JobContext
 from peerwatch.streams.core.settings import DetectorSettings
 from peerwatch.streams.core.windows import JobWindowBatch
 
@@ -41,6 +41,22 @@ NEVER_MS = -(1 << 62)
 #: No fleet watch to wait for.
 _NO_LIMIT = 1 << 62
 _NODE, _GPU_INDEX = itemgetter("node"), itemgetter("gpu_index")
+
+#: The longest step duration taken, ms (one day): a longer one is a unit mix-up or a broken
+#: clock, and 1e308 (or +inf) beside peers of a second would flag a healthy GPU.
+STEP_MS_MAX = 86_400_000.0
+
+
+def step_duration_ms(record: Mapping[str, Any]) -> float:
+    """A StepTime's ``step_duration_ms``, checked: a finite number in ``[0, STEP_MS_MAX]``
+    ms. Live and replay take step times through :meth:`JobStage.add_step` only, so both refuse
+    the same records. Raises InvalidRecordError (the driver dead-letters and counts it)."""
+    duration = record.get("step_duration_ms")
+    if isinstance(duration, bool) or not isinstance(duration, int | float):
+        raise InvalidRecordError(f"step_duration_ms is not a number: {duration!r}")
+    if not 0.0 <= duration <= STEP_MS_MAX:  # NaN fails both comparisons
+        raise InvalidRecordError(f"step_duration_ms {duration!r} outside [0, {STEP_MS_MAX:.0f}] ms")
+    return float(duration)
 
 
 class JobStage:
@@ -110,10 +126,12 @@ class JobStage:
     def add_step(self, record: Mapping[str, Any]) -> bool:
         """Hold one StepTime for the window of its ``ts_ms``; its GPU's window then gets the
         mean ``step_ms`` of the window's steps, compared across peers like the other features.
-        False (not used) without a GPU index, or when the job already released that window."""
-        gpu, job_id = record.get("gpu_index"), str(record.get("job_id"))
-        ts, duration = record.get("ts_ms"), record.get("step_duration_ms")
-        if gpu is None or not isinstance(ts, int) or not isinstance(duration, int | float):
+        False (not used) without a GPU index, or when the job already released that window.
+        Raises InvalidRecordError for a duration :func:`step_duration_ms` refuses (non-finite,
+        negative, absurd): it never reaches the peer comparison."""
+        duration = step_duration_ms(record)
+        gpu, job_id, ts = record.get("gpu_index"), str(record.get("job_id")), record.get("ts_ms")
+        if gpu is None or not isinstance(ts, int):
             return False
         wms = self.settings.window_ms
         start = ts - ts % wms
@@ -122,7 +140,7 @@ class JobStage:
             return False
         slot = self.steps.setdefault(job_id, {}).setdefault(start, {})
         acc = slot.setdefault((str(record.get("node")), int(gpu)), [0.0, 0])
-        acc[0] += float(duration)
+        acc[0] += duration
         acc[1] += 1
         return True
 

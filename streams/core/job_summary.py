@@ -10,7 +10,7 @@ command reads the records from Kafka or an archive and renders the result.
 * Flagged GPUs: every GPU a SUSPECT, CONFIRMED or HARD_ERROR finding names, with its worst
   status, the cause the detector named (UNKNOWN when it named none), the evidence of its latest
   finding, how long it was slow (its windows scored at or above ``z_threshold``) and by how much
-  (on the feature that flagged it), and what happened to its node (drained, drain recommended,
+  (its slowdown, :mod:`peerwatch.streams.core.slowdown`: the one figure every view shows), and what happened to its node (drained, drain recommended,
   alerted).
 * A one-line verdict for the job's owner.
 
@@ -35,6 +35,13 @@ from peerwatch.streams.core.job_inputs import (
     windows_of,
 )
 from peerwatch.streams.core.robust import median, quantile
+from peerwatch.streams.core.slowdown import (
+    duration_text,
+    lead_feature,
+    slow_z,
+    slowdown,
+    slowdown_text,
+)
 
 #: Finding statuses that flag a GPU, worst first.
 FLAGGING: tuple[str, ...] = ("HARD_ERROR", "CONFIRMED", "SUSPECT")
@@ -173,27 +180,6 @@ def _peer_band(rows: Sequence[GpuRow]) -> dict[str, tuple[float, float, float]]:
     return band
 
 
-def _slow_z(feature: str, z: float) -> float:
-    """A finding feature's z in its slow direction (DETECTION.md; power is evidence only)."""
-    if feature in ("clk", "power"):
-        return -z
-    if feature == "sm":
-        return abs(z)
-    return z
-
-
-def _lead_feature(features: Sequence[Mapping[str, Any]]) -> str | None:
-    best: tuple[float, str] | None = None
-    for ev in features:
-        name, z = ev.get("feature"), number(ev, "z")
-        if not isinstance(name, str) or z is None or name == "power":
-            continue
-        s = _slow_z(name, z)
-        if best is None or s > best[0]:
-            best = (s, name)
-    return best[1] if best is not None and best[0] > 0 else None
-
-
 def evidence_lines(finding: Mapping[str, Any], z_threshold: float) -> list[str]:
     """The features of ``finding`` beyond ``z_threshold`` in their slow direction, as text
     (value, peer median, difference, z), then the hard rules that fired."""
@@ -205,13 +191,11 @@ def evidence_lines(finding: Mapping[str, Any], z_threshold: float) -> list[str]:
         value, med, z = number(ev, "value"), number(ev, "peer_median"), number(ev, "z")
         if not isinstance(name, str) or value is None or med is None or z is None:
             continue
-        if _slow_z(name, z) < z_threshold:
+        if slow_z(name, z) < z_threshold:
             continue
         words = FEATURE_FIELD.get(name, (name, name))[1]
-        diff = f"{(value / med - 1) * 100:+.1f}%" if med > 0 and name != "thr" else (
-            f"{(value - med) * 100:+.0f} points"
-        )  # fmt: skip
-        out.append(f"{words} {value:.3f} vs peers {med:.3f} ({diff}, z={z:+.1f})")
+        # No percentage here: the one figure of how slow is the slowdown (streams/core/slowdown).
+        out.append(f"latest evidence: {words} {value:.3f} vs peers {med:.3f} (z={z:+.1f})")
     out += [f"hard rule {r}" for r in array(finding.get("hard_rules")) if isinstance(r, str)]
     return out
 
@@ -265,7 +249,6 @@ def _flagged(
     job_id: str,
     findings: Sequence[Mapping[str, Any]],
     windows: Sequence[Window],
-    medians: Mapping[tuple[int, str], float],
     recommendations: Sequence[Mapping[str, Any]],
     node_events: Sequence[Mapping[str, Any]],
     actions: Sequence[Mapping[str, Any]],
@@ -292,31 +275,10 @@ def _flagged(
             for f in fs
             if f.get("status") == "CLEARED" and int(f["window_start_ms"]) >= last
         ]
-        feature = _lead_feature([e for f in flags for e in array(f.get("features"))])
+        feature = lead_feature([e for f in flags for e in array(f.get("features"))])
         slow = [w for w in windows if (w.node, w.gpu) == (node, gpu)]
         slow = [w for w in slow if w.score is not None and w.score >= z_threshold]
-        slow_frac: float | None = None
-        if feature is not None:
-            fld = FEATURE_FIELD[feature][0]
-            diffs = [
-                r
-                for w in slow
-                if (v := w.values.get(fld)) is not None
-                and (r := _relative(v, medians[(w.start_ms, fld)], feature != "thr")) is not None
-            ]
-            if not diffs:  # no windows kept (expired): the findings' own evidence
-                diffs = [
-                    r
-                    for f in flags
-                    for e in array(f.get("features"))
-                    if e.get("feature") == feature
-                    and (v := number(e, "value")) is not None
-                    and (m := number(e, "peer_median")) is not None
-                    and (r := _relative(v, m, feature != "thr")) is not None
-                ]
-            mean = _mean(diffs)
-            if mean is not None:
-                slow_frac = abs(mean)
+        slow_frac = slowdown(flags, feature)
         slow_s = sum(w.end_ms - w.start_ms for w in slow) / 1000 if slow else (last - first) / 1000
         outcome, outcome_ms = _node_outcome(
             node, first, job_id, recommendations, node_events, actions
@@ -374,14 +336,6 @@ def _job_info(summary: JobSummary, events: Iterable[Any], skips: Skips) -> None:
     summary.gpus = len(gpus)
 
 
-def _minutes(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def verdict(summary: JobSummary) -> str:
     """The one line for the job's owner (see the module doc)."""
     if not summary.flagged:
@@ -389,7 +343,9 @@ def verdict(summary: JobSummary) -> str:
             return f"job {summary.job_id}: no GPU windows or findings found for this job"
         span = ""
         if summary.first_window_ms is not None and summary.last_window_ms is not None:
-            span = f" over {_minutes((summary.last_window_ms - summary.first_window_ms) / 1000)}"
+            span = (
+                f" over {duration_text((summary.last_window_ms - summary.first_window_ms) / 1000)}"
+            )
         text = f"job {summary.job_id}: no GPU stood out from its {len(summary.rows)} peers{span}"
         shared = sum(summary.job_findings.values())
         if shared:
@@ -400,15 +356,9 @@ def verdict(summary: JobSummary) -> str:
     if g.status == "HARD_ERROR":
         what = f"GPU {g.gpu_index} on {g.node} hit a hard error ({', '.join(g.hard_rules)})"
     else:
-        words = FEATURE_FIELD.get(g.feature or "", ("", "its signals"))[1]
-        if g.slow_frac is not None and g.feature == "thr":
-            how = f"was throttled ({g.slow_frac * 100:.0f} points above its peers' share)"
-        elif g.slow_frac is not None:
-            off = "off" if g.feature == "sm" else "slow"
-            how = f"ran {g.slow_frac * 100:.1f}% {off} ({words})"
-        else:
-            how = f"ran slow ({words})"
-        what = f"GPU {g.gpu_index} on {g.node} {how} for {_minutes(g.slow_s)}"
+        how = slowdown_text(g.feature, g.slow_frac)
+        how = f"was {how}" if g.feature == "thr" and g.slow_frac is not None else f"ran {how}"
+        what = f"GPU {g.gpu_index} on {g.node} {how} for {duration_text(g.slow_s)}"
     parts = [what, f"cause {g.cause}" if g.cause != "UNKNOWN" else "cause not named"]
     if g.node_outcome:
         parts.append(g.node_outcome)
@@ -451,7 +401,7 @@ def summarize_job(
     ]
     summary.recommendations = [dict(r) for r in recs]
     summary.flagged = _flagged(
-        job_id, fs, ws, medians, recs,
+        job_id, fs, ws, recs,
         records_with_node("node event", node_events, skips), records_with_node("drain action", actions, skips),
         z_threshold,
     )  # fmt: skip

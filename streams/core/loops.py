@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from peerwatch.streams.core.hard_rules import HARD_RULES, NVLINK_FIELDS
+
 #: Clocks-event reasons that count as throttling: HW slowdown, SW thermal, HW thermal, brake.
 THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80
 #: SW power cap, kept apart from throttling.
@@ -42,7 +44,6 @@ VALUE_LIMIT = 1 << 53
 THROTTLE_FIELDS = ("throttle_hw_slowdown_ns", "throttle_sw_thermal_ns", "throttle_hw_thermal_ns",
                    "throttle_hw_power_brake_ns")  # fmt: skip
 THERMAL_FIELDS = ("throttle_sw_thermal_ns", "throttle_hw_thermal_ns")
-NVLINK_FIELDS = ("nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors")
 #: The counter columns, in the order :func:`counter_deltas` takes them.
 COUNTER_FIELDS = ("energy_mj", "throttle_sw_power_cap_ns", "ecc_volatile_uncorrected",
                   "pcie_replay_count", *THROTTLE_FIELDS, *NVLINK_FIELDS)  # fmt: skip
@@ -221,67 +222,106 @@ def _accumulate(sel: Any, slot: Any, rows: Any, lost: Any, values: Any, valid: A
             a[first_delta + d] += deltas[i, d]
 
 
-#: Hard-rule bits (:func:`hard_rules`), in the order of ``hard_watch.RULES``.
-LOST_BIT, REMAP_P_BIT, REMAP_F_BIT, PCIE_BIT, ECC_BIT, NVL_BIT = (1 << i for i in range(6))
-#: The conditions that fire when they turn on (the counters fire when they rise).
-LEVEL_BITS = LOST_BIT | REMAP_P_BIT | REMAP_F_BIT | PCIE_BIT
+#: The arrival loop's view of :data:`~peerwatch.streams.core.hard_rules.HARD_RULES` (rule ``j``
+#: fires bit ``1 << j``): the bit of the LOST condition, and of every condition that fires when it
+#: turns on (the ``rise`` rules fire when their counter rises).
+LOST_BIT = sum(1 << j for j, rule in enumerate(HARD_RULES) if rule.kind == "lost")
+LEVEL_BITS = sum(1 << j for j, rule in enumerate(HARD_RULES) if rule.kind != "rise")
+_RISE = tuple(j for j, rule in enumerate(HARD_RULES) if rule.kind == "rise")
+_BELOW = tuple(j for j, rule in enumerate(HARD_RULES) if rule.kind == "below")
+#: What each column of :data:`HARD_COLUMNS` is to its rule: a level flag, a counter (summed per
+#: rule), or a ``below`` rule's value or maximum.
+_LEVEL_COL, _COUNTER_COL, _VALUE_COL, _MAX_COL = range(4)
+_HARD_PLAN = (
+    [(c, _LEVEL_COL, j, 0) for j, r in enumerate(HARD_RULES) if r.kind == "level"
+     for c in r.reading_columns]
+    + [(c, _COUNTER_COL, j, _RISE.index(j)) for j in _RISE for c in HARD_RULES[j].reading_columns]
+    + [(c, kind, j, _BELOW.index(j)) for j in _BELOW
+       for c, kind in zip(HARD_RULES[j].reading_columns, (_VALUE_COL, _MAX_COL), strict=True)]
+)  # fmt: skip
 #: The GPU-reading columns :func:`hard_rules` reads, in its order.
-HARD_COLUMNS = ("ecc_volatile_uncorrected", *NVLINK_FIELDS, "pcie_link_width",
-                "pcie_link_width_max", "remap_pending", "remap_failed")  # fmt: skip
+HARD_COLUMNS = tuple(c for c, _, _, _ in _HARD_PLAN)
+#: Per column: its role, its rule's number, its slot among the rules of its kind.
+_COL_KIND, _COL_RULE, _COL_SLOT = (
+    np.array([p[k] for p in _HARD_PLAN], np.int64) for k in (1, 2, 3)
+)
+#: The rule of each counter slot (the ``rise`` rules' memory columns) and of each ``below`` slot.
+_RISE_RULE = np.array(_RISE, np.int64)
+_BELOW_RULE = np.array(_BELOW, np.int64)
+for _plan in (_COL_KIND, _COL_RULE, _COL_SLOT, _RISE_RULE, _BELOW_RULE):
+    _plan.flags.writeable = False
+#: The per-GPU memory :func:`hard_rules` keeps: the last reading's time and condition flags, and
+#: per ``rise`` rule its counter and whether it was read (wide: one column per rule).
+HARD_MEMORY = ("ts", "flags", "cnt", "cnt_ok")
+N_RISE = len(_RISE)
 
 
-def _hard_rules(gid: Any, t: Any, rows: Any, lost: Any, values: Any, valid: Any, mem_ts: Any,
-               mem_flags: Any, mem_ecc: Any, mem_ecc_ok: Any, mem_nvl: Any, mem_nvl_ok: Any,
+def _hard_rules(gid: Any, t: Any, rows: Any, lost: Any, values: Any, valid: Any, col_kind: Any,
+               col_rule: Any, col_slot: Any, rise_rule: Any, below_rule: Any, lost_bit: Any,
+               level_bits: Any, mem_ts: Any, mem_flags: Any, mem_cnt: Any, mem_cnt_ok: Any,
                bits: Any) -> int:  # fmt: skip
     """The hard rules of readings ``i`` (arrival order; row ``rows[i]`` of the GPU table,
     ``lost[i]`` whether the GPU is LOST) of GPUs ``gid[i]`` at times ``t[i]``: writes
     ``bits[i]`` (zero-filled by the caller) and moves each GPU's memory on. ``values``/
-    ``valid``: the columns of :data:`HARD_COLUMNS` (tuples, that order); a counter value
-    outside ``[0, VALUE_LIMIT)`` is counted (the return value) and taken as missing.
+    ``valid``: the columns of :data:`HARD_COLUMNS` (tuples, that order), each read as its
+    ``col_kind`` says for rule ``col_rule`` (slot ``col_slot`` among its kind's rules: counters
+    ``rise_rule``, pairs ``below_rule``); a counter or ``below`` value outside
+    ``[0, VALUE_LIMIT)`` is counted (the return value) and taken as missing.
 
     A reading no later than its GPU's memory ``mem_ts[g]`` fires nothing and changes nothing.
-    Otherwise a condition of :data:`LEVEL_BITS` fires when it is set and was not in the
-    memory's flags (a GPU never seen has none); a LOST reading has no values: it keeps the
-    memory's other conditions and counters. The uncorrectable ECC and the NVLink error counters
-    (replay + recovery + CRC) fire when they rise over the memory's (a counter that went down
-    was reset: it fires when the new value is above zero)."""
-    (ecc_v, nvl1_v, nvl2_v, nvl3_v, w_v, wmax_v, rp_v, rf_v) = values
-    (ecc_ok, nvl1_ok, nvl2_ok, nvl3_ok, w_ok, wmax_ok, rp_ok, rf_ok) = valid
+    Otherwise a condition of ``level_bits`` fires when it is set and was not in the memory's
+    flags (a GPU never seen has none): a level column non-zero, a ``below`` value under its
+    maximum, ``lost_bit`` for a LOST reading, which has no values: it keeps the memory's other
+    conditions and counters. A ``rise`` rule fires when the sum of its counters rises over the
+    memory's (a counter that went down was reset: it fires when the new value is above zero)."""
     bad = 0
+    n_rise = len(rise_rule)
+    n_below = len(below_rule)
+    cnt = np.zeros(n_rise, np.int64)
+    cnt_ok = np.zeros(n_rise, np.bool_)
+    low = np.zeros(n_below, np.int64)
+    high = np.zeros(n_below, np.int64)
+    low_ok = np.zeros(n_below, np.bool_)
+    high_ok = np.zeros(n_below, np.bool_)
     for i in range(len(gid)):
         r = rows[i]
-        ecc, e_ok, b0 = _read(ecc_v[r], ecc_ok[r])
-        n1, n1_ok, b1 = _read(nvl1_v[r], nvl1_ok[r])
-        n2, n2_ok, b2 = _read(nvl2_v[r], nvl2_ok[r])
-        n3, n3_ok, b3 = _read(nvl3_v[r], nvl3_ok[r])
-        w, w_good, b4 = _read(w_v[r], w_ok[r])
-        wmax, wmax_good, b5 = _read(wmax_v[r], wmax_ok[r])
-        bad += b0 + b1 + b2 + b3 + b4 + b5
+        cnt[:] = 0
+        cnt_ok[:] = False
+        for c in range(len(col_kind)):
+            kind = col_kind[c]
+            if kind == _LEVEL_COL:
+                continue
+            v, ok, b = _read(values[c][r], valid[c][r])
+            bad += b
+            k = col_slot[c]
+            if kind == _COUNTER_COL:
+                cnt[k] += v
+                cnt_ok[k] = cnt_ok[k] or ok
+            elif kind == _VALUE_COL:
+                low[k], low_ok[k] = v, ok
+            else:
+                high[k], high_ok[k] = v, ok
         g = gid[i]
         now = t[i]
         if now <= mem_ts[g]:
             continue
         before = mem_flags[g]
         if lost[i]:
-            flags = LOST_BIT | (before & ~LOST_BIT)
+            flags = lost_bit | (before & ~lost_bit)
         else:
             flags = 0
-            if rp_ok[r] and rp_v[r] != 0:
-                flags |= REMAP_P_BIT
-            if rf_ok[r] and rf_v[r] != 0:
-                flags |= REMAP_F_BIT
-            if w_good and wmax_good and w < wmax:
-                flags |= PCIE_BIT
-        fired = flags & ~before & LEVEL_BITS
+            for c in range(len(col_kind)):
+                if col_kind[c] == _LEVEL_COL and valid[c][r] and values[c][r] != 0:
+                    flags |= 1 << col_rule[c]
+            for k in range(n_below):
+                if low_ok[k] and high_ok[k] and low[k] < high[k]:
+                    flags |= 1 << below_rule[k]
+        fired = flags & ~before & level_bits
         if not lost[i]:
-            nvl = n1 + n2 + n3
-            nvl_ok = n1_ok or n2_ok or n3_ok
-            if e_ok and mem_ecc_ok[g] != 0 and _rises(ecc, mem_ecc[g]):
-                fired |= ECC_BIT
-            if nvl_ok and mem_nvl_ok[g] != 0 and _rises(nvl, mem_nvl[g]):
-                fired |= NVL_BIT
-            mem_ecc[g], mem_ecc_ok[g] = ecc, e_ok
-            mem_nvl[g], mem_nvl_ok[g] = nvl, nvl_ok
+            for k in range(n_rise):
+                if cnt_ok[k] and mem_cnt_ok[g, k] != 0 and _rises(cnt[k], mem_cnt[g, k]):
+                    fired |= 1 << rise_rule[k]
+                mem_cnt[g, k], mem_cnt_ok[g, k] = cnt[k], cnt_ok[k]
         mem_flags[g] = flags
         mem_ts[g] = now
         bits[i] = fired
@@ -337,20 +377,23 @@ def accumulate(sel: np.ndarray, slot: np.ndarray, rows: np.ndarray, lost: np.nda
 def hard_rules(gid: np.ndarray, t: np.ndarray, rows: np.ndarray, lost: np.ndarray,
                values: Sequence[np.ndarray], valid: Sequence[np.ndarray],
                memory: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:  # fmt: skip
-    """:func:`_hard_rules`; ``memory``: the per-GPU arrays ts, flags, ecc, ecc_ok, nvl,
-    nvl_ok. Returns the rule bits of each reading and how many counter values were out of
-    range."""
+    """:func:`_hard_rules`; ``memory``: the per-GPU arrays of :data:`HARD_MEMORY` (int64; ``cnt``
+    and ``cnt_ok`` with :data:`N_RISE` columns). Returns the rule bits of each reading and how
+    many counter values were out of range."""
     m = len(gid)
-    mem_ts, flags, ecc, ecc_ok, nvl, nvl_ok = memory
+    mem_ts, flags, cnt, cnt_ok = memory
     n_gpus = len(mem_ts)
-    if any(len(a) != n_gpus or a.dtype != np.int64 for a in memory):
+    if any(len(a) != n_gpus or a.dtype != np.int64 for a in memory) or any(
+        a.shape != (n_gpus, N_RISE) for a in (cnt, cnt_ok)
+    ):
         raise ValueError("hard-rule memory of the wrong shape")
     _inside(gid, n_gpus, "gid")
     _inside(rows, _rows_of(values, valid), "rows")
     bits = np.zeros(m, np.int64)
     bad = _kernel("_hard_rules")(_ints(gid, m), _ints(t, m), _ints(rows, m), _flags(lost, m),
-                      _columns(values, HARD_COLUMNS), _valids(valid, HARD_COLUMNS), mem_ts, flags,
-                      ecc, ecc_ok, nvl, nvl_ok, bits)  # fmt: skip
+                      _columns(values, HARD_COLUMNS), _valids(valid, HARD_COLUMNS), _COL_KIND,
+                      _COL_RULE, _COL_SLOT, _RISE_RULE, _BELOW_RULE, LOST_BIT, LEVEL_BITS,
+                      mem_ts, flags, cnt, cnt_ok, bits)  # fmt: skip
     return bits, int(bad)
 
 
@@ -449,5 +492,6 @@ def warm() -> None:
     accumulate(one, one, one, lost, ints, ok, np.zeros(1), ok[0], deltas,
                np.zeros((1, len(COUNTS) + len(DELTAS)), np.int64), np.zeros((1, len(SUMS))))  # fmt: skip
     hard_rules(one, one, one, lost, [one] * len(HARD_COLUMNS), [ok[0]] * len(HARD_COLUMNS),
-               [np.full(1, -1, np.int64)] + [np.zeros(1, np.int64) for _ in range(5)])  # fmt: skip
+               [np.full(1, -1, np.int64), np.zeros(1, np.int64),
+                np.zeros((1, N_RISE), np.int64), np.zeros((1, N_RISE), np.int64)])  # fmt: skip
     _warm = True

@@ -14,7 +14,6 @@ from operator import itemgetter
 from typing import Any, Final
 
 from peerwatch.errors import PeerwatchError
-from peerwatch.schemas.records import JobEvent
 
 # Final: their types are the literals, so they fit the FindingStatus of StragglerFinding.
 SUSPECT: Final = "SUSPECT"
@@ -106,9 +105,6 @@ class JobContext:
     #: since teardown makes every GPU look slow against its own baseline.
     end_ms: int | None = None
 
-    def role_of(self, node: str, gpu_index: int) -> str:
-        return self.roles.get(gpu_key(node, gpu_index), "")
-
     @property
     def anchor_ms(self) -> int | None:
         """Latest of start and requeue: the warm-up is counted from here."""
@@ -137,23 +133,4 @@ class JobContext:
             partition=data.get("partition"),
             roles=dict(data.get("roles") or {}),
             end_ms=data.get("end_ms"),
-        )
-
-    @classmethod
-    def from_job_event(cls, event: JobEvent, roles: Mapping[str, str] | None = None) -> JobContext:
-        """Context from a ``JobEvent`` dict (STARTED/REQUEUED/UPDATED with its allocations).
-
-        A REQUEUED event's ``ts_ms`` becomes ``requeue_ms``. Raises InvalidRecordError when
-        ``job_id`` is missing.
-        """
-        require(event, "job_id", what="JobEvent")
-        allocations = event.get("allocations") or []
-        gpus = sum(len(a.get("gpu_indices") or []) for a in allocations)
-        return cls(
-            job_id=str(event["job_id"]),
-            expected_gpus=gpus or None,
-            start_ms=event.get("start_ms"),
-            requeue_ms=event.get("ts_ms") if event.get("kind") == "REQUEUED" else None,
-            partition=event.get("partition"),
-            roles=dict(roles or {}),
         )

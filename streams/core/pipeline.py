@@ -183,7 +183,10 @@ class Pipeline:
             return []
         if stream == "step-times":
             self.step_times += 1
-            self.jobs.add_step(value)
+            try:
+                self.jobs.add_step(value)
+            except InvalidRecordError as exc:  # as live: dead-lettered, counted
+                return [self._invalid(stream, key, value, exc)]
             return []
         out = self._drain()
         event_ts = value.get("ts_ms")

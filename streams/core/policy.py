@@ -149,6 +149,8 @@ def apply_finding(
             expiry_s=settings.alert_expiry_s,
         )
     gpu_index = finding.get("gpu_index")
+    if gpu_index is None and finding.get("port") is not None:
+        return _port_alert(ns, finding, ts_ms, settings)
     if gpu_index is None:
         raise InvalidRecordError("StragglerFinding record lacks 'gpu_index'")
     gpu = int(gpu_index)
@@ -312,6 +314,32 @@ def _silent(
     )
 
 
+def _port_alert(
+    ns: NodePolicyState, finding: StragglerFinding, ts_ms: int, settings: PolicySettings
+) -> list[DrainRecommendation]:
+    """A non-hard finding that blames a NIC port, not a GPU (a port below its rated speed, a
+    port that stands out inside its job): an ALERT naming the port, never a drain."""
+    if finding["status"] not in (SUSPECT, CONFIRMED):
+        return []
+    port = str(finding.get("port"))
+    first = finding.get("first_flagged_ms")
+    first_ms = int(first if first is not None else finding["window_start_ms"])
+    return emit(
+        ns,
+        settings,
+        cause="network",
+        episode=(finding["job_id"], port, first_ms),
+        ts_ms=ts_ms,
+        action="ALERT",
+        severity="WARNING",
+        reason=f"network port {port} job {finding['job_id']}: {finding['reason']}",
+        finding=finding,
+        evidence_kind="network",
+        expiry_s=settings.alert_expiry_s,
+        gpus=[],
+    )
+
+
 def _hard_error(
     ns: NodePolicyState, finding: StragglerFinding, ts_ms: int, settings: PolicySettings
 ) -> list[DrainRecommendation]:
@@ -320,7 +348,9 @@ def _hard_error(
         return []
     start_ms = int(finding["window_start_ms"])
     rules = " ".join(finding.get("hard_rules") or []) or "hard rule"
-    reason = f"hard error gpu{finding.get('gpu_index')}: {rules}"
+    port = finding.get("port")
+    where = f"port {port}" if port is not None else f"gpu{finding.get('gpu_index')}"
+    reason = f"hard error {where}: {rules}"
     out = emit(
         ns,
         settings,

@@ -109,5 +109,6 @@ def emit(
             "evidence": evidence or [],
             "expires_ms": expires_ms,
             "cause": finding.get("cause", "UNKNOWN") if finding is not None else "UNKNOWN",
+            "port": finding.get("port") if finding is not None else None,
         }
     ]

@@ -321,6 +321,8 @@ class SilenceWatch:
             "reason": reason,
             "cause": "NO_SAMPLES",
             "detected_ms": detected_ms,
+            "port": None,
+            "switch": None,
         }
 
     def counters(self) -> dict[str, int]:

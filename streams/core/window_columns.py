@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from peerwatch.schemas.records import GpuWindow
+from peerwatch.streams.core.hard_rules import MAY_FIRE_BELOW, MAY_FIRE_FIELDS
 from peerwatch.streams.core.model import field_rows
 
 #: The float fields the detector compares across peers (and its gate reads).
@@ -78,26 +79,23 @@ def reporting(lost: np.ndarray, samples: np.ndarray) -> np.ndarray:
 
 
 def may_fire_columns(
-    flags: Sequence[np.ndarray], width_min: np.ndarray, width_max: np.ndarray
+    flags: Sequence[np.ndarray], below: Sequence[tuple[np.ndarray, np.ndarray]], n: int
 ) -> np.ndarray:
-    """False for each window where no hard rule can fire (most windows): none of ``flags``
-    (XIDs seen, ECC and NVLink error deltas, remap failed/pending, lost: truthiness) is set and
-    the PCIe width is not below its maximum (``width_*``: float, NaN where None)."""
-    out = np.zeros(len(width_min), np.bool_)
+    """False for each of ``n`` windows where no hard rule can fire (most windows): none of
+    ``flags`` (the truth of :data:`~peerwatch.streams.core.hard_rules.MAY_FIRE_FIELDS`: XIDs
+    seen, counter deltas, condition flags) is set and no (min, max) pair of ``below`` (float,
+    NaN where None; :data:`~peerwatch.streams.core.hard_rules.MAY_FIRE_BELOW`) has min < max."""
+    out = np.zeros(n, np.bool_)
     for f in flags:
         out |= f
     with np.errstate(invalid="ignore"):
-        out |= width_min < width_max  # NaN (None) compares False
+        for low, high in below:
+            out |= low < high  # NaN (None) compares False
     return out
 
 
 def _truthy(values: Sequence[Any]) -> np.ndarray:
     return np.fromiter(map(bool, values), np.bool_, len(values))
-
-
-#: The fields :func:`may_fire_columns` reads of a window, flags first.
-_MAY_FIRE_FLAGS = ("xids", "ecc_uncorrected_delta", "nvlink_errors_delta", "remap_failed",
-                   "remap_pending", "lost")  # fmt: skip
 
 
 @dataclass
@@ -132,11 +130,12 @@ def of_windows(
 ) -> WindowColumns:
     """The columns of GpuWindow dicts (``keys``, ``lost`` and ``samples``: already read)."""
     reports = reporting(_truthy(lost), np.fromiter((int(s or 0) for s in samples), np.int64))
-    rows = field_rows(windows, *_MAY_FIRE_FLAGS, "pcie_link_width_min", "pcie_link_width_max")
-    cols = list(zip(*rows, strict=True)) if rows else [()] * (len(_MAY_FIRE_FLAGS) + 2)
-    flags = [_truthy(c) for c in cols[: len(_MAY_FIRE_FLAGS)]]
-    width_min, width_max = (np.array(c, dtype=np.float64) for c in cols[len(_MAY_FIRE_FLAGS) :])
-    fires = may_fire_columns(flags, width_min, width_max)
+    pairs = [f for pair in MAY_FIRE_BELOW for f in pair]
+    rows = field_rows(windows, *MAY_FIRE_FIELDS, *pairs)
+    cols = list(zip(*rows, strict=True)) if rows else [()] * (len(MAY_FIRE_FIELDS) + len(pairs))
+    flags = [_truthy(c) for c in cols[: len(MAY_FIRE_FIELDS)]]
+    floats = [np.array(c, dtype=np.float64) for c in cols[len(MAY_FIRE_FIELDS) :]]
+    fires = may_fire_columns(flags, list(zip(floats[::2], floats[1::2], strict=True)), len(rows))
 
     def read(name: str) -> FloatColumn:
         return float_column(field_rows(windows, name))

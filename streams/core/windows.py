@@ -41,13 +41,18 @@ from peerwatch.schemas.columns import Table, table_spec, tables_from_records
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.gpu_rows import GpuKeys, GrowingRows, cached_gpu_keys, gpu_code_parts
+from peerwatch.streams.core.hard_rules import (
+    MAY_FIRE_BELOW,
+    MAY_FIRE_FIELDS,
+    NVLINK_FIELDS,
+    XID_FIELD,
+)
 from peerwatch.streams.core.loops import (
     COLUMNS,
     COUNTER_FIELDS,
     COUNTS,
     DELTAS,
     MEMORY,
-    NVLINK_FIELDS,
     POWER_BRAKE_BIT,
     POWER_CAP_BIT,
     SUMS,
@@ -224,11 +229,9 @@ class ClosedWindows(NamedTuple):
 
         has_xids = np.zeros(len(order), np.bool_)
         has_xids[list(self.xids)] = True
-        flags = [has_xids, *map(truthy, ("ecc_uncorrected_delta", "nvlink_errors_delta",
-                                         "remap_failed", "remap_pending", "lost"))]  # fmt: skip
-        fires = may_fire_columns(
-            flags, widths("pcie_link_width_min"), widths("pcie_link_width_max")
-        )[order]
+        flags = [has_xids if f == XID_FIELD else truthy(f) for f in MAY_FIRE_FIELDS]
+        below = [(widths(low), widths(high)) for low, high in MAY_FIRE_BELOW]
+        fires = may_fire_columns(flags, below, len(has_xids))[order]
         reports = reporting(truthy("lost"), dicts.field("samples")[0])[order]
         floats = {
             f: from_arrays(*dicts.field(f)).take(order)

@@ -40,8 +40,9 @@ from typing import Any
 import faust
 import mode
 
-from peerwatch.exporters.consume import without_payload
+from peerwatch.io.deadletter import dead_letter_headers, without_payload
 from peerwatch.settings import Settings, expand
+from peerwatch.signing import signer_of
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.pipeline import PolicyStage
@@ -70,7 +71,7 @@ def _credentials(settings: Settings) -> Any:
     if kafka.sasl_mechanism:
         return faust.SASLCredentials(
             username=kafka.sasl_username,
-            password=kafka.sasl_password.reveal() if kafka.sasl_password else None,
+            password=kafka.password(),
             ssl_context=kw.get("ssl_context"),
             mechanism=kafka.sasl_mechanism,
         )
@@ -78,11 +79,13 @@ def _credentials(settings: Settings) -> Any:
 
 
 def internal_topics(settings: Settings) -> list[TopicSpec]:
-    """The app's repartition topics: created up front (with the catalogue's partition counts) so
-    that faust never auto-creates them with other counts and every agent finds them at start."""
+    """The app's repartition topics and its tables' changelogs: created up front (with the
+    catalogue's partition counts) so that faust never auto-creates them with other counts and
+    every agent finds them at start (a changelog faust failed to create under load left the
+    policy agent crashing on ``PartitionsMismatch`` at every restart of it, 0 partitions)."""
     cfg = settings.stream
     app_id = settings.topic_prefix + cfg.app_id
-    by_schema = {t.value_schema: t for t in catalogue(settings.topic_prefix)}
+    by_schema = {t.value_schema: t for t in catalogue(settings.topic_prefix, cfg.node_partitions)}
     nodes, jobs = by_schema["NodeGpuSample"].partitions, by_schema["JobEvent"].partitions
     day_ms = 24 * 3600 * 1000
     return [
@@ -90,7 +93,15 @@ def internal_topics(settings: Settings) -> list[TopicSpec]:
                   "closed windows of one job from one worker, JSON (stage 2 -> 3)"),
         TopicSpec(f"{app_id}-findings", "node", None, nodes, "delete", 7 * day_ms,
                   "findings re-keyed by node, JSON (stage 3 -> 4)"),
+        *(TopicSpec(f"{app_id}-{table}-changelog", key, None, jobs if key == "job_id" else nodes,
+                    "compact", -1, f"changelog of the {table} table (faust's, compacted)")
+          for table, key in _TABLES.items()),
     ]  # fmt: skip
+
+
+#: The app's state tables (faust names their changelogs ``<app id>-<table>-changelog``) and
+#: their keys: tables keyed by job have the job events' partitions, by node the samples'.
+_TABLES = {"jobs": "job_id", "pending": "job_id", "policy": "node"}
 
 
 def build_app(settings: Settings) -> faust.App:
@@ -98,7 +109,7 @@ def build_app(settings: Settings) -> faust.App:
     settings are the tree's ``[stream]``, ``[detector]`` and ``[policy]`` tables."""
     cfg = settings.stream
     prefix = settings.topic_prefix
-    topics = {t.value_schema or "deadletter": t for t in catalogue(prefix)}
+    topics = {t.value_schema or "deadletter": t for t in catalogue(prefix, cfg.node_partitions)}
     app_id = prefix + cfg.app_id
     datadir = expand(settings.state_dir) / "faust" / app_id
     datadir.mkdir(parents=True, exist_ok=True)
@@ -160,13 +171,8 @@ def build_app(settings: Settings) -> faust.App:
     async def dead(event: Any, reason: str, detail: str) -> None:
         counters.count_deadletter()
         msg = event.message
-        headers = [
-            ("peerwatch.reason", reason.encode()),
-            ("peerwatch.error", detail[:1000].encode(errors="replace")),
-            ("peerwatch.topic", str(msg.topic).encode()),
-            ("peerwatch.partition", str(msg.partition).encode()),
-            ("peerwatch.offset", str(msg.offset).encode()),
-        ]
+        headers = dead_letter_headers(reason, detail, stage="stream", topic=str(msg.topic),
+                                      partition=msg.partition, offset=msg.offset)  # fmt: skip
         key, value = event.key, msg.value
         if len(key or b"") + len(value or b"") > app.conf.producer_max_request_size - 10_000:
             key, sizes = without_payload(key, value)  # aiokafka would refuse it: not sent whole
@@ -198,7 +204,7 @@ def build_app(settings: Settings) -> faust.App:
         (Defined here: importing mode's services at module level runs a subprocess.)"""
 
         async def on_started(self) -> None:
-            from peerwatch.exporters.self_telemetry import start_self_telemetry
+            from peerwatch.exporters.telemetry_start import start_self_telemetry
 
             nonlocal hot
             if cfg.hot_process:
@@ -268,6 +274,8 @@ def build_app(settings: Settings) -> faust.App:
                 await dead(event, "invalid", str(exc))
 
     # -- stage 4: the drain policy, keyed by node (the pure PolicyStage; see handlers) ----------
+    # Recommendations carry the stream's HMAC when [signing] has a key (peerwatch.signing).
+    signer = signer_of(settings.signing)
     policy_handler = PolicyHandler(
         PolicyStage(settings.policy), policy_table, findings_topic=findings_t.get_topic_name(),
         health_topic=health_t.get_topic_name(), counters=counters,
@@ -284,7 +292,8 @@ def build_app(settings: Settings) -> faust.App:
                 await dead(event, "invalid", str(exc))
                 continue
             for key, value in recs:
-                await recs_out.send(key=key, value=value)
+                headers = signer.headers(key, value) if signer is not None else None
+                await recs_out.send(key=key, value=value, headers=headers)
 
     # -- rebalances: stages 3 and 4 hold their tables' state in memory too; a partition that
     # comes back after another worker held it must be read from the tables again (see forget).

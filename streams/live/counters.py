@@ -59,6 +59,9 @@ class StreamCounters:
     #: Stage 3's and 4's job and node states found damaged (not JSON, or not a state): dropped,
     #: that job or node starts afresh (streams.live.json_table, handlers).
     state_damaged: int = 0
+    #: How long faust's table recovery has gone without reading a changelog record (s; 0 when
+    #: not recovering): streams.live.recovery_watchdog ends the worker past a bound.
+    recovery_stalled_s: float = 0.0
     #: StepTime records taken by stage 3.
     step_times: int = 0
     #: Wall time spent in hot batches, s; and the latest batch's.

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from peerwatch.errors import CodecError, ServiceError
-from peerwatch.exporters.consume import DEADLETTER_KEY_MAX_BYTES, without_payload
+from peerwatch.io.deadletter import DEADLETTER_KEY_MAX_BYTES, dead_letter_headers, without_payload
 from peerwatch.kafka_config import admin_config, consumer_config, producer_config
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.schemas.columns import MessageColumns, select_rows
@@ -73,6 +73,8 @@ from peerwatch.streams.live.hot_progress import PartitionProgress
 from peerwatch.streams.live.window_batches import WindowBatchCodec
 
 log = logging.getLogger(__name__)
+#: The stage named in this stage's dead letters.
+STAGE = "stream"
 #: Clock offsets: a batch's newest sample time may run ahead of the wall time since the last
 #: batch by this much (a tick, jitter) and the partition still counts as read live (ms).
 LIVE_SLACK_MS = 2000
@@ -498,8 +500,7 @@ class HotStage:
         self.counters.outputs_refused += 1
         self.counters.count_deadletter()
         log.error("hot stage: window batch of job %s at %d not encodable: %s", job_id, start, exc)
-        dead = [("peerwatch.reason", b"unencodable"), ("peerwatch.error", str(exc).encode()[:1000]),
-                ("peerwatch.topic", self.topics.batches.encode())]  # fmt: skip
+        dead = dead_letter_headers("unencodable", str(exc), stage=STAGE, topic=self.topics.batches)
         self._send(self.topics.deadletter, job_id.encode()[:DEADLETTER_KEY_MAX_BYTES], b"",
                    headers=dead)  # fmt: skip
 
@@ -721,10 +722,8 @@ class HotStage:
                 self.counters.count_deadletter()
                 log.error("hot stage: a %d-byte record for %s refused (%s); dead-lettered",
                           len(value), topic, err.str())  # fmt: skip
-                headers = [("peerwatch.reason", b"too large"),
-                           ("peerwatch.error", err.str().encode()[:1000]),
-                           ("peerwatch.topic", topic.encode()),
-                           ("peerwatch.size", str(len(value)).encode())]  # fmt: skip
+                headers = dead_letter_headers("too large", err.str(), stage=STAGE, topic=topic,
+                                              size=len(value))  # fmt: skip
                 self._send(self.topics.deadletter, key, b"", headers=headers)
                 return
 
@@ -756,10 +755,8 @@ class HotStage:
             value = msg.value() or b""
             log.error("hot stage: the broker refused a %d-byte record for %s (%s); dead-lettered",
                       len(value), topic, err.str())  # fmt: skip
-            dead = [("peerwatch.reason", b"refused"),
-                    ("peerwatch.error", err.str().encode()[:1000]),
-                    ("peerwatch.topic", topic.encode()),
-                    ("peerwatch.size", str(len(value)).encode())]  # fmt: skip
+            dead = dead_letter_headers("refused", err.str(), stage=STAGE, topic=topic,
+                                       size=len(value))  # fmt: skip
             self._send(self.topics.deadletter, msg.key(), b"", headers=dead)
             return
         self.counters.outputs_failed += 1
@@ -786,13 +783,8 @@ class HotStage:
     def _dead(self, m: Any, reason: str, detail: str) -> None:
         if reason != "late":  # late samples have their own counter
             self.counters.count_deadletter()
-        headers = [
-            ("peerwatch.reason", reason.encode()),
-            ("peerwatch.error", detail[:1000].encode(errors="replace")),
-            ("peerwatch.topic", str(m.topic()).encode()),
-            ("peerwatch.partition", str(m.partition()).encode()),
-            ("peerwatch.offset", str(m.offset()).encode()),
-        ]
+        headers = dead_letter_headers(reason, detail, stage=STAGE, topic=str(m.topic()),
+                                      partition=m.partition(), offset=m.offset())  # fmt: skip
         self._send(self.topics.deadletter, m.key(), m.value() or b"", headers=headers)
 
     def _commit(self, partitions: list[int]) -> None:

@@ -81,32 +81,19 @@ def read_published(
     answer."""
     import uuid
 
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import Consumer
 
+    from peerwatch.io.topic_reader import TopicEndNotReached, TopicRange, read_to_end
     from peerwatch.kafka_config import consumer_config
 
     consumer = Consumer(consumer_config(kafka, f"peerwatch-replay-{uuid.uuid4().hex[:8]}"))
     out: list[dict[str, Any]] = []
     try:
-        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return out
-        ends = {}
-        for p in meta.partitions:
-            end = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-            if end > 0:
-                ends[p] = end
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-        while ends:
-            msgs = consumer.consume(num_messages=1000, timeout=timeout_s)
-            if not msgs:
-                break  # nothing more within the timeout: use what was read
-            for msg in msgs:
-                if msg.error() is not None:
-                    continue
-                if int(msg.offset() or 0) + 1 >= ends.get(int(msg.partition() or 0), 0):
-                    ends.pop(int(msg.partition() or 0), None)
-                out.extend(published_records([msg.value()]))
+        for msg in read_to_end(consumer, [TopicRange(topic)], idle_timeout_s=timeout_s,
+                               metadata_timeout_s=timeout_s):  # fmt: skip
+            out.extend(published_records([msg.value()]))
+    except TopicEndNotReached:
+        pass  # nothing more within the timeout: use what was read
     finally:
         consumer.close()
     return out

@@ -15,13 +15,15 @@ decoded (skipped, counted). The summary itself is :mod:`peerwatch.streams.core.j
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peerwatch.exporters.archive_files import HOUR_MS, archive_files, read_file, record_time_ms
+from peerwatch.io.archive.layout import HOUR_MS, archive_files, record_time_ms
+from peerwatch.io.archive.reader import read_file
 from peerwatch.topics import (
     ACTIONS,
     JOB_EVENTS,
@@ -31,6 +33,8 @@ from peerwatch.topics import (
     STRAGGLERS,
     TopicSpec,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,6 +48,14 @@ class JobRecords:
     actions: list[dict[str, Any]] = field(default_factory=list)
     node_events: list[dict[str, Any]] = field(default_factory=list)
     undecodable: int = 0
+
+    def knows(self, job_id: str) -> bool:
+        """Whether anything was read of ``job_id`` itself: an event, a window or a finding."""
+        return any(
+            str(r.get("job_id")) == job_id
+            for rows in (self.job_events, self.windows, self.findings)
+            for r in rows
+        )
 
     def span_ms(self, job_id: str) -> tuple[int | None, int | None]:
         """The job's [start, end] from its events (None where unknown)."""
@@ -119,9 +131,42 @@ def archive_has_samples(root: Path, topic_prefix: str = "") -> bool:
     return bool(archive_files(Path(root), topic_prefix + SAMPLES.name))
 
 
+def archive_prefixes(root: Path) -> list[str]:
+    """The topic prefixes of the catalogue topics the archive under ``root`` holds folders of
+    ("" for none), sorted."""
+    from peerwatch.topics import TOPICS
+
+    names = [t.name for t in TOPICS]
+    found: set[str] = set()
+    try:
+        folders = [p.name for p in Path(root).iterdir() if p.is_dir()]
+    except OSError:
+        return []
+    for folder in folders:
+        found |= {folder[: -len(n)] for n in names if folder.endswith(n)}
+    return sorted(found)
+
+
+def check_archive_prefix(root: Path, topic_prefix: str, option: str = "--archive") -> None:
+    """Raises ConfigError naming ``option`` when the archive under ``root`` holds topics, none
+    with ``topic_prefix``: saying which prefixes it does hold (a mismatch otherwise reads as an
+    archive where nothing happened)."""
+    from peerwatch.errors import ConfigError
+
+    held = archive_prefixes(root)
+    if not held or topic_prefix in held:  # an empty archive: the caller says what is missing
+        return
+    names = ", ".join(repr(p) for p in held)
+    raise ConfigError(
+        option,
+        f"{root} holds no topics with the prefix {topic_prefix!r} (setting topic_prefix, "
+        f"PEERWATCH_TOPIC_PREFIX); it holds the prefix{'es' if len(held) > 1 else ''} {names}",
+    )
+
+
 def archive_span_ms(root: Path, topic_prefix: str = "") -> tuple[int, int] | None:
     """[first hour start, last hour end) of the archive's sample files; None if it has none."""
-    from peerwatch.exporters.archive_files import hour_start_ms, parse_file_name
+    from peerwatch.io.archive.layout import hour_start_ms, parse_file_name
     from peerwatch.topics import SAMPLES
 
     hours = [
@@ -151,9 +196,8 @@ def _kafka_read(
 ) -> tuple[list[dict[str, Any]], int]:
     """The decoded records keyed by one of ``keys`` in ``topic`` from ``from_ms``; and how many
     of them could not be decoded."""
-    from confluent_kafka import TopicPartition
-
     from peerwatch.errors import CodecError
+    from peerwatch.io.topic_reader import TopicEndNotReached, TopicRange, read_to_end
     from peerwatch.schemas.codec import decode_any
 
     wanted_keys = {k.encode() for k in keys}
@@ -163,42 +207,21 @@ def _kafka_read(
     if meta is None or meta.error is not None or not meta.partitions:
         return [], 0
     n = len(meta.partitions)
-    parts = sorted({partition_of(k.decode(), n) for k in wanted_keys})
-    ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-        for p in parts
-    }
-    starts = consumer.offsets_for_times(
-        [TopicPartition(topic, p, max(0, from_ms)) for p in parts], timeout=timeout_s
-    )
-    assign = [tp for tp in starts if 0 <= tp.offset < ends[tp.partition]]
-    if not assign:
-        return [], 0
-    consumer.assign(assign)
-    open_parts = {tp.partition for tp in assign}
+    until = None if to_ms is None else to_ms + slack_ms
+    where = TopicRange(topic, {partition_of(k.decode(), n) for k in wanted_keys}, from_ms, until)
     out: list[dict[str, Any]] = []
     bad = 0
     try:
-        while open_parts:
-            msgs = consumer.consume(num_messages=5000, timeout=timeout_s)
-            if not msgs:
-                break  # the cluster stopped answering: what was read is returned
-            for msg in msgs:
-                if msg.error() is not None or msg.partition() not in open_parts:
-                    continue
-                p = int(msg.partition())
-                if int(msg.offset()) + 1 >= ends[p] or (
-                    to_ms is not None and msg.timestamp()[1] > to_ms + slack_ms
-                ):
-                    open_parts.discard(p)
-                if msg.key() not in wanted_keys:
-                    continue
-                try:
-                    out.append(decode_any(msg.value() or b"")[1])
-                except CodecError:
-                    bad += 1
-    finally:
-        consumer.unassign()
+        for msg in read_to_end(consumer, [where], idle_timeout_s=timeout_s,
+                               metadata_timeout_s=timeout_s):  # fmt: skip
+            if msg.key() not in wanted_keys:
+                continue
+            try:
+                out.append(decode_any(msg.value() or b"")[1])
+            except CodecError:
+                bad += 1
+    except TopicEndNotReached as exc:  # the cluster stopped answering: what was read is returned
+        log.warning("%s: %s; the job view may be incomplete", topic, exc)
     return out, bad
 
 

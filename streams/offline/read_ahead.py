@@ -4,7 +4,7 @@ largest cost) move to a third process, which writes each block's bytes (or its d
 into a slot of memory shared across the fork; the reading process takes them from there and
 hands the slot back.
 
-:meth:`ReadAhead.raw_blocks` is :func:`~peerwatch.exporters.archive_files.raw_blocks` with the
+:meth:`ReadAhead.raw_blocks` is :func:`~peerwatch.io.archive.reader.raw_blocks` with the
 same results and refusals: the same ``(record count, bytes)`` blocks (a slot's bytes as a
 memoryview, released once the next block is asked for), the same ValueError for an unreadable
 header (OSError for a file that cannot be opened), the same warnings (the read-ahead process sends them; they are logged here, by the same
@@ -40,7 +40,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from peerwatch.exporters.archive_files import ReadStats, raw_blocks
+from peerwatch.io.archive.layout import ReadStats
+from peerwatch.io.archive.reader import raw_blocks
 from peerwatch.schemas.columns import Buffer, ColumnDecoder, RawTable, Table
 from peerwatch.streams.offline.sample_runs import DecodedBlock
 
@@ -88,14 +89,14 @@ class ReadAhead:
     def raw_blocks(
         self, path: Path, stats: ReadStats | None = None
     ) -> tuple[Any, Iterator[tuple[int, Any]]]:
-        """As :func:`~peerwatch.exporters.archive_files.raw_blocks` (module docstring)."""
+        """As :func:`~peerwatch.io.archive.reader.raw_blocks` (module docstring)."""
         return self._open(path), self._blocks(self._opened, stats, None)
 
     def decoded_blocks(
         self, path: Path, stats: ReadStats | None, strings: dict[str, int]
     ) -> tuple[Any, Iterator[DecodedBlock]]:
         """As :func:`~peerwatch.streams.offline.sample_runs.decoded_here` with this read-ahead's
-        decoder over :func:`~peerwatch.exporters.archive_files.raw_blocks` (module docstring):
+        decoder over :func:`~peerwatch.io.archive.reader.raw_blocks` (module docstring):
         a :data:`~peerwatch.streams.offline.sample_runs.TablesOf`."""
         if self._decoder is None:
             raise ValueError("read-ahead: made without a decoder")

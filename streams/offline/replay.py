@@ -29,23 +29,15 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
-import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Protocol
 
-from peerwatch.exporters.archive_files import (
-    HOUR_MS,
-    ReadStats,
-    archive_files,
-    read_container,
-    read_file,
-    record_time_ms,
-    split_file,
-)
+from peerwatch.io.archive.layout import HOUR_MS, ReadStats, archive_files, record_time_ms
+from peerwatch.io.archive.reader import in_current_version, read_container, read_file, split_file
 from peerwatch.schemas.registry import current_schema
 from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import (
@@ -218,14 +210,15 @@ def _decoded(task: tuple[str, str | bytes, frozenset[str] | None],
 
 
 def archive_hours(
-    root: Path, span: TimeRange, topic_prefix: str = ""
+    root: Path, span: TimeRange, topic_prefix: str = "", stats: ReadStats | None = None
 ) -> dict[str, list[tuple[str, Path]]]:
     """The input files under ``root`` for ``span`` (job events with the lookback), by hour
-    (``YYYY-MM-DDTHH``): ``(stream, file)`` pairs, streams in :data:`INPUT_STREAMS` order."""
+    (``YYYY-MM-DDTHH``): ``(stream, file)`` pairs, streams in :data:`INPUT_STREAMS` order.
+    ``stats``: counts the misnamed entries skipped."""
     hours: dict[str, list[tuple[str, Path]]] = {}
     for stream, spec in INPUT_STREAMS.items():
         lo = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
-        for path in archive_files(Path(root), topic_prefix + spec.name, lo, span.to_ms):
+        for path in archive_files(Path(root), topic_prefix + spec.name, lo, span.to_ms, stats):
             hours.setdefault(path.name[:13], []).append((stream, path))
     return hours
 
@@ -243,8 +236,8 @@ def archive_records(
     hour of records). ``workers`` > 1 decodes parts of ``part_bytes`` of each file in that many
     processes (Avro decoding is the replay's bottleneck); the order is the same.
     ``keep_nodes``: samples of other nodes are skipped undecoded (see :func:`scope_nodes`).
-    ``stats``: counts what was skipped (bad records, blocks, files)."""
-    hours = archive_hours(root, span, topic_prefix)
+    ``stats``: counts what was skipped (bad records, blocks, files, misnamed entries)."""
+    hours = archive_hours(root, span, topic_prefix, stats)
     if workers <= 1:
         for hour in sorted(hours):
             with bulk_load():
@@ -260,18 +253,40 @@ def archive_records(
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         for hour in sorted(hours):
             tasks: list[tuple[str, str | bytes, frozenset[str] | None]] = []
-            for stream, path in hours[hour]:
-                try:
-                    parts = split_file(path, part_bytes, stats)
-                    tasks += [(stream, part, keep_nodes) for part in parts]
-                except ValueError:  # not even a header: read_file logs and skips it
-                    tasks.append((stream, str(path), keep_nodes))
+            file_of: list[int] = []  # each task's file (its index in the hour)
+            layouts: list[ReadStats] = []  # what cutting each file into parts skipped
+            for i, (stream, path) in enumerate(hours[hour]):
+                layout = ReadStats()
+                parts: list[str | bytes] = []
+                # Only a file of the current schema is cut into parts: fastavro reads another
+                # version (or judges a bad header) and ends at its first fault, where each
+                # part would go on past it.
+                schema = current_schema(str(INPUT_STREAMS[stream].value_schema))
+                if in_current_version(path, schema):
+                    with contextlib.suppress(ValueError):
+                        parts = list(split_file(path, part_bytes, layout))
+                if not parts:  # read whole by read_file, as the other modes read it
+                    parts, layout = [str(path)], ReadStats()
+                tasks += [(stream, part, keep_nodes) for part in parts]
+                file_of += [i] * len(parts)
+                layouts.append(layout)
             with bulk_load():
                 decoded = []
-                for part, skipped in pool.imap(_decode_task, tasks):
+                bad_files: set[int] = set()
+                for i, (part, skipped) in zip(file_of, pool.imap(_decode_task, tasks), strict=True):
                     decoded += part
+                    if skipped.bad_files:  # every part carries the file's header: count it once
+                        bad_files.add(i)
+                        skipped.bad_files = 0
                     if stats is not None:
                         stats.add(skipped)
+                if stats is not None:
+                    # A file with an unreadable header counts once, as in the other modes: as a
+                    # bad file, not also by what its blocks' layout skipped.
+                    stats.bad_files += len(bad_files)
+                    for i, layout in enumerate(layouts):
+                        if i not in bad_files:
+                            stats.add(layout)
                 admitted = _admitted(decoded, span)
                 del decoded
             yield from admitted
@@ -298,7 +313,7 @@ def column_archive_records(
     default: here, by the C decoder)."""
     if tables_of is None:
         tables_of = decoded_here(sample_decoder())
-    for files in (v for _, v in sorted(archive_hours(root, span, topic_prefix).items())):
+    for files in (v for _, v in sorted(archive_hours(root, span, topic_prefix, stats).items())):
         decoded = [
             r for s, p in files if s != "samples" for r in _decoded((s, str(p), None), stats)
         ]
@@ -331,38 +346,14 @@ def keep_output(out: Output, job: str | None = None, node: str | None = None) ->
     return job is None and (node is None or out.key == node)
 
 
-class Progress:
-    """A plain-text progress bar on a stream (stderr), in event time; redrawn at most
-    ``every_s`` seconds apart."""
+class Progress(Protocol):
+    """Where a replay reports how far it got, in event time: ``update`` now and then with the
+    event time reached and the records read, ``done`` at the end (the command's progress bar:
+    :class:`peerwatch.console.EventTimeProgress`)."""
 
-    def __init__(self, span: TimeRange, out: IO[str] | None = sys.stderr, every_s: float = 0.25,
-                 clock: Callable[[], float] = time.monotonic, width: int = 30) -> None:  # fmt: skip
-        self.span, self.out, self.every_s, self.clock, self.width = span, out, every_s, clock, width
-        self._start_s = clock()
-        self._last_s = -1e18
+    def update(self, ts_ms: int, records: int, force: bool = False) -> None: ...
 
-    def render(self, ts_ms: int, records: int) -> str:
-        """The bar for event time ``ts_ms`` after ``records`` records."""
-        total = max(1, self.span.to_ms - self.span.from_ms)
-        frac = min(1.0, max(0.0, (ts_ms - self.span.from_ms) / total))
-        filled = int(frac * self.width)
-        rate = records / max(1e-9, self.clock() - self._start_s)
-        bar = "#" * filled + "-" * (self.width - filled)
-        return f"\rreplay [{bar}] {frac * 100:5.1f}% {records} records {rate:,.0f}/s"
-
-    def update(self, ts_ms: int, records: int, force: bool = False) -> None:
-        now = self.clock()
-        if self.out is None or (not force and now - self._last_s < self.every_s):
-            return
-        self._last_s = now
-        self.out.write(self.render(ts_ms, records))
-        self.out.flush()
-
-    def done(self, records: int) -> None:
-        if self.out is not None:
-            self.update(self.span.to_ms, records, force=True)
-            self.out.write("\n")
-            self.out.flush()
+    def done(self, records: int) -> None: ...
 
 
 @dataclass
@@ -471,8 +462,3 @@ def output_lines(result: ReplayResult) -> Iterator[str]:
     for kind, values in ((FINDING, result.findings), (RECOMMENDATION, result.recommendations)):
         for v in values:
             yield json.dumps({"kind": kind, **v}, sort_keys=True) + "\n"
-
-
-def as_input(stream_values: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Record]:
-    """Helper for drivers holding ``(stream, record)`` pairs: replay order, streams checked."""
-    return sort_records((s, dict(v)) for s, v in stream_values if s in INPUT_STREAMS)

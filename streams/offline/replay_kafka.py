@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from peerwatch.errors import CodecError
-from peerwatch.exporters.archive_files import record_time_ms
+from peerwatch.io.archive.layout import record_time_ms
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.streams.offline.replay import (
     INPUT_STREAMS,
@@ -41,57 +41,28 @@ def range_messages(
 ) -> Iterator[tuple[str, Any]]:
     """``(stream, message)`` of every message of the input topics in ``span`` (job events from
     the lookback), partition by partition as they come. Raises
-    confluent_kafka.KafkaException when the cluster does not answer."""
-    from confluent_kafka import Consumer, TopicPartition
+    confluent_kafka.KafkaException when the cluster does not answer, and
+    :class:`~peerwatch.io.topic_reader.TopicEndNotReached` when it stops answering (no message
+    for ``timeout_s`` with partitions still open)."""
+    from confluent_kafka import Consumer
 
+    from peerwatch.io.topic_reader import TopicRange, read_to_end
     from peerwatch.kafka_config import consumer_config
 
-    consumer = Consumer(
-        consumer_config(kafka_settings, f"peerwatch-replay-{uuid.uuid4().hex[:8]}",
-                        **{"enable.partition.eof": True})
-    )  # fmt: skip
+    stream_of: dict[str, str] = {}
+    ranges = []
+    for stream, spec in INPUT_STREAMS.items():
+        if streams is not None and stream not in streams:
+            continue
+        topic = topic_prefix + spec.name
+        stream_of[topic] = stream
+        start = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
+        ranges.append(TopicRange(topic, from_ms=start, until_ms=span.to_ms + slack_ms))
+    consumer = Consumer(consumer_config(kafka_settings, f"peerwatch-replay-{uuid.uuid4().hex[:8]}"))
     try:
-        stream_of: dict[str, str] = {}
-        wanted: list[Any] = []
-        ends: dict[tuple[str, int], int] = {}
-        for stream, spec in INPUT_STREAMS.items():
-            if streams is not None and stream not in streams:
-                continue
-            topic = topic_prefix + spec.name
-            stream_of[topic] = stream
-            meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
-            start = span.from_ms - (span.lookback_ms if stream == "job-events" else 0)
-            for p in sorted(meta.partitions):
-                wanted.append(TopicPartition(topic, p, start))
-                ends[(topic, p)] = consumer.get_watermark_offsets(
-                    TopicPartition(topic, p), timeout=timeout_s
-                )[1]
-        starts = consumer.offsets_for_times(wanted, timeout=timeout_s)
-        assign = []
-        for tp in starts:
-            end = ends[(tp.topic, tp.partition)]
-            if tp.offset >= 0 and tp.offset < end:
-                assign.append(tp)
-            else:  # nothing at or after the start time
-                ends.pop((tp.topic, tp.partition))
-        consumer.assign(assign)
-        open_parts = set(ends)
-        for tp in assign:
-            if tp.offset >= ends[(tp.topic, tp.partition)]:
-                open_parts.discard((tp.topic, tp.partition))
-        while open_parts:
-            for msg in consumer.consume(num_messages=5000, timeout=1.0):
-                if msg.error() is not None:
-                    continue
-                where = (str(msg.topic()), int(msg.partition() or 0))
-                if where not in open_parts:
-                    continue
-                if (
-                    int(msg.offset() or 0) + 1 >= ends[where]
-                    or msg.timestamp()[1] > span.to_ms + slack_ms
-                ):
-                    open_parts.discard(where)
-                yield stream_of[where[0]], msg
+        for msg in read_to_end(consumer, ranges, idle_timeout_s=timeout_s,
+                               metadata_timeout_s=timeout_s):  # fmt: skip
+            yield stream_of[str(msg.topic())], msg
     finally:
         consumer.close()
 

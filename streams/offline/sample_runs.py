@@ -23,7 +23,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from fastavro.schema import to_parsing_canonical_form
 
-from peerwatch.exporters.archive_files import ReadStats, raw_blocks, record_time_ms
+from peerwatch.io.archive.layout import ReadStats, record_time_ms
+from peerwatch.io.archive.reader import raw_blocks
 from peerwatch.schemas.columns import (
     ColumnDecoder,
     Table,
@@ -39,7 +40,7 @@ from peerwatch.streams.core.windows import SAMPLE_SPEC
 log = logging.getLogger(__name__)
 
 #: How an archive file's blocks are read: ``(path, stats) -> (writer schema, blocks)``, as
-#: :func:`~peerwatch.exporters.archive_files.raw_blocks` (a block: its record count and bytes).
+#: :func:`~peerwatch.io.archive.reader.raw_blocks` (a block: its record count and bytes).
 BlocksOf = Callable[[Path, ReadStats | None], tuple[Any, Iterator[tuple[int, Any]]]]
 
 

@@ -104,7 +104,16 @@ def floor_summary(before: FloorResult | None, after: FloorResult) -> dict[str, A
         "cpu_s_per_1000_gpu_samples": 1000 * cpu_s / after.gpu_samples
         if after.gpu_samples
         else None,
+        "cpu_us_per_gpu_sample": 1e6 * cpu_s / after.gpu_samples if after.gpu_samples else None,
     }
+
+
+def cpu_ratio(worker: Mapping[str, Any], raw: Mapping[str, Any]) -> float | None:
+    """The worker's CPU time per GPU sample over the raw consume limit's (how many times the
+    bare librdkafka consume of the same records the whole worker costs); None where either is
+    unknown."""
+    mine, bare = worker.get("cpu_us_per_gpu_sample"), raw.get("cpu_us_per_gpu_sample")
+    return mine / bare if mine and bare else None
 
 
 def parse_stat_cpu_s(stat: str, clk_tck: int) -> float:
@@ -244,6 +253,7 @@ def worker_metrics(
         "gpu_samples_per_s": rate(gpus, wall),
         "node_records_per_s": rate(nodes, wall),
         "cpu_s_per_1000_gpu_samples": 1000.0 * cpu / gpus if cpu is not None and gpus else None,
+        "cpu_us_per_gpu_sample": 1e6 * cpu / gpus if cpu is not None and gpus else None,
         "findings": int(counters.get("findings", 0)),
         "finding_latency_ms": latency_summary(counters.get("finding_latency_ms") or ()),
     }
@@ -308,6 +318,7 @@ def _ratio(value: float | None, digits: int) -> str:
 def format_table(report: Mapping[str, Any]) -> str:
     """The human-readable report (one metric a line, with its target and verdict)."""
     w, f, v = report["worker"], report["floor"], report["verdicts"]
+    raw = report.get("raw_consume") or {}
     rss = report.get("rss_at_scale") or {}
     lat = w["finding_latency_ms"]
     mib = 1 << 20
@@ -316,12 +327,19 @@ def format_table(report: Mapping[str, Any]) -> str:
                   f"{report['duration_s']:g} s; timed: {w['node_records']:,} node records", "", ""),
         ("worker GPU samples/s", _fmt(w["gpu_samples_per_s"]), ">= 50,000", v["gpu_samples_per_s"]),
         ("worker node records/s", _fmt(w["node_records_per_s"]), "", ""),
-        ("worker CPU-s / 1,000 GPU samples", _fmt(w["cpu_s_per_1000_gpu_samples"], ".4f"), "", ""),
+        ("worker CPU µs / GPU sample (all its processes)",
+         _fmt(w.get("cpu_us_per_gpu_sample"), ".2f"), "", ""),
         ("worker peak RSS (MiB)", _fmt(report["worker_peak_rss_bytes"] / mib), "", ""),
         ("floor GPU samples/s, mean (before / after the worker)",
          f"{_fmt(f['gpu_samples_per_s'])} ({_fmt(f.get('before_gpu_samples_per_s'), ',.0f')} / "
          f"{_fmt(f.get('after_gpu_samples_per_s'), ',.0f')})", "", ""),
-        ("floor CPU-s / 1,000 GPU samples", _fmt(f["cpu_s_per_1000_gpu_samples"], ".4f"), "", ""),
+        ("floor CPU µs / GPU sample", _fmt(f.get("cpu_us_per_gpu_sample"), ".2f"), "", ""),
+        ("raw consume GPU samples/s, mean (before / after; no decode)",
+         f"{_fmt(raw.get('gpu_samples_per_s'))} ({_fmt(raw.get('before_gpu_samples_per_s'), ',.0f')}"
+         f" / {_fmt(raw.get('after_gpu_samples_per_s'), ',.0f')})", "", ""),
+        ("raw consume CPU µs / GPU sample", _fmt(raw.get("cpu_us_per_gpu_sample"), ".2f"), "", ""),
+        ("worker CPU / raw consume CPU (per GPU sample)",
+         _ratio(report.get("worker_cpu_over_raw_consume"), 2), "", ""),
         ("processor / floor", _ratio(report["processor_over_floor"], 3), ">= 2",
          v["processor_over_floor"]),
         (f"peak RSS, {rss.get('gpus_tracked') or 0:,} GPUs tracked (MiB)",

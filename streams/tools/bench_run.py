@@ -21,7 +21,7 @@ from typing import Any
 
 from peerwatch.kafka_config import consumer_config, producer_config
 from peerwatch.producers.sim.fleet import Fleet
-from peerwatch.producers.sim.publish import STREAM_TOPICS, PublishStats, publish_to_kafka
+from peerwatch.producers.sim.publish import STREAM_TOPICS
 from peerwatch.schemas.codec import AvroCodec, decode_any
 from peerwatch.settings import KafkaSettings
 from peerwatch.streams.tools.bench import FloorResult, ProcSnapshot, read_proc_tree
@@ -79,16 +79,6 @@ class _ConfluentSink:
             raise RuntimeError(f"{left} records not flushed, {self.failed} failed")
 
 
-def produce_fleet(kafka: KafkaSettings, fleet: Fleet, topic_prefix: str) -> PublishStats:
-    """Create the catalogue topics under ``topic_prefix`` and publish every record of ``fleet``
-    as fast as the broker takes them (acks=all). Raises RuntimeError if a record is not acked."""
-    ensure_topics(kafka, catalogue(topic_prefix))
-    sink = _ConfluentSink(kafka)
-    stats = publish_to_kafka(fleet, sink, topic_prefix)
-    sink.flush()
-    return stats
-
-
 def produce_raw(kafka: KafkaSettings, records: Sequence[Raw]) -> None:
     """Publish ``(topic, key, value, timestamp_ms or None)`` records as they are (test input)."""
     sink = _ConfluentSink(kafka)
@@ -101,45 +91,25 @@ def read_topic(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> lis
     """Every record of ``topic`` up to its current end (the high watermarks when called), in
     partition and offset order; [] if the topic does not exist. Raises TimeoutError if the end
     is not reached within ``timeout_s``."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
+
+    from peerwatch.io.topic_reader import TopicRange, read_to_end
 
     consumer = Consumer(consumer_config(kafka, f"read-{time.time_ns()}"))
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        if meta.error is not None or not meta.partitions:
-            return []
-        ends: dict[int, int] = {}
-        starts: list[Any] = []
-        for p in sorted(meta.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            if high > low:
-                ends[p] = high
-                starts.append(TopicPartition(topic, p, low))
-        out: list[TopicRecord] = []
-        if not ends:
-            return out
-        consumer.assign(starts)
-        deadline = time.monotonic() + timeout_s
-        while ends:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: end not reached in {timeout_s} s")
-            for m in consumer.consume(1000, timeout=0.5):
-                partition, offset = int(m.partition() or 0), int(m.offset() or 0)
-                if m.error() is not None or partition not in ends:
-                    continue
-                key = m.key()
-                out.append(
-                    TopicRecord(
-                        key if isinstance(key, bytes) else None,
-                        bytes(m.value() or b""),
-                        _headers(m.headers()),
-                        partition,
-                        offset,
-                        int(m.timestamp()[1]),
-                    )
-                )
-                if offset + 1 >= ends[partition]:
-                    del ends[partition]
+        out = [
+            TopicRecord(
+                key if isinstance(key := m.key(), bytes) else None,
+                bytes(m.value() or b""),
+                _headers(m.headers()),
+                int(m.partition() or 0),
+                int(m.offset() or 0),
+                int(m.timestamp()[1]),
+            )
+            for m in read_to_end(
+                consumer, [TopicRange(topic)], idle_timeout_s=timeout_s, deadline_s=timeout_s
+            )
+        ]
         return sorted(out, key=lambda r: (r.partition, r.offset))
     finally:
         consumer.close()
@@ -277,12 +247,18 @@ class WorkerProcess:
 
 
 def measure_floor(
-    kafka: KafkaSettings, topic: str, expected: int, timeout_s: float = 600.0
+    kafka: KafkaSettings,
+    topic: str,
+    expected: int,
+    timeout_s: float = 600.0,
+    *,
+    gpus_per_record: int | None = None,
 ) -> FloorResult:
     """Consume ``expected`` records of ``topic`` from the start with a plain confluent Consumer
     and decode each body with fastavro (the issue's floor: consume + fastavro decode); wall and
-    CPU time from the first record to the last. Raises TimeoutError if fewer arrive within
-    ``timeout_s``."""
+    CPU time from the first record to the last. With ``gpus_per_record`` nothing is decoded:
+    the *raw consume limit* (what librdkafka alone costs for these records; GPU samples counted
+    as that many per record). Raises TimeoutError if fewer arrive within ``timeout_s``."""
     import io
 
     from confluent_kafka import Consumer, TopicPartition
@@ -293,8 +269,11 @@ def measure_floor(
 
     schema = current_schema("NodeGpuSample")
 
-    def decode(value: bytes) -> Any:
-        return schemaless_reader(io.BytesIO(value[HEADER_LEN:]), schema, None)
+    def gpus_of(value: bytes) -> int:
+        if gpus_per_record is not None:
+            return gpus_per_record
+        record: Any = schemaless_reader(io.BytesIO(value[HEADER_LEN:]), schema, None)
+        return len(record["gpus"])
 
     consumer = Consumer(consumer_config(kafka, f"floor-{time.time_ns()}"))
     try:
@@ -312,7 +291,7 @@ def measure_floor(
             for m in batch:
                 if m.error() is not None:
                     continue
-                gpus += len(decode(m.value() or b"")["gpus"])
+                gpus += gpus_of(m.value() or b"")
                 records += 1
         return FloorResult(records, gpus, time.perf_counter() - t0, time.process_time() - c0)
     finally:
@@ -472,6 +451,8 @@ class WorkerRun:
     #: The floor measured just before the worker started, over a copy of its samples topic
     #: (None unless asked for).
     floor_before: FloorResult | None = None
+    #: The raw consume limit measured just before the worker started, likewise.
+    raw_before: FloorResult | None = None
     #: What ``before_worker`` returned (called once the archive is written, before the floor
     #: and the worker; None without one).
     before_worker: Any = None
@@ -483,26 +464,33 @@ FLOOR_PREFIX = "floor."
 
 
 def floor_before(
-    kafka: KafkaSettings, records: Sequence[Raw], prefix: str, log: Callable[[str], None]
-) -> FloorResult:
-    """The floor over a copy of the samples of ``records`` (published to a topic of its own
-    under ``prefix`` + :data:`FLOOR_PREFIX`, with the samples topic's partitions), measured
-    before the worker starts: with the floor measured after it, it brackets the worker's run
-    in time, so a machine whose speed drifts moves both sides of the ratio alike."""
+    kafka: KafkaSettings,
+    records: Sequence[Raw],
+    prefix: str,
+    log: Callable[[str], None],
+    gpus_per_record: int,
+) -> tuple[FloorResult, FloorResult]:
+    """The floor and the raw consume limit over a copy of the samples of ``records``
+    (published to a topic of its own under ``prefix`` + :data:`FLOOR_PREFIX`, with the samples
+    topic's partitions), measured before the worker starts: with those measured after it,
+    they bracket the worker's run in time, so a machine whose speed drifts moves both sides of
+    the ratios alike."""
     copy_prefix = prefix + FLOOR_PREFIX
     ensure_topics(kafka, [t for t in catalogue(copy_prefix) if t.name.endswith(SAMPLES.name)])
     topic = copy_prefix + SAMPLES.name
     samples = [(topic, *r[1:]) for r in records if _is_sample(r)]
-    log(f"floor over a copy of the {len(samples):,} sample records, before the worker ...")
+    log(f"floor and raw consume over a copy of the {len(samples):,} sample records, before "
+        "the worker ...")  # fmt: skip
     produce_raw(kafka, samples)
-    return measure_floor(kafka, topic, len(samples))
+    floor = measure_floor(kafka, topic, len(samples))
+    return floor, measure_floor(kafka, topic, len(samples), gpus_per_record=gpus_per_record)
 
 
 def archive_raw(records: Sequence[Raw], root: Path, topic_prefix: str) -> int:
     """Write encoded records (topics under ``topic_prefix``; ``encode_fleet`` stamps each with
     its event time) as the archiver would: their Avro bodies, under their topic names without
     the prefix; returns how many were written."""
-    from peerwatch.exporters.archive_files import AvroFileSink
+    from peerwatch.io.archive.writer import AvroFileSink
 
     topics = {topic_prefix + t.name: t for t in STREAM_TOPICS.values()}
     codecs = {name: AvroCodec(t.value_schema or "") for name, t in topics.items()}
@@ -660,7 +648,11 @@ def run_worker_over(
     rest = [r for r in rest if paced_from_ms is None or (r[3] or 0) < paced_from_ms]
     paced_samples = sum(t.endswith(SAMPLES.name) for t, *_ in paced)
     first_samples = sum(t.endswith(SAMPLES.name) for t, *_ in first)
-    floor = floor_before(kafka, [*first, *rest, *paced], prefix, log) if floor_first else None
+    floors = (
+        floor_before(kafka, [*first, *rest, *paced], prefix, log, fleet.spec.gpus_per_node)
+        if floor_first
+        else (None, None)
+    )
     produce_raw(kafka, first)
     app_id = f"bench-{uuid.uuid4().hex[:8]}"
     with WorkerProcess(
@@ -703,7 +695,7 @@ def run_worker_over(
         snapshot = worker.proc_snapshot()
         return WorkerRun(
             worker.counters(), snapshot, since, prefix, total, paced_latency, paced_samples,
-            hard[0], hard[1], burst_cpu_s, burst_done, floor, before_result,
+            hard[0], hard[1], burst_cpu_s, burst_done, floors[0], floors[1], before_result,
         )  # fmt: skip
 
 
@@ -724,6 +716,7 @@ def run_stream_bench(
     """The whole benchmark (see :mod:`peerwatch.streams.tools.bench`); returns the report dict.
     ``rss_nodes`` = 0 skips the RSS-at-scale run; ``replay`` False skips the replay phase."""
     from peerwatch.streams.tools.bench import (
+        cpu_ratio,
         floor_summary,
         latency_summary,
         verdicts,
@@ -760,10 +753,15 @@ def run_stream_bench(
     prefix = run.topic_prefix
     log("floor over the same samples topic, after the worker ...")
     after = measure_floor(kafka, prefix + SAMPLES.name, run.node_records)
+    log("raw consume over the same samples topic, after the worker ...")
+    raw_after = measure_floor(
+        kafka, prefix + SAMPLES.name, run.node_records, gpus_per_record=gpus_per_node
+    )
     if not keep_topics:
         delete_prefixed_topics(kafka, prefix)
     floor = floor_summary(run.floor_before, after)
     floor_rate = floor["gpu_samples_per_s"]
+    raw = floor_summary(run.raw_before, raw_after)
     report: dict[str, Any] = {
         "nodes": nodes,
         "gpus_per_node": gpus_per_node,
@@ -776,6 +774,8 @@ def run_stream_bench(
         "processor_over_floor": worker["gpu_samples_per_s"] / floor_rate
         if worker["gpu_samples_per_s"] and floor_rate
         else None,
+        "raw_consume": raw,
+        "worker_cpu_over_raw_consume": cpu_ratio(worker, raw),
         "rss_at_scale": None,
         "paced": {
             "seconds": paced_s,

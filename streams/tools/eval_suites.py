@@ -14,7 +14,9 @@ so the suites cover every fault and confounder, several seeds and job sizes 1-51
 - ``big``: a 512-GPU job with a 6% drop and a throttle, plus a random 1-64 GPU workload;
 - ``idle-hard``: hard conditions on idle GPUs and hard conditions present at agent start;
 - ``silent``: agents going quiet (a node, a rack across jobs, a whole job, a node that never
-  reported, an idle node).
+  reported, an idle node);
+- ``network`` (suite ``network`` only, so ``quick`` and ``full`` stay as they were): every NIC
+  fault and confounder.
 """
 
 from __future__ import annotations
@@ -271,8 +273,47 @@ def hardfast_scenarios(seed: int) -> list[EvalScenario]:
 
 
 # -- end of the hard-faults / silence block ------------------------------------------------------
+def network(seed: int, duration_s: float = 900.0) -> EvalScenario:
+    """Every NIC fault and confounder (producers/sim/nic.py) on 24 nodes of 8 ports, 4 nodes a
+    leaf switch: ports down for 3 s and 30 s, a flapping port and a symbol-error burst (drains),
+    a link trained at half rate and one node's NIC retransmitting (NETWORK findings naming node
+    and port), congestion under the leaf of half a job (one finding naming the switch), and the
+    confounders (an all-to-all phase, checkpoint traffic, a counter reset, a reboot)."""
+    fleet = {**_fleet(24, seed, duration_s, 1.0), "nics_per_node": 8, "nodes_per_leaf": 4}
+    jobs = [
+        {"job_id": "7501", "gpus": 64, "first_node": 0, "duration_s": 7200},
+        {"job_id": "7502", "gpus": 64, "first_node": 8, "duration_s": 7200},
+        {"job_id": "7503", "gpus": 32, "first_node": 16, "duration_s": 7200},
+        {"job_id": "7504", "gpus": 32, "first_node": 20, "duration_s": 7200},
+    ]
+    faults = [
+        {"name": "nic_port_down", "node": 1, "start_s": _onset(seed, 0), "end_s": _onset(seed, 0) + 3,
+         "params": {"port": 2}},
+        {"name": "nic_port_down", "node": 2, "start_s": 500, "end_s": 530, "params": {"port": 5}},
+        {"name": "nic_port_flap", "node": 9, "start_s": 300, "end_s": 420,
+         "params": {"port": 1, "flap_every_s": 30, "flap_down_s": 2}},
+        {"name": "nic_symbol_errors", "node": 10, "start_s": 600, "end_s": 700,
+         "params": {"port": 4, "errors_per_s": 200}},
+        {"name": "nic_half_rate", "node": 17, "start_s": 250, "end_s": 650, "params": {"port": 6}},
+        {"name": "nic_retransmit", "node": 21, "start_s": _onset(seed, 1, 300), "end_s": 700,
+         "params": {"port": 3}},
+        {"name": "switch_congestion", "node": 4, "start_s": 700, "end_s": 820},
+    ]  # fmt: skip
+    confounders = [
+        {"name": "alltoall_phase", "node": 16, "start_s": 100, "end_s": 160},
+        {"name": "checkpoint_traffic", "node": 20, "start_s": 150, "end_s": 200},
+        {"name": "nic_counter_reset", "node": 13, "start_s": 400},
+        {"name": "node_reboot", "node": 22, "start_s": 120, "params": {"down_s": 30}},
+    ]
+    doc = {"fleet": fleet, "jobs": jobs, "faults": faults, "confounders": confounders}
+    return EvalScenario(f"network-s{seed}", doc)
+
+
 def suite(name: str) -> list[EvalScenario]:
-    """The scenarios of suite ``quick`` or ``full``; raises ValueError for another name."""
+    """The scenarios of suite ``quick``, ``full`` or ``network`` (the NIC faults, until the
+    stream side consumes NodeNicSample); raises ValueError for another name."""
+    if name == "network":
+        return [network(seed) for seed in QUICK_SEEDS]
     seeds: tuple[int, ...]
     pcts: tuple[float, ...]
     if name == "quick":
@@ -280,7 +321,7 @@ def suite(name: str) -> list[EvalScenario]:
     elif name == "full":
         seeds, pcts, long_s = FULL_SEEDS, FULL_PCTS, 1800.0
     else:
-        raise ValueError(f"unknown suite {name!r} (quick or full)")
+        raise ValueError(f"unknown suite {name!r} (quick, full or network)")
     out: list[EvalScenario] = []
     for seed in seeds:
         out += [clock_sweep(p, seed, long_s) for p in pcts]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -532,10 +532,17 @@ _OVERRIDABLE = {
 
 
 def evaluate(
-    scenarios: Sequence[EvalScenario], settings: PipelineSettings
+    scenarios: Sequence[EvalScenario],
+    settings: PipelineSettings,
+    on_result: Callable[[ScenarioResult], None] | None = None,
 ) -> tuple[list[ScenarioResult], Score, list[Target]]:
-    """Run every scenario; returns per-scenario results, the summed score and the targets."""
-    results = [run_scenario(s, settings) for s in scenarios]
+    """Run every scenario; returns per-scenario results, the summed score and the targets.
+    ``on_result`` is called after each scenario (a progress bar)."""
+    results = []
+    for scenario in scenarios:
+        results.append(run_scenario(scenario, settings))
+        if on_result is not None:
+            on_result(results[-1])
     total = Score()
     for r in results:
         total.add(r.score)
@@ -546,25 +553,31 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def format_report(results: Sequence[ScenarioResult], total: Score, checks: Sequence[Target]) -> str:
-    """A plain-text report: per scenario, recall by kind, overall, the targets."""
-    lines = [
-        f"{'scenario':24} {'GPUs':>5} {'labels':>6} {'recall':>6} {'prec':>6} {'drains':>6} "
-        f"{'false':>5} {'med s':>6} {'p95 s':>6} {'run s':>6}"
-    ]
+def format_report(
+    results: Sequence[ScenarioResult],
+    total: Score,
+    checks: Sequence[Target],
+    width: int = 100,
+) -> str:
+    """A plain-text report of ``width`` columns: per scenario (a rich table), recall by kind,
+    overall, the targets."""
+    from peerwatch.console import render, table, user_text
+
+    grid = table("scenario", "GPUs", "labels", "recall", "prec", "drains", "false", "med s",
+                 "p95 s", "run s", right=tuple(range(1, 10)))  # fmt: skip
     rows: list[ScenarioResult | None] = [*results, None]
     for r in rows:
         s = total if r is None else r.score
         lat = latency_summary(s.finding_latency_ms)
-        name = "TOTAL" if r is None else r.name
-        gpus = "" if r is None else str(r.gpus)
-        labels = "" if r is None else str(r.labels)
         run_s = sum(x.runtime_s for x in results) if r is None else r.runtime_s
-        lines.append(
-            f"{name:24} {gpus:>5} {labels:>6} {_fmt(s.recall):>6} {_fmt(s.precision):>6} "
-            f"{s.drains:>6} {s.false_drains:>5} {_fmt(lat['median'], 1):>6} "
-            f"{_fmt(lat['p95'], 1):>6} {run_s:>6.1f}"
-        )
+        grid.add_row(
+            user_text("TOTAL" if r is None else r.name, 60),
+            "" if r is None else str(r.gpus), "" if r is None else str(r.labels),
+            _fmt(s.recall), _fmt(s.precision), str(s.drains), str(s.false_drains),
+            _fmt(lat["median"], 1), _fmt(lat["p95"], 1), f"{run_s:.1f}",
+            style="bold" if r is None else None,
+        )  # fmt: skip
+    lines = [render([grid], width=width).rstrip("\n")]
     lines.append("")
     lines.append("recall by fault (labels expecting a straggler or a clock-fault drain):")
     for kind, (n, hit) in sorted(total.by_kind.items(), key=lambda kv: _kind_order(kv[0])):

@@ -93,30 +93,7 @@ def produce(kafka: KafkaSettings, messages: Iterable[tuple[str, bytes, bytes, in
 
 def read_values(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:
     """Every decoded record of ``topic`` up to its end offsets as of the call."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from peerwatch.kafka_config import consumer_config
     from peerwatch.schemas.codec import decode_any
+    from peerwatch.streams.tools.bench_run import read_topic
 
-    consumer = Consumer(consumer_config(kafka, f"read-{time.time_ns()}"))
-    try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        ends = {}
-        for p in meta.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            if high > low:
-                ends[p] = (low, high)
-        consumer.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ends.items()])
-        out: list[dict[str, Any]] = []
-        deadline = time.monotonic() + timeout_s
-        while ends and time.monotonic() < deadline:
-            for m in consumer.consume(1000, timeout=0.5):
-                if m.error() is not None or m.partition() not in ends:
-                    continue
-                out.append(decode_any(m.value() or b"")[1])
-                if m.offset() + 1 >= ends[m.partition()][1]:
-                    del ends[m.partition()]
-        assert not ends, f"{topic}: end not reached in {timeout_s} s"
-        return out
-    finally:
-        consumer.close()
+    return [decode_any(r.value)[1] for r in read_topic(kafka, topic, timeout_s)]

@@ -193,3 +193,52 @@ def test_health_with_kafka_down_returns_in_time_and_spools(
     assert rec.topic == "down." + HEALTH.name and rec.key == b"gpu042"
     record = AvroCodec("HealthCheckResult").decode(rec.value)
     assert (record["status"], record["exit_code"], record["job_id"]) == ("CRITICAL", 2, "777")
+
+
+def test_health_replays_an_earlier_runs_spooled_result_before_it_exits(
+    kafka_settings: KafkaSettings,
+    topic_prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 40 item 1: a result spooled while the broker was unreachable (a wrong port) is
+    delivered by the next run, which ends with an empty spool and both results on the topic,
+    oldest first, each once (the checks take no time here: no broker probe happens meanwhile)."""
+    spec = spec_of(topic_prefix, HEALTH)
+    ensure_topics(kafka_settings, [spec])
+    nvml = FakeNvml([FakeGpu.h100(i) for i in range(8)])
+    _health_env(monkeypatch, "127.0.0.1:1", topic_prefix, tmp_path / "s", nvml)
+    monkeypatch.setenv("SLURM_JOB_ID", "801")
+    assert main([*_prolog(tmp_path), "--kafka-timeout-s", "2"]) == 0
+    assert "published=spooled" in capsys.readouterr().out
+    assert len(Spool(tmp_path / "s" / "health")) == 1
+
+    monkeypatch.setenv("PEERWATCH_KAFKA_BOOTSTRAP", kafka_settings.bootstrap_servers)
+    monkeypatch.setenv("SLURM_JOB_ID", "802")
+    assert main(_prolog(tmp_path)) == 0
+    assert "published=delivered" in capsys.readouterr().out
+    assert len(Spool(tmp_path / "s" / "health")) == 0
+    got = [
+        AvroCodec("HealthCheckResult").decode(m.value()) for m in consume(kafka_settings, spec, 2)
+    ]
+    assert [r["job_id"] for r in got] == ["801", "802"]
+
+
+def test_health_names_a_missing_topic_and_how_to_create_it(
+    kafka_settings: KafkaSettings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 40 item 7: with the broker up and the topic not created, the log says so (not
+    "Kafka unavailable (Local: Purged in queue)") and the result waits in the spool."""
+    prefix = f"missing{time.time_ns()}."
+    nvml = FakeNvml([FakeGpu.h100(i) for i in range(8)])
+    _health_env(monkeypatch, kafka_settings.bootstrap_servers, prefix, tmp_path / "s", nvml)
+    assert main([*_prolog(tmp_path), "--kafka-timeout-s", "3"]) == 0
+    text = caplog.text
+    assert f"topic {prefix}{HEALTH.name} does not exist" in text
+    assert "peerwatch topics create" in text
+    assert "Purged in queue" not in text and "Kafka unavailable" not in text
+    assert len(Spool(tmp_path / "s" / "health")) == 1

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from peerwatch.exporters.archive import STATE_FILE
-from peerwatch.exporters.archive_files import read_archive
+from peerwatch.io.archive.reader import read_archive
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.settings import KafkaSettings

@@ -30,7 +30,7 @@ from peerwatch.exporters.drain.controller import AuditPublisher, DrainController
 from peerwatch.exporters.drain.decide import NodeFacts
 from peerwatch.exporters.drain.operations import reset_breaker, resume_node
 from peerwatch.exporters.drain.slurm_ops import ScontrolSlurm
-from peerwatch.exporters.drain.state import StateStore
+from peerwatch.exporters.drain.state import ControllerState, StateStore
 from peerwatch.kafka_config import consumer_config, producer_config
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import KafkaSettings
@@ -67,7 +67,8 @@ class Env:
 
     def settings(self, **kw: Any) -> DrainSettings:
         base: dict[str, Any] = {
-            "enforce": True, "partition_sizes": {"gpu": 100}, "partition_rate_pct": 100.0,
+            "enforce": True, "partition_sizes": {"gpu": 100}, "cluster_size": 100,
+            "partition_rate_pct": 100.0,
             "breaker_pct": 100.0, "operator_cooldown_s": 0, "group_id": self.prefix + "drain",
             "poll_timeout_s": 0.5, "state_file": str(self.state_file),
         }  # fmt: skip
@@ -272,7 +273,8 @@ def test_breaker_opens_at_the_threshold_blocks_and_survives_restart(env: Env) ->
 def _cli(env: Env, *args: str, **popen: Any) -> subprocess.Popen[str]:
     environ = {**os.environ, "PEERWATCH_KAFKA_BOOTSTRAP": env.kafka.bootstrap_servers,
                "PEERWATCH_TOPIC_PREFIX": env.prefix, "PEERWATCH_DRAIN_GROUP_ID": env.prefix + "drain",
-               "PEERWATCH_DRAIN_PARTITION_SIZES": "gpu=100", "PEERWATCH_DRAIN_PARTITION_RATE_PCT": "100",
+               "PEERWATCH_DRAIN_PARTITION_SIZES": "gpu=100", "PEERWATCH_DRAIN_CLUSTER_SIZE": "100",
+               "PEERWATCH_DRAIN_PARTITION_RATE_PCT": "100",
                "PEERWATCH_DRAIN_BREAKER_PCT": "100", "PEERWATCH_DRAIN_OPERATOR_COOLDOWN_S": "0",
                "PEERWATCH_DRAIN_POLL_TIMEOUT_S": "0.2"}  # fmt: skip
     argv = [sys.executable, "-m", "peerwatch.cli", "drain-controller", *args,
@@ -280,8 +282,26 @@ def _cli(env: Env, *args: str, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, cwd=REPO, env=environ, text=True, **popen)
 
 
+def _cli_until(env: Env, log_path: Path, want: Callable[[list[dict[str, Any]]], bool],
+               *args: str) -> list[dict[str, Any]]:  # fmt: skip
+    """Run ``drain-controller run ARGS`` until the audit satisfies ``want``, then stop it with
+    SIGTERM (it must exit 0); returns the audit read."""
+    with log_path.open("a") as log:
+        proc = _cli(env, "run", *args, stderr=log)
+        try:
+            actions = env.actions(want)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+    assert proc.returncode == 0, log_path.read_text()[-2000:]
+    return actions
+
+
 def test_killed_mid_stream_and_restarted_does_not_act_twice(env: Env, tmp_path: Path) -> None:
     ids = [f"k{i}" for i in range(8)]
+    # A controller that has state: its new group starts at the earliest offsets (without state
+    # it would start at the latest, test_without_state_the_group_starts_at_the_latest_offsets).
+    StateStore(env.state_file).save(ControllerState())
     env.send(*(rec(env, i) for i in ids))
     log = (tmp_path / "controller.log").open("w")
     proc = _cli(env, "run", "--enforce", stderr=log)
@@ -290,6 +310,7 @@ def test_killed_mid_stream_and_restarted_does_not_act_twice(env: Env, tmp_path: 
     finally:
         proc.send_signal(signal.SIGKILL)  # no chance to commit or clean up
         proc.wait(30)
+        log.close()
     assert first[0]["decision"] == "DRAINED"
     # The operator (through peerwatch) resumes the node: a replay that acted again would re-drain it.
     resumed = _cli(env, "resume", env.cluster.node, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -298,16 +319,9 @@ def test_killed_mid_stream_and_restarted_does_not_act_twice(env: Env, tmp_path: 
     assert out.startswith("RESUMED")
     env.cluster.wait_for_node_state(USABLE)
     env.send(rec(env, ids[0]))  # and one more duplicate of the drained recommendation
-    proc = _cli(env, "run", "--enforce", stderr=log)
-    try:
-        decided = lambda a: {x["recommendation_id"] for x in a} >= {env.prefix + i for i in ids} and sum(  # noqa: E731
-            1 for x in a if x["recommendation_id"] == env.prefix + ids[0]) >= 2  # fmt: skip
-        actions = env.actions(decided)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        log.close()
-    assert proc.returncode == 0, (tmp_path / "controller.log").read_text()[-2000:]
+    decided = lambda a: {x["recommendation_id"] for x in a} >= {env.prefix + i for i in ids} and sum(  # noqa: E731
+        1 for x in a if x["recommendation_id"] == env.prefix + ids[0]) >= 2  # fmt: skip
+    actions = _cli_until(env, tmp_path / "controller.log", decided, "--enforce")
     # One real decision per recommendation across both runs; every replay is a DUPLICATE. In
     # particular k0, replayed after the resume, did not drain the node again. (A recommendation
     # the killed run never reached is decided, once, by the restarted one: that one may drain.)
@@ -318,3 +332,83 @@ def test_killed_mid_stream_and_restarted_does_not_act_twice(env: Env, tmp_path: 
     assert k0[0] == "DRAINED" and set(k0[1:]) == {"DUPLICATE"}
     drained = [a["recommendation_id"] for a in actions if a["decision"] == "DRAINED"]
     assert len(drained) == len(set(drained)) <= 2, drained
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def test_expired_and_stale_recommendations_are_refused_and_audited(env: Env) -> None:
+    """Issue 39: the backlog after an outage (old evidence, passed expiry) never drains."""
+    hour = 3_600_000
+    env.send(
+        rec(env, "expired", ts_ms=now_ms() - 6 * hour, expires_ms=now_ms() - 5 * hour),
+        rec(env, "stale", ts_ms=now_ms() - 10 * 60_000, expires_ms=now_ms() + hour),
+        rec(env, "stale-hard", ts_ms=now_ms() - 2 * hour, hard=True, expires_ms=now_ms() + hour),
+    )
+    slurm = env.run(env.settings(), commits=3, slurm=CountingSlurm(env.cluster.bin_dir))
+    assert isinstance(slurm, CountingSlurm) and slurm.drains == []
+    assert not env.node().drained
+    by_id = {a["recommendation_id"]: a for a in env.actions(lambda a: len(a) >= 3)}
+    got = [(by_id[env.prefix + i]["decision"], by_id[env.prefix + i]["refusal"])
+           for i in ("expired", "stale", "stale-hard")]  # fmt: skip
+    assert got == [("REFUSED", "expired"), ("REFUSED", "stale"), ("REFUSED", "stale")]
+    assert "expired at" in by_id[env.prefix + "expired"]["detail"]
+    assert "hard freshness bound of 3600 s" in by_id[env.prefix + "stale-hard"]["detail"]
+
+
+def test_hard_evidence_taken_before_an_operator_resume_never_drains(env: Env) -> None:
+    node = env.cluster.node
+    env.send(rec(env, "first"))
+    env.run(env.settings(), commits=1)
+    assert env.node().ours
+    before_resume = now_ms()
+    env.cluster.cmd("scontrol", "update", f"NodeName={node}", "State=RESUME")  # by hand
+    env.cluster.wait_for_node_state(USABLE)
+    # A late hard recommendation whose evidence predates the resume (hard skips the cooldown).
+    env.send(rec(env, "late", hard=True, ts_ms=before_resume - 1, job_ids=["77"]))
+    env.run(env.settings(operator_cooldown_s=0), commits=1)
+    assert not env.node().drained
+    actions = env.actions(lambda a: len(a) >= 2)
+    assert [(a["decision"], a["refusal"]) for a in actions] == [
+        ("DRAINED", None), ("REFUSED", "evidence_before_resume")]  # fmt: skip
+    assert "an operator resumed the node after it" in actions[1]["detail"]
+    # Evidence taken after the resume (the controller saw it at the last decision) drains.
+    time.sleep(0.01)  # the next evidence time is past the resume the controller recorded
+    env.send(rec(env, "after", hard=True, ts_ms=now_ms(), job_ids=["78"]))
+    env.run(env.settings(operator_cooldown_s=0), commits=1)
+    assert env.node().ours
+    assert env.actions(lambda a: len(a) >= 3)[2]["decision"] == "DRAINED"
+
+
+def test_cluster_cap_refuses_and_is_audited(env: Env) -> None:
+    # 1% of 100 nodes = 1, but at most 0 by count: the lower applies.
+    env.send(rec(env, "capped"))
+    env.run(env.settings(max_drained_pct=1.0, max_drained_nodes=0), commits=1)
+    assert not env.node().drained
+    env.send(rec(env, "allowed", job_ids=["99"]))
+    env.run(env.settings(max_drained_pct=1.0, max_drained_nodes=5), commits=1)
+    assert env.node().ours
+    actions = env.actions(lambda a: len(a) >= 2)
+    assert [(a["decision"], a["refusal"]) for a in actions] == [
+        ("REFUSED", "cluster_cap"), ("DRAINED", None)]  # fmt: skip
+    assert "above the cap of 0 (the lower of 0 nodes and 1.0%)" in actions[0]["detail"]
+
+
+def test_without_state_the_group_starts_at_the_latest_offsets(env: Env, tmp_path: Path) -> None:
+    """A fresh state file and a new group: the topic's backlog is not decided at all."""
+    assert not env.state_file.exists()
+    env.send(rec(env, "backlog"))
+    sent: list[str] = []
+
+    def decided(actions: list[dict[str, Any]]) -> bool:
+        # Keep publishing until the controller, assigned by now, decides one of them.
+        if not actions:
+            sent.append(f"new{len(sent)}")
+            env.send(rec(env, sent[-1]))
+        return bool(actions)
+
+    # shadow mode: Slurm is not changed
+    actions = _cli_until(env, tmp_path / "controller.log", decided)
+    assert actions[0]["recommendation_id"] in {env.prefix + s for s in sent}
+    assert env.prefix + "backlog" not in {a["recommendation_id"] for a in actions}

@@ -11,8 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from peerwatch.exporters.archive_files import read_archive
 from peerwatch.exporters.consume import deadletter_topic
+from peerwatch.io.archive.reader import read_archive
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import KafkaSettings
 from peerwatch.topic_admin import ensure_topics

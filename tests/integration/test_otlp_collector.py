@@ -322,7 +322,7 @@ def test_export_to_a_real_collector(
     assert len(dead) == 1 and dead[0].value() == b"\xc3\x01 not an avro record"
     headers = dict(dead[0].headers())
     assert headers["peerwatch.reason"].startswith(b"undecodable: ")
-    assert headers["peerwatch.source.topic"] == t[JOB_WINDOWS.name].encode()
+    assert headers["peerwatch.topic"] == t[JOB_WINDOWS.name].encode()
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from peerwatch.exporters.consume import kafka_export_loop
+from peerwatch.exporters.drain.state import ControllerState, StateStore
 from peerwatch.exporters.otlp import series_per_gpu_window
 from peerwatch.exporters.otlp_sdk import otlp_sink
 from peerwatch.producers.sim.fleet import Fleet
@@ -180,6 +181,9 @@ def fleet_run(
     archive_log, drain_log = tmp / "archive.log", tmp / "drain.log"
     archiver = _cli(["archive", "--dir", str(tmp / "archive"), "--group-id", f"{prefix}archive"],
                     env, archive_log)  # fmt: skip
+    # With a state file its new group starts at the earliest offsets (without, at the latest:
+    # recommendations made before its partitions were assigned would never be decided).
+    StateStore(tmp / "drain-state.json").save(ControllerState())
     drain = _cli(["drain-controller", "run", "--state-file", str(tmp / "drain-state.json"),
                   "--slurm-bin", str(slurm_cluster.bin_dir)],
                  {**env, "PEERWATCH_DRAIN_GROUP_ID": f"{prefix}drain"}, drain_log)  # fmt: skip
@@ -401,9 +405,13 @@ CHOSEN = {"job_id": SLOW_JOB, "node": STRAGGLER[0], "gpu": str(STRAGGLER[1])}
 def _variables(run: FleetRun, dashboard: dict[str, Any]) -> dict[str, str]:
     """Each template variable's value: :data:`CHOSEN`, checked to be among the values of the
     variable's own ``label_values`` query on Prometheus (in order: a later variable may use an
-    earlier one)."""
+    earlier one); a scope variable with "All" (cluster, partition, user) takes its all-value,
+    whatever its query finds; the datasource variable names Prometheus itself."""
     values: dict[str, str] = {}
     for var in dashboard.get("templating", {}).get("list", []):
+        if var["type"] == "datasource":
+            assert var["query"] == "prometheus"
+            continue
         query = var["definition"]
         for name, value in values.items():
             query = query.replace(f"${name}", value)
@@ -411,6 +419,10 @@ def _variables(run: FleetRun, dashboard: dict[str, Any]) -> dict[str, str]:
         selector, _, label = query[len("label_values(") : -1].rpartition(",")
         series = run.stack.prometheus.api("series", **{"match[]": selector.strip()})
         found = sorted({s[label.strip()] for s in series if label.strip() in s})
+        if var["name"] not in CHOSEN:
+            assert var.get("includeAll") and var.get("allValue") == ".*", var["name"]
+            values[var["name"]] = ".*"
+            continue
         assert CHOSEN[var["name"]] in found, f"variable {var['name']}: {query} -> {found}"
         values[var["name"]] = CHOSEN[var["name"]]
     return values
@@ -430,6 +442,7 @@ def test_every_dashboard_panel_query_parses_and_returns_series(
     values = _variables(fleet_run, dashboard)
     targets = [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p["targets"]]
     assert len(targets) >= 8
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"])
     empty = []
     for title, expr in targets:
         promql = _substitute(expr, values)
@@ -439,6 +452,33 @@ def test_every_dashboard_panel_query_parses_and_returns_series(
         if not result:
             empty.append((title, promql))
     assert not empty
+    # Annotations (findings, drains) parse and run; the fleet's and the slow GPU's find some.
+    for ann in dashboard.get("annotations", {}).get("list", []):
+        if "expr" not in ann:
+            continue
+        promql = _substitute(ann["expr"], values)
+        assert "$" not in promql, promql
+        result = fleet_run.query(promql)  # raises on a query Prometheus refuses
+        if name in ("fleet", "job", "gpu") and ann["name"] == "Findings":
+            found = fleet_run.wait_query(f"max_over_time(({promql})[10m:5s])", bool,
+                                         timeout_s=20, must=False)  # fmt: skip
+            assert found or result, f"no finding annotation: {promql}"
+
+
+def test_the_job_panel_is_the_peer_band_and_the_slowest_gpus(fleet_run: FleetRun) -> None:
+    dashboard = json.loads((DASHBOARDS / "peerwatch-job.json").read_text())
+    values = _variables(fleet_run, dashboard)
+    [panel] = [p for p in dashboard["panels"] if p["title"].startswith("SM clock ratio: the peer")]
+    first = _substitute(panel["targets"][0]["expr"], values)
+    assert first.startswith("bottomk(5, ")
+    lowest = fleet_run.wait_query(first, lambda r: len(r) == 5, timeout_s=20)
+    gpus = {(s["metric"]["host_name"], s["metric"]["gpu_index"]) for s in lowest}
+    assert (STRAGGLER[0], str(STRAGGLER[1])) in gpus  # the straggler is among the outliers
+    fills = [o for o in panel["fieldConfig"]["overrides"]
+             if any(p["id"] == "custom.fillBelowTo" for p in o["properties"])]  # fmt: skip
+    assert fills and fills[0]["matcher"]["options"] == "peer band p90"
+    link = panel["fieldConfig"]["defaults"]["links"][0]["url"]
+    assert link.startswith("/d/peerwatch-gpu/") and "var-node=${__field.labels.host_name}" in link
 
 
 def test_rules_are_loaded_and_evaluate_without_errors(fleet_run: FleetRun) -> None:

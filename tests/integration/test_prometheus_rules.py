@@ -12,7 +12,7 @@ def test_promtool_checks_the_rules() -> None:
     proc = subprocess.run([binary("promtool"), "check", "rules", str(RULES_FILE)],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 8 rules found" in proc.stdout
+    assert "SUCCESS: 9 rules found" in proc.stdout
 
 
 def test_promtool_unit_tests_pass_and_catch_a_wrong_expectation(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peerwatch.exporters.archive_files import read_archive
+from peerwatch.io.archive.reader import read_archive
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.settings import KafkaSettings

@@ -90,3 +90,46 @@ def test_config_differences_are_reported(
     )
     others = [s.name for s in catalogue(topic_prefix)[1:]]
     assert all("created" in lines[n] and "differs" not in lines[n] for n in others)
+
+
+def test_list_shows_what_the_broker_holds_beside_the_catalogue(
+    kafka_settings: KafkaSettings, topic_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    specs = catalogue(topic_prefix)
+    right, wrong = specs[0], specs[1]
+    admin = AdminClient(admin_config(kafka_settings))
+    created = admin.create_topics([NewTopic(right.name, right.partitions, 1, config=right.config()),
+                                   NewTopic(wrong.name, wrong.partitions + 1, 1)])  # fmt: skip
+    for future in created.values():
+        future.result(30)
+    from peerwatch.topic_admin import _described
+
+    _described(admin, [right, wrong], 30)  # a new topic can take a moment to be described
+    monkeypatch.setenv("PEERWATCH_KAFKA_BOOTSTRAP", kafka_settings.bootstrap_servers)
+    monkeypatch.setenv("PEERWATCH_TOPIC_PREFIX", topic_prefix)
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["topics", "list"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows[right.name].rstrip().endswith(f"{right.partitions} partitions")
+    assert (
+        f"{wrong.partitions + 1} partitions (the catalogue says {wrong.partitions})"
+        in (rows[wrong.name])
+    )
+    assert all(rows[s.name].rstrip().endswith("missing") for s in specs[2:])
+
+
+def test_list_without_a_broker_still_prints_the_catalogue(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("PEERWATCH_KAFKA_BOOTSTRAP", f"127.0.0.1:{port}")
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["topics", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert "the broker was not asked" in err
+    assert all(spec.name in out for spec in catalogue()) and "broker" not in out.splitlines()[0]

@@ -8,9 +8,11 @@ a lost GPU, a stop) at their instant on the way.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,9 +24,13 @@ from peerwatch.errors import EncodeError
 from peerwatch.producers.agent import (
     NodeAgent,
     NoGpuSampler,
+    TickChannel,
     catch_up,
     first_target_ms,
 )
+from peerwatch.producers.nic.ports import discover_ports
+from peerwatch.producers.nic.sampler import NicSampler
+from peerwatch.producers.nic.sysfs import Reader, SysfsTree
 from peerwatch.producers.nvml.sampler import GpuSampler
 from peerwatch.producers.nvml.xid import XidCallback, XidWatcher
 from peerwatch.schemas.codec import AvroCodec
@@ -124,6 +130,7 @@ class Rig:
         actions: Iterable[tuple[int, Callable[[], None]]] = (),
         gpus: int = 8,
         sample_cost_ms: int = 0,
+        channel: Callable[[FakeClock], TickChannel] | None = None,
     ) -> None:
         self.clock = FakeClock(start_ms)
         self.nvml = FakeNvml([FakeGpu.h100(i) for i in range(gpus)])
@@ -145,6 +152,7 @@ class Rig:
             clock=self.clock,
             wakeup=self.wake,
             watcher_factory=self._watcher,
+            channel=channel(self.clock) if channel else None,
         )
 
     def _watcher(self, callback: XidCallback) -> FakeWatcher:
@@ -364,6 +372,63 @@ def test_real_watcher_thread_delivers_xid_within_the_interval() -> None:
     assert [r["seq"] for r in records] == list(range(len(records)))
 
 
+# -- the NIC channel --------------------------------------------------------------------------
+
+NIC_CODEC = AvroCodec("NodeNicSample")
+NIC_TOPIC = "t.peerwatch.nic.samples"
+HGX = Path(__file__).parents[1] / "data" / "sysfs" / "hgx"
+
+
+def hgx_channel(root: Path = HGX) -> Callable[[FakeClock], TickChannel]:
+    """A NIC tick channel on the sysfs tree ``root`` that reads the rig's clock."""
+
+    def build(clock: FakeClock) -> TickChannel:
+        reader = Reader(SysfsTree(root))
+        sampler = NicSampler(reader, discover_ports(reader), node="gpu-a01", interval_ms=1000,
+                             clock=clock, agent_run_id="run-7")  # fmt: skip
+        return TickChannel(sampler.sample, NIC_CODEC.encode, NIC_TOPIC)
+
+    return build
+
+
+def test_nic_record_on_every_regular_tick_not_on_xid_extras() -> None:
+    # The GPU sample takes 7 ms: the NIC record still carries the tick's time, the GPU record's.
+    rig = Rig(channel=hgx_channel(), sample_cost_ms=7)
+    rig.wake.actions = [rig.xid(T0 + 1500, 3, 48)]
+    stats = rig.agent.run(count=3)
+    topics = [t for t, _, _, _ in rig.sink.sent]
+    # GPU tick, NIC tick, the XID extra (GPU only), then two more ticks of both.
+    assert topics == [TOPIC, NIC_TOPIC, TOPIC, TOPIC, NIC_TOPIC, TOPIC, NIC_TOPIC]
+    nic = [NIC_CODEC.decode(v) for t, _, v, _ in rig.sink.sent if t == NIC_TOPIC]
+    assert [r["seq"] for r in nic] == [0, 1, 2]
+    assert [r["ts_ms"] for r in nic] == [T0 + k * 1000 for k in range(1, 4)]
+    gpu_ts = [CODEC.decode(v)["ts_ms"] for t, _, v, _ in rig.sink.sent if t == TOPIC]
+    assert [ts for ts in gpu_ts if ts % 1000 == 0] == [r["ts_ms"] for r in nic]
+    assert [ts for t, _, _, ts in rig.sink.sent if t == NIC_TOPIC] == [r["ts_ms"] for r in nic]
+    assert len(nic[0]["ports"]) == 4
+    assert all(k == b"gpu-a01" for _, k, _, _ in rig.sink.sent)
+    assert stats.nic_records == 3 and stats.nic_errors == 0 and stats.records == 4
+
+
+def test_a_failing_nic_sample_is_counted_and_the_gpu_records_go_on() -> None:
+    def broken(seq: int, ts_ms: int) -> dict[str, Any]:
+        raise RuntimeError("sampler bug")
+
+    rig = Rig(channel=lambda _: TickChannel(broken, NIC_CODEC.encode, NIC_TOPIC))
+    stats = rig.agent.run(count=2)
+    assert stats.nic_errors == 2 and stats.nic_records == 0 and stats.records == 2
+    assert [r["seq"] for r in rig.sink.records()] == [0, 1]
+
+
+def test_nic_read_errors_are_summed_in_the_stats(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    shutil.copytree(HGX, root, symlinks=True)
+    rig = Rig(channel=hgx_channel(root))
+    (root / "class/infiniband/mlx5_0/ports/1/counters/symbol_error").write_bytes(b"\xff")
+    stats = rig.agent.run(count=2)
+    assert stats.nic_records == 2 and stats.nic_read_errors == 2
+
+
 # -- the command ------------------------------------------------------------------------------
 
 
@@ -375,9 +440,17 @@ def test_agent_command_dry_run_prints_decoded_records(
     fake = FakeNvml([FakeGpu.h100(i) for i in range(8)])
     monkeypatch.setattr(agent_command, "nvml_factory", lambda: fake)
     monkeypatch.setenv("PEERWATCH_TOPIC_PREFIX", "t.")
-    code = main(["agent", "--dry-run", "--count", "2", "--interval-s", "0.05", "--node", "n1"])
+    hgx = Path(__file__).parents[1] / "data" / "sysfs" / "hgx"
+    code = main(["agent", "--dry-run", "--count", "2", "--interval-s", "0.05", "--node", "n1",
+                 "--sysfs-root", str(hgx)])  # fmt: skip
     assert code == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    lines = [r for r in out if "gpus" in r]
+    nic = [r for r in out if "ports" in r]
+    # Each tick: the GPU record, then the NIC record of the recorded tree's up ports.
+    assert ["gpus" in r for r in out] == [True, False, True, False]
+    assert [r["seq"] for r in nic] == [0, 1] and all(r["node"] == "n1" for r in nic)
+    assert [p["name"] for p in nic[0]["ports"]] == ["mlx5_0/1", "mlx5_1/1", "mlx5_2/1", "ens5np0"]
     assert [r["seq"] for r in lines] == [0, 1]
     assert all(r["node"] == "n1" and len(r["gpus"]) == 8 for r in lines)
     # Consecutive grid points 50 ms apart (one may be skipped on a loaded machine).
@@ -386,14 +459,17 @@ def test_agent_command_dry_run_prints_decoded_records(
 
 
 def test_agent_command_without_nvml_exits_2_unless_allowed(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     from peerwatch.cli import main
 
     monkeypatch.setattr(agent_command, "nvml_factory", lambda: FakeNvml(library_missing=True))
     assert main(["agent", "--dry-run", "--count", "1", "--interval-s", "0.05"]) == 2
     assert "libnvidia-ml.so.1 not found" in capsys.readouterr().err
-    code = main(["agent", "--dry-run", "--count", "1", "--interval-s", "0.05", "--allow-no-gpu"])
+    code = main(["agent", "--dry-run", "--count", "1", "--interval-s", "0.05", "--allow-no-gpu",
+                 "--sysfs-root", str(tmp_path)])  # fmt: skip
     assert code == 0
-    (line,) = capsys.readouterr().out.splitlines()
+    # An empty sysfs tree: no NIC port, the NIC record is published with none.
+    line, nic = capsys.readouterr().out.splitlines()
+    assert json.loads(nic)["ports"] == []
     assert json.loads(line)["gpus"] == []

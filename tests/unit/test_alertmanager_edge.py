@@ -1,62 +1,96 @@
 """The thin Alertmanager edges without processes: the HTTP client's request and error
-translation (urlopen injected), the local Alertmanager's command line, the CLI wiring."""
+translation (an httpx MockTransport), the local Alertmanager's command line, the CLI wiring."""
 
 from __future__ import annotations
 
-import io
 import json
-import urllib.error
-import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from fakes import FakeClock
+from hostile_http import book_with_one_alert
 
 from peerwatch.cli import build_parser
-from peerwatch.errors import ServiceError
-from peerwatch.exporters.alertmanager import AlertmanagerClient
+from peerwatch.errors import ConfigError, ServiceError
+from peerwatch.exporters.alertmanager import AlertmanagerClient, AlertSender
 from peerwatch.local.alertmanager import LocalAlertmanager
+from peerwatch.settings import AlertmanagerSettings
 
 
-class Response(io.BytesIO):
-    def __enter__(self) -> Response:
-        return self
+class _Body(httpx.AsyncByteStream):
+    """An answer's body streamed as a network answer is (``content=`` would be read at once)."""
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.data
 
 
-def test_client_posts_json_to_the_v2_api_with_its_timeout() -> None:
-    seen: list[tuple[urllib.request.Request, float]] = []
+def answer(status: int, body: bytes = b"") -> httpx.Response:
+    return httpx.Response(status, stream=_Body(body))
 
-    def opener(request: urllib.request.Request, timeout: float) -> Response:
-        seen.append((request, timeout))
-        return Response(b"")
+
+def test_client_posts_json_to_the_v2_api() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return answer(200)
 
     alerts = [{"labels": {"alertname": "GpuStraggler"}, "startsAt": "2026-12-01T00:00:00.000Z"}]
-    AlertmanagerClient("http://127.0.0.1:9093/", 2.5, opener).post_alerts(alerts)
-    request, timeout = seen[0]
-    assert request.full_url == "http://127.0.0.1:9093/api/v2/alerts"
-    assert request.get_method() == "POST" and timeout == 2.5
-    assert request.get_header("Content-type") == "application/json"
-    assert isinstance(request.data, bytes) and json.loads(request.data) == alerts
+    client = AlertmanagerClient("http://127.0.0.1:9093/", 2.5, httpx.MockTransport(handler))
+    client.post_alerts(alerts)
+    request = seen[0]
+    assert str(request.url) == "http://127.0.0.1:9093/api/v2/alerts"
+    assert request.method == "POST"
+    assert request.headers["Content-Type"] == "application/json"
+    assert json.loads(request.content) == alerts
+
+
+def _refused(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+
+def _timed_out(request: httpx.Request) -> httpx.Response:
+    raise httpx.ReadTimeout("timed out", request=request)
+
+
+def _odd(request: httpx.Request) -> httpx.Response:
+    raise ValueError("a client fault")
 
 
 @pytest.mark.parametrize(
-    ("error", "message"),
+    ("handler", "message"),
     [
-        (urllib.error.HTTPError("u", 400, "Bad Request", {}, io.BytesIO(b"start time must be before end time")),  # type: ignore[arg-type]
+        (lambda r: answer(400, b"start time must be before end time"),
          "answered 400: start time must be before end time"),
-        (urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")), "unreachable"),
-        (TimeoutError("timed out"), "unreachable: timed out"),
+        (lambda r: answer(500, b"x" * 100_000), "more than 65536 bytes"),
+        (_refused, "unreachable: ConnectError"),
+        (_timed_out, "unreachable: ReadTimeout: timed out"),
     ],
 )  # fmt: skip
-def test_client_failures_become_service_errors(error: Exception, message: str) -> None:
-    def opener(request: Any, timeout: float) -> Response:
-        raise error
-
+def test_client_failures_become_service_errors(handler: Any, message: str) -> None:
+    client = AlertmanagerClient("http://127.0.0.1:9093", 1.0, httpx.MockTransport(handler))
     with pytest.raises(ServiceError, match=message):
-        AlertmanagerClient("http://127.0.0.1:9093", 1.0, opener).post_alerts([])
+        client.post_alerts([])
+
+
+def test_a_client_fault_is_a_retried_failure_too(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    book = book_with_one_alert(clock.now_ms())
+    client = AlertmanagerClient("http://127.0.0.1:9093", 1.0, httpx.MockTransport(_odd))
+    sender = AlertSender(book, client, retry_max_s=8.0, clock=clock)
+    assert sender.tick() == 0 and sender.stats.failures == 1
+    assert "a client fault" in caplog.text and "Traceback" in caplog.text
+
+
+def test_the_request_deadline_is_bounded_in_the_settings() -> None:
+    with pytest.raises(ConfigError, match=r"alertmanager\.timeout_s"):
+        AlertmanagerSettings(timeout_s=3600.0)
 
 
 def test_local_alertmanager_listens_on_loopback_without_a_cluster_port(tmp_path: Path) -> None:

@@ -23,8 +23,9 @@ from peerwatch.exporters.archive import (
     encode_state,
     expired,
 )
-from peerwatch.exporters.archive_files import HOUR_MS, hour_start_ms, read_archive
 from peerwatch.exporters.archive_loop import ArchiveLoop, archived_topics
+from peerwatch.io.archive.layout import HOUR_MS, hour_start_ms
+from peerwatch.io.archive.reader import read_archive
 from peerwatch.schemas.codec import AvroCodec
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
@@ -311,7 +312,7 @@ def test_an_event_time_no_hour_names_is_dead_lettered_and_the_loop_goes_on(
 
 
 def test_hour_of_refuses_times_no_file_is_named_by() -> None:
-    from peerwatch.exporters.archive_files import MAX_TS_MS, hour_of
+    from peerwatch.io.archive.layout import MAX_TS_MS, hour_of
 
     assert hour_of(0) == "1970-01-01T00"
     assert hour_of(MAX_TS_MS - 1) == "9999-12-31T23"

@@ -8,18 +8,15 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from peerwatch.exporters.archive_files import (
+from peerwatch.io.archive.layout import (
     HOUR_MS,
-    ContainerWriter,
     archive_files,
-    block_spans,
     hour_start_ms,
     parse_file_name,
-    raw_blocks,
-    read_file,
     record_time_ms,
-    split_file,
 )
+from peerwatch.io.archive.reader import block_spans, raw_blocks, read_file, split_file
+from peerwatch.io.archive.writer import ContainerWriter
 from peerwatch.schemas.compiled import encode_long
 
 SCHEMA = fastavro.parse_schema(
@@ -231,10 +228,10 @@ def test_zstandard_blocks_read_the_same_by_either_library(monkeypatch: pytest.Mo
     reads or refuses them as before."""
     import zstandard
 
-    from peerwatch.exporters import archive_files
+    from peerwatch.io.archive import reader
 
-    backport = archive_files._zstd()
-    inflate = archive_files._inflater("zstandard")
+    backport = reader._zstd()
+    inflate = reader._inflater("zstandard")
     data = b"GPU readings " * 500
     one = backport.compress(data)
     assert zstandard.frame_content_size(one) == len(data)
@@ -243,7 +240,7 @@ def test_zstandard_blocks_read_the_same_by_either_library(monkeypatch: pytest.Mo
     assert inflate(two_frames) == data + b"and more"  # python-zstandard alone drops the second
     unsized = zstandard.ZstdCompressor(write_content_size=False).compress(data)
     assert zstandard.frame_content_size(unsized) == -1 and inflate(unsized) == data
-    monkeypatch.setattr(archive_files, "ZSTD_ONE_BUFFER_MAX_BYTES", len(data) - 1)
+    monkeypatch.setattr(reader, "ZSTD_ONE_BUFFER_MAX_BYTES", len(data) - 1)
     used: list[int] = []
     real = zstandard.ZstdDecompressor
     monkeypatch.setattr(zstandard, "ZstdDecompressor", lambda: used.append(1) or real())

@@ -11,16 +11,9 @@ from typing import Any
 import fastavro
 import pytest
 
-from peerwatch.exporters.archive_files import (
-    ContainerWriter,
-    ReadStats,
-    block_spans,
-    body_encoder,
-    lax_skipper,
-    raw_blocks,
-    read_file,
-    split_file,
-)
+from peerwatch.io.archive.layout import ReadStats
+from peerwatch.io.archive.reader import block_spans, lax_skipper, raw_blocks, read_file, split_file
+from peerwatch.io.archive.writer import ContainerWriter, body_encoder
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import write_archive
 from peerwatch.producers.sim.scenario import parse_scenario

@@ -177,7 +177,7 @@ def test_the_replay_phase_archive_holds_what_the_simulator_archives(
 ) -> None:
     import time
 
-    from peerwatch.exporters.archive_files import read_archive
+    from peerwatch.io.archive.reader import read_archive
     from peerwatch.producers.sim.publish import write_archive
     from peerwatch.streams.tools.bench_run import archive_raw, bench_fleet, encode_fleet
     from peerwatch.topics import SAMPLES

@@ -98,7 +98,7 @@ def test_records_reach_the_sink_and_bad_ones_the_dead_letter_topic(data_dir: Any
     value, key, headers = dlq.sent[0]
     assert value == b"garbage" and key == b"k"
     assert headers["peerwatch.reason"].startswith(b"undecodable: ")
-    assert headers["peerwatch.source.offset"] == b"1" and headers["peerwatch.stage"] == b"export"
+    assert headers["peerwatch.offset"] == b"1" and headers["peerwatch.stage"] == b"export"
     assert dlq.sent[1][2]["peerwatch.reason"].startswith(b"unmappable: ")
     assert len(source.commits) == 2
 

@@ -75,3 +75,26 @@ def test_spooling_lasts_as_long_as_the_outage(tmp_path: Path) -> None:
     finally:
         stats = delivery.close(1.0)
     assert stats.dropped == 0 and delivery.spooled_records == 1
+
+
+def test_close_logs_one_readable_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 40 item 12: the worker's shutdown ran twice, logging two raw ``DeliveryStats(...)``
+    lines per health run into slurmd's log."""
+    caplog.set_level("INFO", logger="peerwatch.producers.delivery")
+    delivery = Delivery(KAFKA, DeliverySettings(tmp_path / "spool")).start()
+    delivery.send("t", b"k", b"v")
+    delivery.close(0.5)
+    closed = [r.getMessage() for r in caplog.records if "delivery closed" in r.getMessage()]
+    assert closed == ["delivery closed: 1 sent, 0 delivered, 1 spooled, 1 failed attempts; "
+                      "the spool holds 1"]  # fmt: skip
+
+
+def test_delivery_stats_summary_names_what_is_not_zero() -> None:
+    from peerwatch.producers.delivery import DeliveryStats
+
+    assert DeliveryStats(sent=1, delivered=3, replayed=2).summary() == (
+        "1 sent, 3 delivered (2 from the spool)"
+    )
+    assert DeliveryStats(sent=2, spooled=2, dropped=1, worker_errors=1).summary() == (
+        "2 sent, 0 delivered, 2 spooled, 1 dropped, 1 worker errors"
+    )

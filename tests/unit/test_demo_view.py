@@ -71,3 +71,31 @@ def test_idle_follow_up_does_not_hide_the_jobs_finding() -> None:
     later["job_id"] = "idle:n3"
     view.on_finding(later)
     assert view.flags[("n3", 1)].job_id == "1001"
+
+
+def test_hostile_job_and_user_names_are_escaped_in_the_live_view() -> None:
+    view = DemoView()
+    evil = "\x1b[2J\x1b]0;owned\x07\u202e[bold]x[/bold]"
+    view.on_job_event({"job_id": "7\x1b[31m", "kind": "STARTED", "user": "[bold]x[/]", "job_name": evil,
+                       "allocations": [{"node": "a", "gpu_indices": [0]}]})  # fmt: skip
+    view.on_finding({**finding("n\x1b[2J", 3, "CONFIRMED", features=CLK), "cause": evil})
+    for width in (80, 160):
+        text = view.render(width)
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+        assert max(len(line) for line in text.splitlines()) <= width
+    assert "\\x1b[2J" in view.render(200) and "[bold]x[/]" in view.render(200)  # as written
+    summary, _ = view.summary(LABELS)
+    assert "\x1b" not in summary
+
+
+def test_flags_and_recommendations_show_one_slowdown_per_gpu() -> None:
+    view = DemoView()
+    six = [{**CLK[0], "value": 0.93}]  # 6.1% below 0.99 here, 8.1% in the first finding
+    view.on_finding(finding("n1", 3, "SUSPECT", features=CLK))
+    view.on_finding(finding("n1", 3, "CONFIRMED", features=six))
+    view.on_recommendation({"node": "n1", "action": "DRAIN", "severity": "WARNING",
+                            "gpu_indices": [3], "reason": "clk -6.1% z=-6.0"})  # fmt: skip
+    text = view.render(160)
+    assert view.flags[("n1", 3)].slowdown_text == "7.1% slow (SM clock)"
+    assert text.count("7.1% slow (SM clock)") == 2  # the flag and the recommendation
+    assert "6.1%" not in text and "8.1%" not in text

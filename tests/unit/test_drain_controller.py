@@ -12,7 +12,12 @@ from fakes import FakeClock
 
 from peerwatch.errors import SlurmCommandError
 from peerwatch.exporters.drain.config import DrainSettings
-from peerwatch.exporters.drain.controller import AuditPublisher, DrainController, Topics
+from peerwatch.exporters.drain.controller import (
+    AuditPublisher,
+    DrainController,
+    Topics,
+    offset_reset,
+)
 from peerwatch.exporters.drain.decide import NodeFacts
 from peerwatch.exporters.drain.operations import describe, reset_breaker, resume_node
 from peerwatch.exporters.drain.slurm_ops import drain_argv, resume_argv
@@ -131,7 +136,9 @@ def rec_msg(rid: str, offset: int = 0, node: str = "n1", **kw: Any) -> Msg:
 class Rig:
     def __init__(self, tmp: Path, settings: DrainSettings | None = None, **slurm_kw: Any) -> None:
         self.log: list[str] = []
-        self.settings = settings or DrainSettings(enforce=True, partition_sizes={"gpu": 100})
+        self.settings = settings or DrainSettings(
+            enforce=True, partition_sizes={"gpu": 100}, cluster_size=100
+        )
         self.store = StateStore(tmp / "state.json")
         nodes = {f"n{i}": NodeFacts(f"n{i}", "IDLE", (), None, None, ("gpu",)) for i in range(1, 4)}
         self.slurm = FakeSlurm(nodes, self.log, **slurm_kw)
@@ -168,7 +175,7 @@ def test_drain_then_deliver_then_commit(tmp_path: Path) -> None:
 
 
 def test_shadow_mode_never_calls_slurm_update(tmp_path: Path) -> None:
-    rig = Rig(tmp_path, DrainSettings(partition_sizes={"gpu": 100}))
+    rig = Rig(tmp_path, DrainSettings(partition_sizes={"gpu": 100}, cluster_size=100))
     rig.run([rec_msg("r1")])
     assert rig.slurm.drains == []
     [a] = rig.producer.actions()
@@ -251,9 +258,10 @@ def test_operator_resume_seen_in_node_events_starts_the_cooldown(tmp_path: Path)
     rig.run([event("n1", NOW_MS + 5_000, [], None)])
     assert rig.store.load().operator_resumes == {"n1": NOW_MS + 5_000}
     rig.slurm.resume("n1")
-    rig.run([rec_msg("r2", 2, job_ids=["43"])])
+    rig.run([rec_msg("r2", 2, job_ids=["43"], ts_ms=rig.clock.ms)])
     assert rig.producer.actions()[-1]["refusal"] == "operator_cooldown"
-    rig.run([rec_msg("r3", 3, job_ids=["44"], hard=True)])
+    # hard evidence taken after the resume skips the cooldown
+    rig.run([rec_msg("r3", 3, job_ids=["44"], hard=True, ts_ms=rig.clock.ms)])
     assert rig.producer.actions()[-1]["decision"] == "DRAINED"
 
 
@@ -262,12 +270,20 @@ def test_operator_resume_seen_in_slurm_starts_the_cooldown(tmp_path: Path) -> No
     rig.run([rec_msg("r1")])
     rig.slurm.resume("n1")  # by hand, not through peerwatch
     rig.clock.ms += 60_000
-    rig.run([rec_msg("r2", 1, job_ids=["43"])])
+    # seen at this decision: the evidence (NOW_MS) predates the resume, hard or not
+    rig.run([rec_msg("r2", 1, job_ids=["43"], hard=True)])
+    last = rig.producer.actions()[-1]
+    assert last["refusal"] == "evidence_before_resume" and "resumed the node" in last["detail"]
+    assert rig.slurm.drains == [("n1", "peerwatch: sm clock low")]
+    rig.clock.ms += 1000
+    rig.run([rec_msg("r3", 2, job_ids=["44"], ts_ms=rig.clock.ms)])
     assert rig.producer.actions()[-1]["refusal"] == "operator_cooldown"
 
 
 def test_auto_resume_on_expiry(tmp_path: Path) -> None:
-    settings = DrainSettings(enforce=True, partition_sizes={"gpu": 100}, auto_resume_on_expiry=True)
+    settings = DrainSettings(
+        enforce=True, partition_sizes={"gpu": 100}, cluster_size=100, auto_resume_on_expiry=True
+    )
     rig = Rig(tmp_path, settings)
     rig.run([rec_msg("r1", expires_ms=NOW_MS + 1000)])
     ctl, _ = rig.controller([])
@@ -329,3 +345,26 @@ def test_stats_count_outcomes_dead_letters_and_the_ledger(tmp_path: Path) -> Non
     assert (s.recommendations, s.drained, s.refused, s.duplicate) == (3, 1, 1, 1)
     assert s.deadletter == 1 and s.drained_nodes == 1 and s.breaker_open is False
     assert s.outbox_depth == 0 and s.decision_time_s > 0
+
+
+def test_a_controller_without_state_starts_its_group_at_the_latest_offsets(tmp_path: Path) -> None:
+    # A new group (or expired offsets) with a fresh state file would re-decide the topic's
+    # 30 days of recommendations against today's cluster: start at the end instead.
+    store = StateStore(tmp_path / "state.json")
+    assert offset_reset(store) == "latest"
+    with store.transaction():
+        pass
+    assert offset_reset(store) == "earliest"  # decided ids and freshness bounds guard the backlog
+
+
+def test_refusals_for_old_evidence_are_audited_with_their_reason(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    old_ms = NOW_MS - 6 * 3600_000
+    rig.run([rec_msg("expired", 0, ts_ms=old_ms, expires_ms=NOW_MS - 5 * 3600_000),
+             rec_msg("stale", 1, node="n2", ts_ms=NOW_MS - 301_000, job_ids=["7"]),
+             rec_msg("ahead", 2, node="n3", ts_ms=NOW_MS + 3600_000, job_ids=["8"])])  # fmt: skip
+    assert rig.slurm.drains == []
+    got = {a["recommendation_id"]: a for a in rig.producer.actions()}
+    assert [(got[i]["decision"], got[i]["refusal"]) for i in ("expired", "stale", "ahead")] == [
+        ("REFUSED", "expired"), ("REFUSED", "stale"), ("REFUSED", "invalid_input")]  # fmt: skip
+    assert "expired at" in got["expired"]["detail"] and "301 s old" in got["stale"]["detail"]

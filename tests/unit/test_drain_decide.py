@@ -31,8 +31,9 @@ ENFORCE = DrainSettings(enforce=True, operator_cooldown_s=24 * 3600)
 
 
 def rec(node: str = "gpu001", rid: str = "r1", **kw: Any) -> dict[str, Any]:
+    """A recommendation; ``ts_ms`` None = evidence taken when it is decided (see ``run``)."""
     base: dict[str, Any] = {
-        "recommendation_id": rid, "node": node, "ts_ms": NOW_MS, "action": "DRAIN",
+        "recommendation_id": rid, "node": node, "ts_ms": None, "action": "DRAIN",
         "severity": "WARNING", "hard": False, "reason": "sm clock 12% below peers",
         "gpu_indices": [3], "job_ids": ["4242"], "partition": "gpu", "evidence": [],
         "expires_ms": None,
@@ -57,12 +58,16 @@ def run(
     state: ControllerState | None = None,
     step_ms: int = MIN_MS,
 ) -> tuple[list[Any], ControllerState]:
-    """Decide and record each recommendation in turn, ``step_ms`` apart."""
+    """Decide and record each recommendation in turn, ``step_ms`` apart; one without an evidence
+    time gets the time it is decided at (fresh evidence)."""
     state = state or ControllerState()
     view = view or cluster()
     out = []
     for i, r in enumerate(recs):
-        d = decide(r, state, view, settings, NOW_MS + i * step_ms)
+        now = NOW_MS + i * step_ms
+        if r["ts_ms"] is None:
+            r = {**r, "ts_ms": now}
+        d = decide(r, state, view, settings, now)
         apply_decision(state, d, settings)
         out.append(d)
     return out, state
@@ -173,7 +178,9 @@ def test_partition_below_fifty_nodes_drains_nothing_unless_a_floor_is_set() -> N
 
 
 def test_partition_size_override_from_settings() -> None:
-    view = ClusterView.of([NodeFacts("gpu001", "IDLE", (), None, None, ("gpu",))], {"gpu": 100})
+    view = ClusterView.of(
+        [NodeFacts("gpu001", "IDLE", (), None, None, ("gpu",))], {"gpu": 100}, cluster_size=100
+    )
     [d], _ = run([rec()], view=view)
     assert d.outcome == Outcome.DRAINED
 
@@ -233,13 +240,14 @@ def test_operator_cooldown_blocks_soft_but_not_hard() -> None:
     run([rec()], state=state)
     observe_node(state, NodeFacts("gpu001", "IDLE", (), None, None, ("gpu",)), NOW_MS + 5 * MIN_MS)
     assert state.operator_resumes["gpu001"] == NOW_MS + 5 * MIN_MS
-    later = NOW_MS + 2 * 3600_000
-    soft = decide(rec(rid="soft", job_ids=["1"]), state, cluster(), ENFORCE, later)
+    later = NOW_MS + 2 * 3600_000  # evidence taken after the resume
+    soft = decide(rec(rid="soft", job_ids=["1"], ts_ms=later), state, cluster(), ENFORCE, later)
     assert soft.refusal == Refusal.OPERATOR_COOLDOWN
-    hard = decide(rec(rid="hard", job_ids=["1"], hard=True), state, cluster(), ENFORCE, later)
-    assert hard.outcome == Outcome.DRAINED
+    hard = rec(rid="hard", job_ids=["1"], hard=True, ts_ms=later)
+    assert decide(hard, state, cluster(), ENFORCE, later).outcome == Outcome.DRAINED
+    after_ms = NOW_MS + 25 * 3600_000
     after = decide(
-        rec(rid="late", job_ids=["1"]), state, cluster(), ENFORCE, NOW_MS + 25 * 3600_000
+        rec(rid="late", job_ids=["1"], ts_ms=after_ms), state, cluster(), ENFORCE, after_ms
     )
     assert after.outcome == Outcome.DRAINED
 
@@ -324,3 +332,124 @@ def test_sanitiser_output_is_always_safe(reason: str, max_chars: int) -> None:
 def test_valid_node_names_carry_no_separator(name: str) -> None:
     if valid_node_name(name):
         assert not set(name) & set(" ,[]\n;$`'\"()=")
+
+
+# Issue 39: never act on stale evidence; an absolute, cluster-wide cap.
+
+
+def test_expired_recommendation_is_refused_not_drained() -> None:
+    # 6 h old, expired 5 h ago: drained on the old code, then auto-resumed at once (a flap)
+    old = rec(ts_ms=NOW_MS - 6 * 3600_000, expires_ms=NOW_MS - 5 * 3600_000)
+    [d], state = run([old], replace(ENFORCE, max_age_s=7 * 3600, hard_max_age_s=7 * 3600))
+    assert d.outcome == Outcome.REFUSED and d.refusal == Refusal.EXPIRED
+    assert "expired at" in d.detail and "18000 s ago" in d.detail
+    assert state.enforce.drained == {} and state.decided["r1"].refusal == "expired"
+    [d], _ = run([rec(expires_ms=NOW_MS)])  # expiring this very ms counts as expired
+    assert d.refusal == Refusal.EXPIRED
+
+
+@pytest.mark.parametrize("hard,age_s,stale", [(False, 300, False), (False, 301, True),
+                                               (True, 301, False), (True, 3601, True)])  # fmt: skip
+def test_evidence_older_than_the_freshness_bound_is_refused(
+    hard: bool, age_s: int, stale: bool
+) -> None:
+    # Defaults: 300 s for soft evidence, 3600 s for hard; the expiry is still ahead.
+    r = rec(ts_ms=NOW_MS - age_s * 1000, hard=hard, expires_ms=NOW_MS + 3600_000)
+    [d], state = run([r])
+    if stale:
+        assert d.refusal == Refusal.STALE and f"{age_s} s old" in d.detail
+        assert state.enforce.drained == {}
+    else:
+        assert d.outcome == Outcome.DRAINED
+
+
+def test_shadow_mode_refuses_stale_evidence_too() -> None:
+    [d], state = run([rec(ts_ms=NOW_MS - 3600_000)], DrainSettings())
+    assert d.refusal == Refusal.STALE and d.mode == "SHADOW" and state.shadow.drained == {}
+
+
+@pytest.mark.parametrize("ts", [None, "1795000000000", 1.5e12, True])
+def test_evidence_time_must_be_an_integer(ts: Any) -> None:
+    d = decide(rec(ts_ms=ts), ControllerState(), cluster(), ENFORCE, NOW_MS)
+    assert d.refusal == Refusal.INVALID_INPUT and "ts_ms" in d.detail
+
+
+def test_evidence_from_the_future_is_refused() -> None:
+    # Such a time would pass the age checks (and the resume check) for as long as it is ahead.
+    ahead = rec(ts_ms=NOW_MS + 61_000)
+    d = decide(ahead, ControllerState(), cluster(), ENFORCE, NOW_MS)
+    assert d.refusal == Refusal.INVALID_INPUT and "ahead" in d.detail
+    assert (
+        decide(rec(ts_ms=NOW_MS + 60_000), ControllerState(), cluster(), ENFORCE, NOW_MS).outcome
+        == Outcome.DRAINED
+    )
+
+
+def test_a_node_already_drained_by_us_is_adopted_whatever_the_age() -> None:
+    # a crash between scontrol and the save, found only after a long outage: adopt, never
+    # refuse (the node would stay drained, unknown to the ledger and to auto-resume)
+    view = cluster(gpu001=drained("gpu001", "peerwatch: sm clock"))
+    old = rec(ts_ms=NOW_MS - 6 * 3600_000, expires_ms=NOW_MS - 3600_000)
+    [d], state = run([old], view=view)
+    assert d.outcome == Outcome.DUPLICATE and d.adopt
+    assert [e.node for e in expired_drains(state, NOW_MS)] == ["gpu001"]  # auto-resume frees it
+
+
+def test_hard_evidence_older_than_an_operator_resume_never_drains() -> None:
+    state = ControllerState()
+    run([rec()], state=state)  # drained at NOW_MS
+    resumed = NOW_MS + 10 * MIN_MS
+    observe_node(state, NodeFacts("gpu001", "IDLE", (), None, None, ("gpu",)), resumed)
+    now = resumed + MIN_MS
+    for ts in (resumed - 1, resumed):  # taken before (or at) the resume: hard or not
+        late = rec(rid=f"late{ts}", job_ids=["1"], hard=True, ts_ms=ts)
+        d = decide(late, state, cluster(), ENFORCE, now)
+        assert d.refusal == Refusal.EVIDENCE_BEFORE_RESUME and str(resumed) in d.detail
+    fresh = rec(rid="fresh", job_ids=["1"], hard=True, ts_ms=resumed + 1)
+    assert decide(fresh, state, cluster(), ENFORCE, now).outcome == Outcome.DRAINED
+
+
+def unpartitioned(n: int) -> ClusterView:
+    return ClusterView.of(NodeFacts(f"gpu{i:03d}", "IDLE") for i in range(1, n + 1))
+
+
+def test_nodes_in_no_partition_are_held_to_the_cluster_cap() -> None:
+    # No partition: no rate limit and no breaker apply. The old code drained 100 of 100.
+    recs = [rec(f"gpu{i:03d}", f"r{i}", job_ids=[str(i)], partition=None) for i in range(1, 101)]
+    out, state = run(recs, view=unpartitioned(100), step_ms=1)
+    assert [d.outcome for d in out[:5]] == [Outcome.DRAINED] * 5  # 5% of 100
+    assert {d.refusal for d in out[5:]} == {Refusal.CLUSTER_CAP}
+    assert len(state.enforce.drained) == 5
+    assert "6 of 100 nodes of the cluster" in out[5].detail and "cap of 5" in out[5].detail
+
+
+@pytest.mark.parametrize("nodes,pct,count,cap", [(1000, 5.0, 20, 20), (100, 5.0, 20, 5),
+                                                  (1000, 1.0, 20, 10), (10, 5.0, 20, 0)])  # fmt: skip
+def test_cluster_cap_is_the_lower_of_count_and_percent(
+    nodes: int, pct: float, count: int, cap: int
+) -> None:
+    settings = replace(ENFORCE, max_drained_nodes=count, max_drained_pct=pct)
+    recs = [rec(f"gpu{i:03d}", f"r{i}", job_ids=[str(i)], partition=None) for i in range(1, 41)]
+    out, _ = run(recs, settings, unpartitioned(nodes), step_ms=1)
+    assert sum(d.outcome == Outcome.DRAINED for d in out) == cap
+
+
+def test_cluster_cap_counts_our_drains_seen_in_slurm_and_the_size_override() -> None:
+    # 2 nodes Slurm shows drained by peerwatch (not in the ledger) + 1 = 3 > 2% of 100
+    view = ClusterView.of(
+        [NodeFacts("gpu001", "IDLE", ("DRAIN",), "peerwatch: x"),
+         NodeFacts("gpu002", "IDLE", ("DRAIN",), "peerwatch: y"), NodeFacts("gpu003", "IDLE")],
+        cluster_size=100,
+    )  # fmt: skip
+    [d], _ = run([rec("gpu003", partition=None)], replace(ENFORCE, max_drained_pct=2), view)
+    assert d.refusal == Refusal.CLUSTER_CAP and "3 of 100" in d.detail
+    [d], _ = run([rec("gpu003", partition=None)], replace(ENFORCE, max_drained_pct=3), view)
+    assert d.outcome == Outcome.DRAINED
+
+
+def test_shadow_cluster_cap_uses_the_shadow_ledger() -> None:
+    settings = DrainSettings(max_drained_nodes=1)
+    recs = [rec(f"gpu{i:03d}", f"r{i}", job_ids=[str(i)], partition=None) for i in (1, 2)]
+    out, _ = run(recs, settings, unpartitioned(100), step_ms=1)
+    assert out[0].outcome == Outcome.SHADOWED
+    assert out[1].refusal == Refusal.CLUSTER_CAP and out[1].detail.startswith("cluster_cap: shadow")

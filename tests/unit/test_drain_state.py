@@ -21,7 +21,7 @@ VIEW = ClusterView.of([NodeFacts(f"n{i}", "IDLE", (), None, None, ("gpu",)) for 
 
 
 def rec(rid: str, node: str = "n1", job: str = "1") -> dict[str, object]:
-    return {"recommendation_id": rid, "node": node, "action": "DRAIN", "hard": False,
+    return {"recommendation_id": rid, "node": node, "action": "DRAIN", "hard": False, "ts_ms": NOW_MS,
             "reason": "slow", "job_ids": [job], "expires_ms": NOW_MS + HOUR_MS}  # fmt: skip
 
 
@@ -133,6 +133,9 @@ def test_settings_env_over_file_over_defaults(tmp_path: Path) -> None:
         ({"PEERWATCH_DRAIN_PARTITION_SIZES": "gpu"}, "drain.partition_sizes"),
         ({"PEERWATCH_DRAIN_JOB_WINDOW_S": "-1"}, "drain.job_window_s"),
         ({"PEERWATCH_DRAIN_MAX_REASON_CHARS": "5"}, "drain.max_reason_chars"),
+        ({"PEERWATCH_DRAIN_STATE_RETENTION_S": "0"}, "drain.state_retention_s"),
+        ({"PEERWATCH_DRAIN_MAX_AGE_S": "7200"}, "drain.max_age_s"),  # above hard_max_age_s
+        ({"PEERWATCH_DRAIN_MAX_DRAINED_PCT": "101"}, "drain.max_drained_pct"),
     ],
 )
 def test_bad_settings_name_the_field(env: dict[str, str], field: str) -> None:

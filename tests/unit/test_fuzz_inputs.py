@@ -28,9 +28,11 @@ def fz() -> Iterator[Any]:
 
 
 def test_every_target_holds_on_seeded_inputs(fz: Any) -> None:
-    result = fz.run(None, seed=12, targets=sorted(fz.TARGETS), inputs=60)
+    result = fz.run(None, seed=12, targets=sorted(set(fz.TARGETS) - fz.NETWORK_TARGETS), inputs=60)
     assert result.failures == []
-    assert result.inputs == {"archive": 60, "kafka": 60, "slurm": 60, "spool": 60}
+    assert result.inputs == {"archive": 60, "config": 60, "display": 60, "kafka": 60, "slurm": 60,
+                             "spool": 60, "spool-segments": 60, "step-times": 60, "sysfs": 60,
+                             "topic-folders": 60}  # fmt: skip
 
 
 def test_a_reader_that_drops_the_rest_of_a_file_is_caught(
@@ -96,11 +98,52 @@ def test_a_stream_agent_that_lets_a_hostile_message_escape_is_caught(
 def test_a_dead_letter_that_drops_the_original_key_is_caught(
     fz: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from peerwatch.exporters import consume
+    from peerwatch.io import deadletter
 
-    real = consume.produce_dead_letter
-    monkeypatch.setattr(consume, "produce_dead_letter",
+    real = deadletter.produce_dead_letter
+    monkeypatch.setattr(deadletter, "produce_dead_letter",
                         lambda p, t, v, k, h: real(p, t, v, None, h))  # fmt: skip
     monkeypatch.setattr(fz, "KAFKA_CONSUMERS", {"export": fz.KAFKA_CONSUMERS["export"]})
     result = fz.run(None, seed=3, targets=["kafka"], inputs=20)
     assert any("lost the original key" in f for f in result.failures)
+
+
+def test_a_replay_that_takes_a_nan_step_time_is_caught(
+    fz: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from peerwatch.streams.core import job_stage
+
+    monkeypatch.setattr(job_stage, "step_duration_ms", lambda r: float(r["step_duration_ms"]))
+    result = fz.run(None, seed=3, targets=["step-times"], inputs=10)
+    assert result.failures and all("step-times" in f for f in result.failures)
+
+
+def test_a_reader_that_takes_an_impossible_hour_is_caught(
+    fz: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from peerwatch.io.archive import layout
+
+    monkeypatch.setattr(layout, "hour_start_ms", lambda hour: 0)  # any hour: 1970
+    result = fz.run(None, seed=3, targets=["topic-folders"], inputs=10)
+    assert any("counted" in f for f in result.failures)
+
+
+def test_a_sysfs_reader_that_trusts_the_file_is_caught(
+    fz: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Naive(fz.NicReader):  # type: ignore[name-defined,misc]
+        def counter(self, path: str) -> int | None:
+            data = self.raw(path)
+            return None if data is None else int(data.strip())  # as if sysfs were well-formed
+
+    monkeypatch.setattr(fz, "NicReader", Naive)
+    result = fz.run(None, seed=3, targets=["sysfs"], inputs=20)
+    assert any("ValueError" in f for f in result.failures)
+
+
+def test_an_unescaped_view_is_caught(fz: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import peerwatch.console
+
+    monkeypatch.setattr(peerwatch.console, "display_text", lambda value, max_chars=80: str(value))
+    result = fz.run(None, seed=12, targets=["display"], inputs=5)
+    assert len(result.failures) == 5 and "reached the terminal" in result.failures[0]

@@ -14,7 +14,7 @@ from fastavro import parse_schema
 from fastavro.validation import validate
 
 from peerwatch.producers.health.checks import check_xids
-from peerwatch.producers.health.dcgm import CommandResult, parse_diag
+from peerwatch.producers.health.dcgm import CommandResult, check_dcgm_diag, parse_diag
 from peerwatch.producers.health.infiniband import check_ib_ports
 from peerwatch.producers.health.outcome import worst
 from peerwatch.producers.health.run import (
@@ -24,6 +24,7 @@ from peerwatch.producers.health.run import (
     read_xid_events,
     run_health,
 )
+from peerwatch.producers.health_hook import exit_code_for
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "HealthCheckResult.avsc"
 PARSED = parse_schema(json.loads(SCHEMA_PATH.read_text()))
@@ -278,11 +279,62 @@ def test_dcgm_absent_is_skipped(healthy_ib: Path) -> None:
     assert statuses(result, "dcgm_diag") == ["OK"]
 
 
-def test_dcgm_unparsable_output_is_unknown(healthy_ib: Path) -> None:
-    runner = RecordingRunner(CommandResult(255, "", "Error: unable to connect to host engine"))
+@pytest.mark.parametrize(
+    "broken",
+    [
+        CommandResult(255, "", "Error: unable to connect to host engine"),  # nv-hostengine down
+        CommandResult(124, "", "timed out after 900 s"),  # subprocess_runner's timeout
+        CommandResult(0, "garbage, not a diag", ""),  # no test status in the output
+    ],
+)
+def test_dcgm_that_cannot_run_warns_and_does_not_drain(
+    healthy_ib: Path, broken: CommandResult
+) -> None:
+    # A monitor's own missing tool must not drain a fleet: WARNING (exit 1 from run_health,
+    # 0 in the epilog through exit_code_for), never UNKNOWN (3, which Slurm drains on).
+    runner = RecordingRunner(broken)
     result, code = run(two_gpus(), healthy_ib, "EPILOG", runner=runner, dcgmi_on_path=True)
-    assert code == 3
+    assert statuses(result, "dcgm_diag") == ["WARNING"] and code == 1
+    assert "could not run" in result["checks"][-1]["message"]
+    assert f"exit {broken.returncode}" in result["checks"][-1]["message"]
+    assert exit_code_for(result["status"], "EPILOG", None) == 0
+
+
+@pytest.mark.parametrize("status, code", [("UNKNOWN", 3), ("CRITICAL", 2), ("OK", 0)])
+def test_dcgm_unavailable_status_is_configurable(healthy_ib: Path, status: str, code: int) -> None:
+    runner = RecordingRunner(CommandResult(255, "", "Error: unable to connect to host engine"))
+    result, rc = run(
+        two_gpus(),
+        healthy_ib,
+        "EPILOG",
+        runner=runner,
+        dcgmi_on_path=True,
+        dcgm_unavailable_status=status,
+    )
+    assert statuses(result, "dcgm_diag") == [status] and rc == code
     assert "unable to connect" in result["checks"][-1]["message"]
+
+
+def test_dcgm_unavailable_status_must_be_a_nagios_status() -> None:
+    runner = RecordingRunner(CommandResult(255, "", ""))
+    with pytest.raises(ValueError, match="BROKEN"):
+        check_dcgm_diag(runner, 1, unavailable_status="BROKEN")
+    assert runner.calls == []
+
+
+def test_dcgm_failed_test_stays_critical_whatever_the_unavailable_status(
+    healthy_ib: Path,
+) -> None:
+    runner = RecordingRunner(CommandResult(226, diag_json({"Memory": "Fail"}), ""))
+    result, code = run(
+        two_gpus(),
+        healthy_ib,
+        "EPILOG",
+        runner=runner,
+        dcgmi_on_path=True,
+        dcgm_unavailable_status="OK",
+    )
+    assert statuses(result, "dcgm_diag") == ["CRITICAL"] and code == 2
 
 
 def test_dcgm_text_table_is_parsed() -> None:

@@ -78,10 +78,15 @@ def test_xid_cursor_reports_each_event_once_per_cursor(tmp_path: Path) -> None:
 
 
 def test_publish_outcome() -> None:
-    assert publish_outcome(None) == "unknown"
-    assert publish_outcome(DeliveryStats(sent=1, delivered=1)) == "delivered"
-    assert publish_outcome(DeliveryStats(sent=1, spooled=1)) == "spooled"
-    assert publish_outcome(DeliveryStats(sent=1, delivered=3, replayed=3)) == "unknown"
+    assert publish_outcome(None, 0) == "unknown"
+    assert publish_outcome(DeliveryStats(sent=1, delivered=1), 0) == "delivered"
+    assert publish_outcome(DeliveryStats(sent=1, spooled=1), 1) == "spooled"
+    # spooled behind an earlier run's result, both replayed before the process ended
+    assert publish_outcome(DeliveryStats(sent=1, spooled=1, delivered=2, replayed=2), 0) == (
+        "delivered"
+    )
+    assert publish_outcome(DeliveryStats(sent=1, delivered=3, replayed=3), 1) == "spooled"
+    assert publish_outcome(DeliveryStats(sent=1, refused=1), 0) == "unknown"
 
 
 def test_close_bounded_gives_up_on_a_stuck_close() -> None:
@@ -140,6 +145,8 @@ class FakeDelivery:
     def close(self, timeout_s: float = 10.0) -> DeliveryStats:
         self.closed = True
         return DeliveryStats(sent=len(self.sent), delivered=len(self.sent))
+
+    spooled_records = 0
 
 
 @pytest.fixture

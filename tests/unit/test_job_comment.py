@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from peerwatch.errors import SlurmCommandError
 from peerwatch.producers.slurm.command import CommandResult, SlurmCommands
 from peerwatch.producers.slurm.job_comment import (
     ADMIN_COMMENT_MAX_CHARS,
@@ -50,3 +51,27 @@ def test_hostile_text_is_sanitised_and_bounded() -> None:
     assert text.startswith("peerwatch: x rm -rf / (id) ,Reason=y z")
     assert len(text) == ADMIN_COMMENT_MAX_CHARS
     assert not any(c in text for c in "`$\n;")
+
+
+def test_an_ended_job_is_commented_through_accounting() -> None:
+    # EpilogSlurmctld runs when the job has ended: slurmctld refuses the update (seen on Slurm
+    # 22.05: "Job has already finished for job 3"), sacctmgr stores it where sacct reads it.
+    calls: list[list[str]] = []
+
+    def runner(argv: Sequence[str], timeout_s: float) -> CommandResult:
+        calls.append(list(argv))
+        if argv[0].endswith("scontrol"):
+            return CommandResult(1, "", "Job has already finished for job 1001\n")
+        return CommandResult(0, " Modified jobs...\n", "")
+
+    comment = set_admin_comment(SlurmCommands("/opt/slurm/bin", 5.0, runner), "1001", VERDICT)
+    assert calls[1] == ["/opt/slurm/bin/sacctmgr", "-i", "modify", "job", "where", "jobid=1001",
+                        "set", f"AdminComment={comment}"]  # fmt: skip
+
+
+def test_another_scontrol_failure_is_not_hidden() -> None:
+    def runner(argv: Sequence[str], timeout_s: float) -> CommandResult:
+        return CommandResult(1, "", "Access/permission denied\n")
+
+    with pytest.raises(SlurmCommandError, match="permission denied"):
+        set_admin_comment(SlurmCommands(None, 5.0, runner), "1001", VERDICT)

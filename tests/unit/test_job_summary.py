@@ -4,12 +4,14 @@ hostile input (skipped and counted, never raised); the text view."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from peerwatch.display import is_displayable
 from peerwatch.job_view import render_text, shown_rows
 from peerwatch.streams.core.job_summary import summarize_job
 
@@ -72,7 +74,7 @@ def test_the_slow_gpu_is_named_with_its_slowdown_duration_cause_and_node_outcome
     assert g.slow_s == (N - SLOW_FROM) * 30 and g.slow_frac == pytest.approx(0.08)
     assert g.first_flagged_ms == T0 + SLOW_FROM * W and g.cleared_ms is None
     assert g.node_outcome == "node drain recommended" and g.node_outcome_ms == DRAIN["ts_ms"]
-    assert g.evidence == ["SM clock 0.920 vs peers 1.000 (-8.0%, z=-6.0)"]
+    assert g.evidence == ["latest evidence: SM clock 0.920 vs peers 1.000 (z=-6.0)"]
     assert s.verdict == (
         "GPU 3 on n1 ran 8.0% slow (SM clock) for 7 min; cause CLOCKS; node drain recommended"
     )
@@ -133,9 +135,9 @@ def test_cleared_and_throttle_wording() -> None:
     cleared = finding("CLEARED", 19, "UNKNOWN")
     s = summarize_job("42", ws, [*thr, cleared])
     assert s.flagged[0].cleared_ms == T0 + 20 * W
-    assert "was throttled (60 points above its peers' share)" in s.verdict
+    assert "was throttled 60 points more than its peers for" in s.verdict
     assert "cause THERMAL" in s.verdict
-    assert s.flagged[0].evidence == ["throttling 0.600 vs peers 0.000 (+60 points, z=+20.0)"]
+    assert s.flagged[0].evidence == ["latest evidence: throttling 0.600 vs peers 0.000 (z=+20.0)"]
 
 
 def test_other_jobs_records_are_ignored_and_expired_windows_fall_back_to_the_findings() -> None:
@@ -210,3 +212,53 @@ def test_text_view_colours_only_when_asked_and_shows_flagged_then_slowest() -> N
     assert len(shown_rows(s, all_gpus=True)) == 16
     everything = render_text(s, all_gpus=True)
     assert "GPUs against their 16 peers (all)" in everything
+
+
+def test_one_slowdown_figure_in_the_verdict_the_flagged_block_and_nowhere_else() -> None:
+    # Two findings whose evidence says 8% and 6% below the peers: the slowdown is their mean, 7%,
+    # and it is the only percentage about that GPU outside the job-mean table.
+    six = {**finding("CONFIRMED", SLOW_FROM + 5), "features": [
+        {"feature": "clk", "value": 0.94, "peer_median": 1.0, "mad": 0.009, "z": -5.0}]}  # fmt: skip
+    s = summarize_job("42", WINDOWS, [*FINDINGS, six], [DRAIN], [JOB_EVENT])
+    assert s.flagged[0].slow_frac == pytest.approx((0.08 + 0.08 + 0.06) / 3)
+    text = render_text(s, width=160)
+    assert "ran 7.3% slow (SM clock)" in s.verdict and "slowdown: 7.3% slow (SM clock)" in text
+    above_table = text.split("GPUs against their")[0]
+    assert set(re.findall(r"\d+\.\d+%", above_table)) == {"7.3%"}
+
+
+HOSTILE_NAMES = [
+    "\x1b[2J\x1b[Hcleared",  # clear the screen
+    "\x1b]0;pwned\x07title",  # set the window title
+    "\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\",  # OSC 8 hyperlink
+    "safe\u202egnp.exe",  # right-to-left override
+    "[bold red]markup[/] [link=https://evil.example]x[/link]",  # rich markup
+    "\x9b31mC1 CSI",  # an 8-bit CSI
+    "x" * 5000,
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+@pytest.mark.parametrize("colour", [False, True])
+def test_hostile_job_names_reach_the_terminal_escaped(name: str, colour: bool) -> None:
+    event = {**JOB_EVENT, "job_name": name, "user": name, "account": name}
+    findings = [{**f, "cause": name} for f in FINDINGS]
+    windows = [{**w, "node": name[:60]} if w["node"] == "n0" else w for w in WINDOWS]
+    s = summarize_job("42", windows, findings, [DRAIN], [event])
+    text = render_text(s, colour=colour, width=120)
+    if colour:  # only the view's own SGR colour codes: ESC [ digits m
+        text = re.sub("\x1b\\[[0-9;]*m", "", text)
+    assert not is_displayable(name) or "markup" in name or "x" * 100 in name
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
+    assert "\u202e" not in text
+    assert max(len(line) for line in text.splitlines()) <= 120
+    if "markup" in name:  # rich markup shown as written, not interpreted
+        assert "[bold red]markup[/]" in text
+    assert len(text) < 5000  # every field capped for display (the 5,000-character name too)
+
+
+def test_the_table_fits_80_columns() -> None:
+    s = summarize_job("42", WINDOWS, FINDINGS, [DRAIN], [JOB_EVENT])
+    text = render_text(s, width=80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "peers median" in text and "n1" in text

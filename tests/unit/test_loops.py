@@ -114,14 +114,19 @@ def test_hard_rules_compiled_equal_their_python_source(seed: int) -> None:
     t = rng.integers(0, 50, m).astype(np.int64)
     rows = np.sort(rng.choice(n_rows, m, replace=False)).astype(np.int64)
     lost = rng.random(m) < 0.15
-    start = [np.full(n_gpus, -1, np.int64)] + [
-        rng.integers(0, 3, n_gpus).astype(np.int64) for _ in range(5)
+    start = [
+        np.full(n_gpus, -1, np.int64),
+        rng.integers(0, 3, n_gpus).astype(np.int64),
+        rng.integers(0, 3, (n_gpus, loops.N_RISE)).astype(np.int64),
+        rng.integers(0, 2, (n_gpus, loops.N_RISE)).astype(np.int64),
     ]
+    plan = (loops._COL_KIND, loops._COL_RULE, loops._COL_SLOT, loops._RISE_RULE, loops._BELOW_RULE,
+            loops.LOST_BIT, loops.LEVEL_BITS)  # fmt: skip
     results = []
     for run in (loops._kernel("_hard_rules"), loops._hard_rules):
         memory = [a.copy() for a in start]
         bits = np.zeros(m, np.int64)
-        bad = run(ro(gid), ro(t), ro(rows), ro(lost), ros(values), ros(valid), *memory, bits)
+        bad = run(ro(gid), ro(t), ro(rows), ro(lost), ros(values), ros(valid), *plan, *memory, bits)
         results.append((bits, int(bad), memory))
     assert np.array_equal(results[0][0], results[1][0]) and results[0][0].any()
     assert results[0][1] == results[1][1]
@@ -158,7 +163,9 @@ def test_entry_points_refuse_indices_outside_their_arrays() -> None:
         loops.accumulate(np.array([1]), one, one, lost, [one] * k, [ok] * k, np.zeros(1), ok,
                          deltas, ints, sums)  # fmt: skip
     h = len(loops.HARD_COLUMNS)
-    memory = [np.full(2, -1, np.int64)] + [np.zeros(2, np.int64) for _ in range(5)]
+    memory = [np.full(2, -1, np.int64), np.zeros(2, np.int64)] + [
+        np.zeros((2, loops.N_RISE), np.int64) for _ in range(2)
+    ]
     with pytest.raises(ValueError, match="gid"):
         loops.hard_rules(np.array([5]), one, one, lost, [one] * h, [ok] * h, memory)
     assert not ints.any() and (memory[0] == -1).all()

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from peerwatch.exporters.archive_files import ReadStats, block_spans, raw_blocks
+from peerwatch.io.archive.layout import ReadStats
+from peerwatch.io.archive.reader import block_spans, raw_blocks
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas.compiled import encode_long

@@ -3,7 +3,6 @@ simulated archive replayed to its injected straggler."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ from peerwatch.producers.sim.publish import write_archive
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, WINDOW, Output
 from peerwatch.streams.offline.replay import (
-    Progress,
     TimeRange,
     archive_job_events,
     archive_records,
@@ -99,16 +97,6 @@ def test_range_admits_job_events_from_the_lookback() -> None:
 )
 def test_keep_output(out: Output, job: str | None, node: str | None, kept: bool) -> None:
     assert keep_output(out, job, node) is kept
-
-
-def test_progress_bar_is_plain_text() -> None:
-    buf = io.StringIO()
-    ticks = iter(range(100))
-    bar = Progress(TimeRange(0, 100), buf, every_s=0, clock=lambda: float(next(ticks)), width=10)
-    bar.update(50, 10)
-    assert bar.render(50, 10).startswith("\rreplay [#####-----]  50.0% 10 records")
-    bar.done(20)
-    assert buf.getvalue().endswith("\n") and "100.0%" in buf.getvalue()
 
 
 def test_archive_replay_finds_the_injected_straggler(archive: Path) -> None:

@@ -15,7 +15,8 @@ from peerwatch.exporters.self_metrics import (
     STREAM,
     observations,
 )
-from peerwatch.exporters.self_telemetry import SelfTelemetry, start_self_telemetry
+from peerwatch.exporters.self_telemetry import SelfTelemetry
+from peerwatch.exporters.telemetry_start import start_self_telemetry
 from peerwatch.producers.agent import AgentStats
 from peerwatch.settings import TelemetrySettings
 from peerwatch.streams.live.counters import StreamCounters

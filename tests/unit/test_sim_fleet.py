@@ -15,6 +15,7 @@ import pytest
 from fastavro.validation import validate
 
 from peerwatch.producers.sim import Fleet, SimRecord, default_scenario, load_scenario
+from peerwatch.producers.sim.nic import NIC_CONFOUNDERS, NIC_FAULTS
 from peerwatch.producers.sim.scenario import CONFOUNDER_KINDS, FAULT_KINDS, parse_scenario
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -26,6 +27,8 @@ SCHEMA_FOR = {
     "step-times": "StepTime",
 }
 START_MS = 1_767_225_600_000
+
+NIC_KINDS = NIC_FAULTS | NIC_CONFOUNDERS
 
 
 def _schema(name: str) -> Any:
@@ -253,7 +256,8 @@ def test_labels_cover_every_injection() -> None:
     fleet = Fleet(parse_scenario(EVERYTHING))
     labels = fleet.labels()
     assert len(labels) == len(EVERYTHING["faults"]) + len(EVERYTHING["confounders"])
-    assert {lb["name"] for lb in labels} == FAULT_KINDS | CONFOUNDER_KINDS
+    # NIC kinds need fleet.nics_per_node: test_sim_nic labels them
+    assert {lb["name"] for lb in labels} == (FAULT_KINDS | CONFOUNDER_KINDS) - NIC_KINDS
     json.dumps(labels)  # JSON-lines ready
     expect = [(lb["name"], lb["gpu_index"], lb["job_id"], lb["expect"]) for lb in labels]
     assert expect[:10] == [

@@ -1,6 +1,7 @@
-"""A damaged spool (issue 12 item 7): an empty or garbage head, a flipped byte inside a segment,
-a torn tail; the spool opens, skips and counts what is lost, keeps every valid record in order,
-and its head is replaced durably."""
+"""A damaged spool (issue 12 item 7, issue 39 item 10): an empty, garbage or misplaced head, a
+flipped byte inside a segment, a torn tail, a segment path that is a folder or unreadable; the
+spool opens, deletes nothing on the head's word, sets bad segments aside, skips and counts what
+is lost, keeps every valid record in order, and its head is replaced durably."""
 
 from __future__ import annotations
 
@@ -146,3 +147,95 @@ def test_a_damaged_head_pointing_past_undelivered_records_loses_none(tmp_path: P
     reopened = Spool(tmp_path)
     assert reopened.bad_head == 1
     assert [r.seq for r in reopened.peek(10)] == list(range(8))
+
+
+def test_a_damaged_head_naming_a_later_segment_deletes_nothing_before_it(tmp_path: Path) -> None:
+    # Issue 39 item 10: the head named a later segment at a non-frame offset; every earlier
+    # segment was unlinked before the offset was checked (64 of 100 undelivered records lost,
+    # dropped=0). Now nothing goes on the head's word: all 100 come, none dropped.
+    spool = Spool(tmp_path, segment_bytes=600)
+    spool.append([rec(i) for i in range(100)])
+    segments = sorted(tmp_path.glob("*.seg"))
+    assert len(segments) >= 4
+    later = segments[len(segments) * 2 // 3]
+    assert 3 not in frame_starts(later.read_bytes())
+    (tmp_path / "head").write_text(f"{int(later.stem)} 3\n")
+    reopened = Spool(tmp_path, segment_bytes=600)
+    assert reopened.bad_head == 1 and reopened.dropped == 0
+    assert [r.seq for r in reopened.peek(1000)] == list(range(100))
+    assert sorted(tmp_path.glob("*.seg")) == segments
+
+
+def test_a_later_head_at_a_frame_boundary_with_older_segments_left_loses_none(
+    tmp_path: Path,
+) -> None:
+    # Segments are unlinked before the head moves on: older ones still here mean the head
+    # cannot be trusted (a damaged digit, a prepend cut short); they are read again, not lost.
+    spool = Spool(tmp_path, segment_bytes=600)
+    spool.append([rec(i) for i in range(40)])
+    segments = sorted(tmp_path.glob("*.seg"))
+    (tmp_path / "head").write_text(f"{int(segments[-1].stem)} 0\n")
+    reopened = Spool(tmp_path, segment_bytes=600)
+    assert [r.seq for r in reopened.peek(1000)] == list(range(40))
+    assert sorted(tmp_path.glob("*.seg")) == segments
+
+
+@pytest.mark.parametrize("which", ["first", "head", "last"])
+def test_a_segment_path_that_is_a_folder_is_set_aside_and_the_rest_delivered(
+    tmp_path: Path, which: str
+) -> None:
+    spool = Spool(tmp_path, segment_bytes=600)
+    spool.append([rec(i) for i in range(30)])
+    segments = sorted(tmp_path.glob("*.seg"))
+    at = {"first": segments[0].stem, "head": segments[0].stem, "last": segments[-1].stem}[which]
+    number = int(at) - 1 if which == "first" else int(at) + (which == "last")
+    if which == "head":  # the head's own segment replaced by a folder: its records are gone
+        lost = len(Spool(tmp_path, segment_bytes=600).peek(1000)) - sum(
+            1 for s in segments[1:] for _ in frame_starts(s.read_bytes())
+        )
+        segments[0].unlink()
+        number = int(at)
+    else:
+        lost = 0
+    folder = tmp_path / f"{number:012d}.seg"
+    folder.mkdir()
+    (folder / "x").write_text("x")
+    reopened = Spool(tmp_path, segment_bytes=600)
+    assert reopened.bad_segments == 1
+    assert (tmp_path / f"{number:012d}.seg.bad" / "x").exists()
+    assert [r.seq for r in reopened.peek(1000)] == list(range(lost, 30))
+    reopened.append([rec(30 + i) for i in range(30)])  # new segments past any folder
+    reopened.pop(len(reopened))
+    assert len(Spool(tmp_path, segment_bytes=600)) == 0
+
+
+def test_a_folder_where_the_next_segment_goes_is_set_aside_while_running(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, segment_bytes=600)
+    spool.append([rec(i) for i in range(10)])
+    last = sorted(tmp_path.glob("*.seg"))[-1]
+    (tmp_path / f"{int(last.stem) + 1:012d}.seg").mkdir()  # the next segment's path
+    (tmp_path / f"{int(last.stem) + 2:012d}.seg").mkdir()
+    spool.append([rec(10 + i) for i in range(40)])
+    assert spool.bad_segments == 2 and spool.dropped == 0
+    assert [r.seq for r in Spool(tmp_path, segment_bytes=600).peek(1000)] == list(range(50))
+
+
+def test_an_unreadable_segment_is_set_aside_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = Spool(tmp_path, segment_bytes=600)
+    spool.append([rec(i) for i in range(30)])
+    segments = sorted(tmp_path.glob("*.seg"))
+    kept = len(frame_starts(segments[0].read_bytes()))
+    read_bytes = Path.read_bytes
+
+    def denied(path: Path) -> bytes:  # EACCES as a non-root owner would meet it
+        if path == segments[1]:
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    reopened = Spool(tmp_path, segment_bytes=600)
+    assert reopened.bad_segments == 1
+    lost = len(frame_starts(read_bytes(tmp_path / (segments[1].name + ".bad"))))
+    assert [r.seq for r in reopened.peek(1000)] == [*range(kept), *range(kept + lost, 30)]

@@ -13,7 +13,8 @@ import pytest
 
 from peerwatch.exporters.archive import ArchiveWriter
 from peerwatch.exporters.archive_loop import ArchiveLoop
-from peerwatch.exporters.consume import ExportLoop, KafkaDeadLetter, produce_dead_letter
+from peerwatch.exporters.consume import ExportLoop
+from peerwatch.io.deadletter import KafkaDeadLetter, produce_dead_letter
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import Settings
 from peerwatch.streams.core.allocation import AllocationTable
@@ -245,10 +246,15 @@ def test_drain_controller_dead_letter_with_a_huge_key_is_sent_without_it() -> No
 
     q = Queued()
     AuditPublisher(q, Topics("r", "e", "a", "dead"), 1.0).dead_letter(
-        HUGE_KEY, b"junk", "undecodable", "r/0/5"
+        Msg("r", HUGE_KEY, b"junk"), "undecodable"
     )  # raised KafkaException MSG_SIZE_TOO_LARGE out of DrainController.handle
     [(key, value, headers)] = q.queued
-    assert (key, value, headers["peerwatch.error"]) == (None, None, b"undecodable")
+    assert (key, value, headers["peerwatch.error"], headers["peerwatch.offset"]) == (
+        None,
+        None,
+        b"undecodable",
+        b"5",
+    )
 
 
 def test_hot_stage_dead_letter_with_a_huge_key_is_sent_without_it() -> None:

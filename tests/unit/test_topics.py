@@ -3,7 +3,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from peerwatch.topics import BY_NAME, NODE_PARTITIONS, SAMPLES, TOPICS, catalogue, topic_for_schema
+import pytest
+
+from peerwatch.errors import ConfigError
+from peerwatch.settings import load_settings
+from peerwatch.streams.live.app import internal_topics
+from peerwatch.topics import (
+    BY_NAME,
+    FOLLOW_SAMPLES,
+    HEALTH,
+    JOB_WINDOWS,
+    NODE_EVENTS,
+    NODE_PARTITIONS,
+    SAMPLES,
+    TOPICS,
+    catalogue,
+    topic_for_schema,
+)
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
@@ -31,3 +47,23 @@ def test_prefix_renames_every_topic_and_keeps_the_rest() -> None:
     assert [p.name for p in prefixed] == ["t1." + t.name for t in TOPICS]
     assert [p.partitions for p in prefixed] == [t.partitions for t in TOPICS]
     assert catalogue("") is TOPICS
+
+
+def test_node_partitions_is_a_setting_of_every_copartitioned_topic() -> None:
+    # The samples topic's partitions cap the hot path's workers: stream.node_partitions.
+    grown = {t.name: t.partitions for t in catalogue("p.", node_partitions=48)}
+    for spec in TOPICS:
+        want = 48 if spec.name in FOLLOW_SAMPLES else spec.partitions
+        assert grown["p." + spec.name] == want, spec.name
+    assert {SAMPLES.name, NODE_EVENTS.name, HEALTH.name, JOB_WINDOWS.name} == FOLLOW_SAMPLES
+    with pytest.raises(ValueError, match="node_partitions"):
+        catalogue("p.", node_partitions=0)
+
+
+def test_node_partitions_reaches_the_stream_apps_topics() -> None:
+    settings = load_settings(env={"PEERWATCH_STREAM_NODE_PARTITIONS": "36"})
+    assert settings.stream.node_partitions == 36
+    by_name = {t.name: t for t in internal_topics(settings)}
+    assert by_name["peerwatch-stream-findings"].partitions == 36  # re-keyed by node
+    with pytest.raises(ConfigError, match=r"stream\.node_partitions"):
+        load_settings(env={"PEERWATCH_STREAM_NODE_PARTITIONS": "0"})

@@ -15,6 +15,9 @@ from fakes import FakeClock, FakeGpu, FakeNvml
 from peerwatch.exporters.drain.audit import action_record, resume_record
 from peerwatch.exporters.drain.decide import Decision, Outcome, Refusal
 from peerwatch.producers.health.run import HealthDeps, HealthSettings, run_health
+from peerwatch.producers.nic.ports import discover_ports
+from peerwatch.producers.nic.sampler import NicSampler
+from peerwatch.producers.nic.sysfs import Reader, SysfsTree
 from peerwatch.producers.sim import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas import records, registry, typegen
@@ -157,6 +160,14 @@ def _health_result() -> dict[str, Any]:
     return result
 
 
+def _nic_sample() -> dict[str, Any]:
+    reader = Reader(SysfsTree(Path(__file__).parents[1] / "data" / "sysfs" / "hgx"))
+    ports = discover_ports(reader, {0: "00000000:04:00.0"})
+    sampler = NicSampler(reader, ports, node="gpu-a01", interval_ms=1000,
+                         clock=FakeClock(1_700_000_000_000), agent_run_id="run-1")  # fmt: skip
+    return sampler.sample(0)
+
+
 @pytest.fixture(scope="module")
 def built() -> dict[str, list[dict[str, Any]]]:
     """name -> records of that type built by the simulator, the pipeline, the health run and
@@ -169,6 +180,7 @@ def built() -> dict[str, list[dict[str, Any]]]:
         if o.kind in OUTPUT_RECORD:
             out[OUTPUT_RECORD[o.kind]].append(o.value)
     out["HealthCheckResult"].append(_health_result())
+    out["NodeNicSample"].append(_nic_sample())
     window = out["GpuWindow"][0]
     batch = WindowBatchCodec().encode_batch(
         window["job_id"], window["window_start_ms"], window["window_end_ms"], {0: [window]}, 1.5

@@ -1,147 +1,50 @@
-"""Avro object container files per topic and hour: the archive layout shared by
-``peerwatch simulate --archive``, ``peerwatch archive`` and ``peerwatch replay``.
+"""Reading the archive's Avro object container files (every codec), block by block.
 
-Layout: ``<root>/<topic>/<YYYY-MM-DD>T<HH>.avro``, the record's event hour in UTC. Each file embeds
-its writer schema (logical types stripped: times are plain long ms) and is zstandard-compressed
-(deflate and null are written on request; every codec is read). The
-sync marker is derived from the topic and hour, so the same records always give byte-identical
-files.
-
-The archiver (:mod:`peerwatch.exporters.archive`) also leaves ``<hour>.avro.part`` (the hour it is
-still appending to) and ``<hour>.<k>.avro`` (records that arrived after their hour was closed);
-readers here read all three. A file whose last block is truncated (an archiver killed mid-write)
-is read up to its last complete block.
+Each file embeds its writer schema; records are decoded by the codec's generated reader or, for
+whole blocks of samples, handed on raw (:func:`raw_blocks`) to the C column decoder. A file whose
+last block is truncated (an archiver killed mid-write) is read up to its last complete block; a
+corrupt block or record is skipped and counted (:class:`~.layout.ReadStats`), never a crash.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import importlib
 import io
-import json
 import logging
-import os
-import re
 import zlib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
 
-from peerwatch.schemas.compiled import encode_long
-from peerwatch.schemas.registry import current_schema, raw_schema, strip_logical_types
+from peerwatch.io.archive.layout import ReadStats, archive_files
+from peerwatch.schemas.registry import current_schema, strip_logical_types
 
 log = logging.getLogger(__name__)
 
-HOUR_MS = 3_600_000
-#: Codec of the files written. On the demo's samples, zstandard in 1 MiB blocks wrote 3.6 times
-#: fewer bytes than deflate in fastavro's default 16 KB blocks (the format before), with 13
-#: times less CPU to compress and 6 times less to decompress (scripts/bench_archive_codec.py).
-DEFAULT_CODEC = "zstandard"
-#: Uncompressed bytes per block: larger blocks compress far better (repeated UUIDs, names);
-#: a reader holds one block at a time.
-BLOCK_BYTES = 1 << 20
-#: ``<YYYY-MM-DD>T<HH>`` then ``.avro``, ``.<k>.avro`` or ``.avro.part``.
-_FILE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})(?:\.(\d+))?\.avro(\.part)?$")
+
 #: The most header bytes a container file may have (its schema is a few KB): a size in the
 #: header that reaches beyond is a corrupt header, never a read of that size.
 MAX_HEADER_BYTES = 1 << 24
 
 
-@dataclass
-class ReadStats:
-    """What readers of archive files skipped: records that did not decode (``bad_records``),
-    corrupt blocks stepped over to the next sync marker (``bad_blocks``; their records are not
-    known), files whose header is unreadable (``bad_files``) and files cut inside a block
-    (``cut_tails``: an archiver killed mid-write, or corruption with no sync marker after it)."""
-
-    bad_records: int = 0
-    bad_blocks: int = 0
-    bad_files: int = 0
-    cut_tails: int = 0
-
-    def add(self, other: ReadStats) -> None:
-        for name in ("bad_records", "bad_blocks", "bad_files", "cut_tails"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    def as_dict(self) -> dict[str, int]:
-        return {"bad_records": self.bad_records, "bad_blocks": self.bad_blocks,
-                "bad_files": self.bad_files, "cut_tails": self.cut_tails}  # fmt: skip
-
-
-#: Event times an archive file can be named by: 1970-01-01 up to the end of year 9999 (UTC).
-MAX_TS_MS = 253_402_300_800_000
-
-
-def hour_of(ts_ms: int) -> str:
-    """``YYYY-MM-DDTHH`` of an event time (UTC). Raises ValueError for a time before 1970 or
-    after year 9999 (no archive file is named by it)."""
-    if not 0 <= ts_ms < MAX_TS_MS:
-        raise ValueError(f"event time {ts_ms} ms is outside 1970..9999")
-    return dt.datetime.fromtimestamp(ts_ms // 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H")
-
-
-def file_for(root: Path, topic: str, ts_ms: int) -> Path:
-    return root / topic / f"{hour_of(ts_ms)}.avro"
-
-
-def hour_start_ms(hour: str) -> int:
-    """Epoch ms of the start of an ``YYYY-MM-DDTHH`` hour (UTC). Raises ValueError if malformed."""
-    parsed = dt.datetime.strptime(hour, "%Y-%m-%dT%H").replace(tzinfo=dt.UTC)
-    return int(parsed.timestamp()) * 1000
-
-
-def parse_file_name(name: str) -> tuple[str, int, bool] | None:
-    """``(hour, k, partial)`` of an archive file name, None for other files.
-
-    ``k`` is 0 for the hour's main file and ``k`` for ``<hour>.<k>.avro``; ``partial`` is True for
-    ``.avro.part`` (still being appended to).
-    """
-    m = _FILE_RE.match(name)
-    if m is None:
-        return None
-    return m.group(1), int(m.group(2) or 0), m.group(3) is not None
-
-
-def record_time_ms(record: Mapping[str, Any]) -> int | None:
-    """The event time of a peerwatch record (``ts_ms``, else ``window_start_ms``), ms; None if
-    it has neither."""
-    for name in ("ts_ms", "window_start_ms"):
-        value = record.get(name)
-        if isinstance(value, int):
-            return value
-    return None
-
-
-def archive_files(
-    root: Path, topic: str, from_ms: int | None = None, to_ms: int | None = None
-) -> list[Path]:
-    """Files of ``topic`` under ``root`` whose hour overlaps ``[from_ms, to_ms)``, oldest hour
-    first (each hour's files together)."""
-    found: list[tuple[str, int, Path]] = []
-    folder = Path(root) / topic
-    if not folder.is_dir():
-        return []
-    for path in folder.iterdir():
-        parsed = parse_file_name(path.name)
-        if parsed is None:
-            continue
-        hour, k, _ = parsed
-        start = hour_start_ms(hour)
-        if from_ms is not None and start + HOUR_MS <= from_ms:
-            continue
-        if to_ms is not None and start >= to_ms:
-            continue
-        found.append((hour, k, path))
-    return [p for _, _, p in sorted(found)]
-
-
 def _canonical(schema: Any) -> str:
     return str(to_parsing_canonical_form(schema))
+
+
+def in_current_version(path: Path, reader_schema: Any) -> bool:
+    """Whether a container file's header is readable and names ``reader_schema`` (read by the
+    compiled reader, which skips a bad record and goes on; a file of another schema version is
+    read by fastavro, which ends at its first fault). Raises OSError when the file cannot be
+    opened."""
+    with Path(path).open("rb") as fh:
+        try:
+            writer_schema = fastavro.block_reader(fh).writer_schema
+        except Exception:  # an unreadable header: read_file judges and counts it
+            return False
+    return _canonical(writer_schema) == _canonical(reader_schema)
 
 
 def read_file(
@@ -171,8 +74,9 @@ def read_container(
     being built (the C reader's ``skip``, else a decode that is thrown away).
 
     Hostile bytes, with the current schema (the compiled reader): a record that does not decode
-    is skipped and counted in ``stats.bad_records`` (invalid UTF-8: that record only; any other
-    fault: the rest of its block, as the column reader does); a corrupt block is stepped over
+    is skipped and counted in ``stats.bad_records`` (that record only where its end is known,
+    see :func:`lenient_skipper`; else the rest of its block, as the column reader does); a
+    corrupt block is stepped over
     to the next sync marker (``stats.bad_blocks``). Files of an older schema version (fastavro,
     with resolution) end at the first fault."""
     stats = stats if stats is not None else ReadStats()
@@ -197,7 +101,7 @@ def read_container(
         skip = None
         if keep_nodes is not None and _node_first(blocks.writer_schema):
             skip = _skipper_for(blocks.writer_schema, compiled)
-        lax = lax_skipper(blocks.writer_schema)
+        lax = lenient_skipper(blocks.writer_schema)
         try:
             fh.seek(0)
             header_end, sync = _read_header(fh)
@@ -280,10 +184,12 @@ def _decode_block(
 ) -> tuple[list[dict[str, Any]], int]:
     """The records of one block and how many were not read; with ``keep`` and ``skip``, only
     those whose leading ``node`` string is in ``keep`` (the others are stepped over by
-    ``skip``). A record with invalid UTF-8 is stepped over by ``lax`` (a skip that does not
-    check strings) and the next read; any other fault ends the block (its remaining records
-    count as not read), as the C column reader does. Raises TrailingBytes (with what was read)
-    when the block holds bytes after its ``count`` records."""
+    ``skip``). A record that does not decode is stepped over by ``lax`` (see
+    :func:`lenient_skipper`: it steps over invalid UTF-8, boolean bytes above 1 and longs over
+    64 bits) and the next read; where ``lax`` refuses too (the record's end is not known), the
+    block ends (its remaining records count as not read): the same records as the C column
+    reader keeps, whatever faults a record holds and in whatever order. Raises TrailingBytes
+    (with what was read) when the block holds bytes after its ``count`` records."""
     out: list[dict[str, Any]] = []
     pos = bad = 0
     for i in range(count):
@@ -296,9 +202,8 @@ def _decode_block(
                     pos = skip(data, pos)
                     continue
             record, pos = decode(data, pos)
-        except Exception as exc:
-            utf8 = isinstance(exc, UnicodeError) or "UTF-8" in str(exc)
-            if not utf8 or lax is None:
+        except Exception:
+            if lax is None:
                 return out, bad + count - i
             try:
                 pos = lax(data, pos)
@@ -320,10 +225,23 @@ class TrailingBytes(ValueError):
         self.records, self.bad, self.left = records, bad, left
 
 
+def lenient_skipper(writer_schema: Any) -> Any:
+    """``(buffer, offset) -> end`` over one value of ``writer_schema`` stepping over the value
+    faults whose extent is known: the C module's ``skip_lenient`` (what ``decode_columns``
+    steps over in a block), else :func:`lax_skipper` (the same rules in Python). Raises
+    ValueError (or IndexError) where the value's end is not known."""
+    from peerwatch.schemas.native import native_lenient_skipper
+
+    return native_lenient_skipper(strip_logical_types(writer_schema)) or lax_skipper(writer_schema)
+
+
 def lax_skipper(writer_schema: Any) -> Any:
-    """``(buffer, offset) -> end`` over one value of ``writer_schema`` that checks lengths and
-    union branches but not the UTF-8 of strings: where a record with invalid UTF-8 ends.
-    Raises ValueError (or IndexError) on bytes that are not such a value."""
+    """``(buffer, offset) -> end`` over one value of ``writer_schema`` that checks lengths,
+    counts, union branches and enum indexes (varints of at most 64 bits, one-byte union
+    branches, as the C reader) but not the values whose extent is known: invalid UTF-8, a
+    boolean byte above 1, a long whose varint ends at its 10th byte without fitting 64 bits.
+    Where a record that did not decode ends. Raises ValueError (or IndexError) on bytes that
+    are not such a value."""
     named: dict[str, Any] = {}
 
     def plan(schema: Any) -> Any:
@@ -333,7 +251,7 @@ def lax_skipper(writer_schema: Any) -> Any:
             if schema == "boolean":
                 return lambda d, p: _need(d, p + 1)
             if schema in ("int", "long"):
-                return lambda d, p: _varint(d, p)[1]
+                return _lax_long
             if schema == "float":
                 return lambda d, p: _need(d, p + 4)
             if schema == "double":
@@ -345,8 +263,9 @@ def lax_skipper(writer_schema: Any) -> Any:
             branches = [plan(b) for b in schema]
 
             def union(d: bytes, p: int) -> int:
-                k, p = _varint(d, p)
-                if not 0 <= k < len(branches):
+                c = d[p]  # one byte, as the C reader takes a branch index
+                k, p = (c >> 1) ^ -(c & 1), p + 1
+                if c >= 0x80 or not 0 <= k < len(branches):
                     raise ValueError("bad union branch")
                 return int(branches[k](d, p))
 
@@ -368,7 +287,7 @@ def lax_skipper(writer_schema: Any) -> Any:
             n = len(schema["symbols"])
 
             def enum(d: bytes, p: int) -> int:
-                k, p = _varint(d, p)
+                k, p = _varint64(d, p)
                 if not 0 <= k < n:
                     raise ValueError("bad enum index")
                 return p
@@ -384,11 +303,11 @@ def lax_skipper(writer_schema: Any) -> Any:
 
             def many(d: bytes, p: int) -> int:
                 while True:
-                    n, p = _varint(d, p)
+                    n, p = _varint64(d, p)
                     if n == 0:
                         return p
                     if n < 0:
-                        _, p = _varint(d, p)
+                        _, p = _varint64(d, p)
                         n = -n
                     if n > len(d) - p:  # every item takes a byte at least... or none (null)
                         raise ValueError("bad item count")
@@ -409,149 +328,33 @@ def _need(data: bytes, end: int) -> int:
     return end
 
 
+def _varint64(data: bytes, pos: int) -> tuple[int, int]:
+    """:func:`_varint` of at most 64 bits, as the C reader's: raises ValueError when a 10th
+    byte is above 1 (IndexError when ``data`` ends inside it)."""
+    for k in range(10):
+        if data[pos + k] < 0x80:
+            if k == 9 and data[pos + k] > 1:
+                break
+            return _varint(data, pos)
+    raise ValueError("varint does not fit 64 bits")
+
+
+def _lax_long(data: bytes, pos: int) -> int:
+    """The end of a long value: a varint ending at its 10th byte is stepped over even when it
+    does not fit 64 bits (a value fault whose extent is known)."""
+    try:
+        return _varint64(data, pos)[1]
+    except ValueError:
+        if data[pos + 9] < 0x80:
+            return pos + 10
+        raise
+
+
 def _skip_bytes(data: bytes, pos: int) -> int:
-    n, pos = _varint(data, pos)
+    n, pos = _varint64(data, pos)
     if n < 0:
         raise ValueError("negative length")
     return _need(data, pos + n)
-
-
-def _deflater(codec: str) -> Any:
-    if codec == "null":
-        return bytes
-    if codec == "deflate":
-
-        def deflate(data: bytes) -> bytes:
-            packer = zlib.compressobj(6, zlib.DEFLATED, -15)  # raw deflate, as Avro specifies
-            return packer.compress(data) + packer.flush()
-
-        return deflate
-    if codec == "zstandard":
-        return _zstd().compress
-    raise ValueError(f"codec {codec!r}")
-
-
-class ContainerWriter:
-    """Appends records to an Avro object container file as raw Avro bodies, in blocks of about
-    ``block_bytes``: a record already in Avro binary (a Kafka message's body, written with the
-    file's schema) is copied, not decoded and encoded again (fastavro's writer costs about
-    250 us per 8-GPU sample; a copy, nothing).
-
-    Why an own writer: no library here appends already-encoded bodies. fastavro's ``writer`` and
-    ``Writer`` take records and encode them; polars' and pyarrow's Avro support cannot write our
-    files (STACK.md). The container format is small (header, then count + size + body + sync per
-    block) and fastavro reads what this writes (tested for every codec).
-
-    A new (empty) file gets its header: ``schema`` (a wire schema), ``codec``, ``sync_marker``
-    (random when None). A file that has content is continued with its own header's codec and
-    sync marker (a recovered ``.part``). ``encode``: ``record -> body`` for :meth:`write`.
-    Raises ValueError for an unknown codec or a file that is not a container.
-    """
-
-    def __init__(
-        self,
-        fh: IO[bytes],
-        schema: Any,
-        encode: Any,
-        codec: str = DEFAULT_CODEC,
-        sync_marker: bytes | None = None,
-        block_bytes: int = BLOCK_BYTES,
-    ) -> None:
-        self.fh, self.encode, self.block_bytes = fh, encode, block_bytes
-        fh.seek(0, io.SEEK_END)
-        if fh.tell() == 0:
-            self.sync = sync_marker if sync_marker is not None else os.urandom(16)
-            meta = [(b"avro.schema", json.dumps(schema).encode()), (b"avro.codec", codec.encode())]
-            header = bytearray(b"Obj\x01" + encode_long(len(meta)))
-            for key, value in meta:
-                header += encode_long(len(key)) + key + encode_long(len(value)) + value
-            fh.write(bytes(header + encode_long(0) + self.sync))
-        else:
-            fh.seek(0)
-            head = fh.read(1 << 20)
-            _, self.sync = _header(head)
-            codec = str(fastavro.block_reader(io.BytesIO(head)).codec)
-            fh.seek(0, io.SEEK_END)
-        self._compress = _deflater(codec)
-        self._block = bytearray()
-        self._count = 0
-
-    def write_body(self, body: bytes | bytearray | memoryview) -> None:
-        """Append one record already encoded with the file's schema."""
-        self._block += body
-        self._count += 1
-        if len(self._block) >= self.block_bytes:
-            self._write_block()
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Append one record (encoded with ``encode``)."""
-        self.write_body(self.encode(record))
-
-    def _write_block(self) -> None:
-        data = self._compress(bytes(self._block))
-        self.fh.write(encode_long(self._count) + encode_long(len(data)) + data + self.sync)
-        self._block.clear()
-        self._count = 0
-
-    def flush(self) -> None:
-        """Write the pending records as a block (readers see whole blocks only) and flush."""
-        if self._count:
-            self._write_block()
-        self.fh.flush()
-
-
-def body_encoder(schema_name: str) -> Any:
-    """``record -> Avro body`` with the current schema ``schema_name`` (the codec's encoder)."""
-    from peerwatch.schemas.codec import HEADER_LEN, codec_for
-
-    codec = codec_for(schema_name)
-    return lambda record: codec.encode(record)[HEADER_LEN:]
-
-
-class AvroFileSink:
-    """Appends records to the file of their topic and hour; keeps each open file's writer."""
-
-    def __init__(
-        self, root: Path, topic_schemas: Mapping[str, str], codec: str = DEFAULT_CODEC
-    ) -> None:
-        self.root = Path(root)
-        self._schemas = dict(topic_schemas)
-        self._codec = codec
-        self._open: dict[tuple[str, str], tuple[IO[bytes], ContainerWriter]] = {}
-        self.records = 0
-
-    def write(self, topic: str, record: Mapping[str, Any], ts_ms: int) -> None:
-        """Append ``record`` (event time ``ts_ms``) to its topic's file of that hour."""
-        self._file(topic, ts_ms).write(record)
-        self.records += 1
-
-    def write_body(self, topic: str, body: bytes | bytearray | memoryview, ts_ms: int) -> None:
-        """Append a record already in Avro binary with the topic's current schema."""
-        self._file(topic, ts_ms).write_body(body)
-        self.records += 1
-
-    def _file(self, topic: str, ts_ms: int) -> ContainerWriter:
-        hour = hour_of(ts_ms)
-        key = (topic, hour)
-        entry = self._open.get(key)
-        if entry is None:
-            path = self.root / topic / f"{hour}.avro"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fh = path.open("wb")
-            # Times are written as plain long ms (logical types stripped) so that every reader
-            # gets the same ints the codec gives; the field docs say the unit.
-            name = self._schemas[topic]
-            schema = strip_logical_types(raw_schema(name))
-            marker = hashlib.sha256(f"{topic}|{hour}".encode()).digest()[:16]
-            writer = ContainerWriter(fh, schema, body_encoder(name), self._codec, marker)
-            entry = self._open[key] = (fh, writer)
-        return entry[1]
-
-    def close(self) -> None:
-        for fh, writer in self._open.values():
-            writer.flush()
-            fh.close()
-        self._open.clear()
 
 
 def read_archive(

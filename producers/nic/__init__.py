@@ -1,0 +1,1 @@
+"""Node network telemetry: sysfs reads (InfiniBand, RoCE, netdev) and counter arithmetic."""
