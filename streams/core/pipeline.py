@@ -19,7 +19,9 @@ through the policy, at once; their outputs' ``stream_ms`` is the event time a li
 publishes them at (the sample's time, or the check's).
 
 Input: ``(stream, key, value)`` records in roughly event-time order, streams ``samples``,
-``job-events``, ``node-events``, ``health`` and the optional ``step-times`` (per-rank step
+``job-events``, ``node-events``, ``health``, the optional ``nic-samples`` (NodeNicSample: the
+link rules of :class:`~peerwatch.streams.core.network_stage.NetworkStage`, findings out and
+through the policy as the hard rules') and the optional ``step-times`` (per-rank step
 durations: a GPU's window gets the mean ``step_ms`` of its steps in that window, see
 :meth:`~peerwatch.streams.core.job_stage.JobStage.add_step`; without them the step feature is
 simply not compared).
@@ -41,9 +43,15 @@ from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.network_stage import NetworkStage
 from peerwatch.streams.core.policy import apply as policy_apply
 from peerwatch.streams.core.policy_state import DrainPolicyState
-from peerwatch.streams.core.settings import DetectorSettings, PolicySettings, StreamSettings
+from peerwatch.streams.core.settings import (
+    DetectorSettings,
+    NetworkSettings,
+    PolicySettings,
+    StreamSettings,
+)
 from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
 from peerwatch.streams.core.windows import (
     SAMPLE_SPEC,
@@ -78,6 +86,7 @@ class PipelineSettings:
 
     detector: DetectorSettings = field(default_factory=DetectorSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+    network: NetworkSettings = field(default_factory=NetworkSettings)
     lateness_s: float = _STREAM.lateness_s
     job_grace_s: float = _STREAM.job_grace_s
     fan_out_job_wide: bool = _STREAM.fan_out_job_wide
@@ -149,6 +158,8 @@ class Pipeline:
             held=True,
         )
         self.silence_clock = SilenceClock(max(1, int(settings.silent_check_s * 1000)))
+        # Beside stage 2 too, on the NIC samples: the network's link rules on arrival.
+        self.network = NetworkStage(self.allocations, settings.network, settings.detector)
         self._next_silence_ms = -_FAR_FUTURE_MS
         self._max_sample_ms = -_FAR_FUTURE_MS
         self._open_nodes: dict[str, tuple[str, int]] = {}
@@ -181,6 +192,11 @@ class Pipeline:
             ):
                 return self._part_done(self._flush_batch(), ts)
             return []
+        if stream == "nic-samples":
+            # The GPU samples before it first (their hard rules), so findings keep event order.
+            out = self._flush_batch()
+            found = self.network.add_nic([value])
+            return out + self._hot([(f, int(f["detected_ms"] or 0)) for f in found])
         if stream == "step-times":
             self.step_times += 1
             try:
@@ -378,6 +394,7 @@ class Pipeline:
             self._allocations_changed()
         self.jobs.prune(watermark_ms, self.settings.allocation_retention_s * 1000)
         self.hard.prune(watermark_ms - self.settings.allocation_retention_s * 1000)
+        self.network.prune(watermark_ms - self.settings.allocation_retention_s * 1000)
 
     def _allocations_changed(self) -> None:
         """Hook: the allocation table changed (events applied or pruned)."""
@@ -437,6 +454,7 @@ class Pipeline:
             **self.hard.counters(),
             **self.silence.counters(),
             **self.jobs.fleet(0).counters(),
+            **self.network.counters(),
             "step_times": self.step_times,
         }
 
