@@ -8,8 +8,8 @@ from typing import Any
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
 from peerwatch.streams.core.network_stage import NetworkStage
+from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
 
 Records = list[tuple[str, str, dict[str, Any]]]
 
