@@ -41,7 +41,7 @@ from peerwatch.schemas.columns import Table, slice_rows, tables_from_records
 from peerwatch.schemas.records import DrainRecommendation, StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.hard_watch import HardWatch
-from peerwatch.streams.core.job_stage import JobReleaser
+from peerwatch.streams.core.job_stage import JobReleaser, Release
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.network_stage import NetworkStage
 from peerwatch.streams.core.policy import apply as policy_apply
@@ -159,7 +159,13 @@ class Pipeline:
         )
         self.silence_clock = SilenceClock(max(1, int(settings.silent_check_s * 1000)))
         # Beside stage 2 too, on the NIC samples: the network's link rules on arrival.
-        self.network = NetworkStage(self.allocations, settings.network, settings.detector)
+        self.network = NetworkStage(
+            self.allocations,
+            settings.network,
+            settings.detector,
+            readings_ms=2 * settings.detector.window_ms
+            + int((settings.lateness_s + settings.job_grace_s) * 1000),
+        )
         self._next_silence_ms = -_FAR_FUTURE_MS
         self._max_sample_ms = -_FAR_FUTURE_MS
         self._open_nodes: dict[str, tuple[str, int]] = {}
@@ -428,7 +434,23 @@ class Pipeline:
                 out.append(Output(FINDING, job_id, dict(f), self._stream_ms))
                 for copy in copies:
                     out += self._recommend(copy)
+            out += self._network_window(r)
         return out + fleet
+
+    def _network_window(self, r: Release) -> list[Output]:
+        """The job's network compared across its nodes at a released window (findings out and
+        through the policy: each names a node and a port, no GPU)."""
+        job_id = r.context.job_id
+        job_wide = r.result.job_wide  # the GPU detector's verdict for this window
+        end_ms = r.window_start_ms + self.settings.detector.window_ms
+        found = self.network.job_window(
+            job_id, r.window_start_ms, end_ms, self.allocations.nodes_of(job_id), job_wide
+        )
+        out: list[Output] = []
+        for f in found:
+            out.append(Output(FINDING, job_id, dict(f), self._stream_ms))
+            out += self._recommend(f)
+        return out
 
     def _recommend(self, record: Mapping[str, Any], stream_ms: int | None = None) -> list[Output]:
         try:

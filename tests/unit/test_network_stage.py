@@ -11,6 +11,7 @@ from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.network_stage import NetworkStage
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
 
+T0 = 1_767_225_600_000
 Records = list[tuple[str, str, dict[str, Any]]]
 
 
@@ -81,3 +82,42 @@ def test_bad_nic_samples_are_counted_and_skipped() -> None:
     stage = NetworkStage(AllocationTable())
     assert stage.add_nic([{"node": 3}, {"node": "n", "ts_ms": "x", "ports": []}]) == []
     assert stage.counters()["link_invalid_samples"] == 2
+
+
+def big_job(nic_fault: bool) -> Records:
+    """A 32-node job (256 GPUs) slowed job-wide from 300 s (the GPU detector's JOB_WIDE: a
+    third of its GPUs lose 10 % of their clocks at once), with or without node 17's NIC
+    retransmitting on mlx5_0/1 from 300 s."""
+    drops = [{"name": "sm_clock_drop", "node": n, "gpu_index": g, "start_s": 300,
+              "params": {"pct": 10}} for n in range(10) for g in range(8)]  # fmt: skip
+    nic = [{"name": "nic_retransmit", "node": 17, "start_s": 300, "end_s": 410}]
+    fleet = Fleet(parse_scenario({
+        "fleet": {"nodes": 32, "gpus_per_node": 8, "duration_s": 420, "nics_per_node": 2,
+                  "nodes_per_leaf": 4},
+        "jobs": [{"job_id": "1", "gpus": 256, "first_node": 0, "duration_s": 10_000,
+                  "warmup_s": 5}],
+        "faults": drops + (nic if nic_fault else []),
+    }))  # fmt: skip
+    return [(r.stream, r.key, r.value) for batch in fleet.ticks() for r in batch]
+
+
+def test_a_degraded_link_inside_a_32_node_job_is_named_with_cause_network() -> None:
+    out = list(Pipeline(emit_windows=False).run(big_job(nic_fault=True)))
+    network = [o.value for o in out if o.kind == FINDING and o.value["cause"] == "NETWORK"]
+    assert [(f["node"], f["port"], f["status"], f["gpu_index"]) for f in network] == [
+        ("gpu00017", "mlx5_0/1", "CONFIRMED", None)
+    ]
+    assert network[0]["detected_ms"] - (T0 + 300_000) <= 15_000
+    assert [o.value["status"] for o in out if o.kind == FINDING and o.value["cause"] != "NETWORK"
+            ] == ["JOB_WIDE"]  # fmt: skip
+    recs = [o.value for o in out if o.kind == RECOMMENDATION and o.value["node"] == "gpu00017"]
+    # a job-wide slowdown never drains: the link is named in an alert
+    assert {(r["action"], r["cause"], r["port"]) for r in recs} >= {
+        ("ALERT", "NETWORK", "mlx5_0/1")
+    }
+    assert all(r["action"] != "DRAIN" for r in recs)
+
+
+def test_a_job_wide_slowdown_without_a_link_that_stands_out_names_no_port() -> None:
+    out = list(Pipeline(emit_windows=False).run(big_job(nic_fault=False)))
+    assert [o.value["status"] for o in out if o.kind == FINDING] == ["JOB_WIDE"]
