@@ -45,7 +45,7 @@ class NetworkStage:
     ) -> None:
         """``readings_ms``: how long (ms of event time, behind each node's newest reading) the
         per-port readings stay for :meth:`job_window` (at least a window, its lateness and the
-        job grace)."""
+        job grace; 0: none kept, :meth:`job_window` compares nothing)."""
         self.links = LinkWatch(allocations, network, detector)
         self.peers = NetworkPeers(network, detector)
         self.readings_ms = readings_ms
@@ -61,7 +61,9 @@ class NetworkStage:
         for sample in samples:
             seen = self.links.invalid_samples
             out += self.links.add(sample)
-            if self.links.invalid_samples == seen:  # LinkWatch checked node, time and ports
+            # LinkWatch checked node, time and ports; readings_ms 0: a runner that does not
+            # compare jobs here keeps none
+            if self.links.invalid_samples == seen and self.readings_ms > 0:
                 self._keep(sample)
         return out
 

@@ -193,7 +193,8 @@ class HotStage:
         self.alloc = AllocationTable(self.retention_ms)
         self.parts: dict[int, _Partition] = {}
         #: The network's link rules over the NIC samples (the same object replay feeds).
-        self.network = NetworkStage(self.alloc, settings.network, settings.detector)
+        #: Link rules only: the job comparison runs where stage 3 is, not here (no readings).
+        self.network = NetworkStage(self.alloc, settings.network, settings.detector, readings_ms=0)
         self.nic_codec = AvroCodec("NodeNicSample")
         self._nic: Any = None  # the NIC samples consumer (None: no NIC topic)
         #: NIC partition -> next offset to commit (committed with the samples, after a flush).
