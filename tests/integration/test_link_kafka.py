@@ -8,7 +8,7 @@ and nothing after it: no window can close, so every finding must come from the s
 publish a DRAIN recommendation naming node and port, and the port_down finding. The offline
 pipeline on the same records, and a replay of the broker's topics
 (:func:`~peerwatch.streams.offline.replay_kafka.kafka_records`, which now reads the NIC topic),
-must give the same link findings and recommendations byte for byte (live = replay). The time
+must give the same link findings and recommendations byte for byte (live = replay). An undecodable NIC record is dead-lettered with its reason. The time
 from publishing the sample passing 7 s to the port_down finding on the topic is printed (a
 measurement, not an assert).
 """
@@ -26,8 +26,8 @@ from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline, P
 from peerwatch.streams.core.settings import DetectorSettings
 from peerwatch.streams.offline.replay import TimeRange
 from peerwatch.streams.offline.replay_kafka import kafka_records
-from peerwatch.streams.tools.bench_run import produce_raw, wait_stable
-from peerwatch.topics import RECOMMENDATIONS, STRAGGLERS
+from peerwatch.streams.tools.bench_run import produce_raw, read_topic, wait_stable
+from peerwatch.topics import DEADLETTER, NIC_SAMPLES, RECOMMENDATIONS, STRAGGLERS
 from tests.integration.test_hard_silence_kafka import BOUND_S, build, decoded
 from tests.integration.test_stream_app import LATENESS_S, WINDOW_S, fresh_topics, new_worker
 
@@ -75,6 +75,8 @@ def test_a_port_down_10_s_is_drained_live_and_replay_says_the_same(
 
     prefix = fresh_topics(kafka_settings)
     with new_worker(kafka_settings, prefix, tmp_path, "link", f"app-{uuid.uuid4().hex[:6]}") as w:
+        # hostile: an undecodable NIC record first (dead-lettered, the rest read as usual)
+        produce_raw(kafka_settings, [(prefix + NIC_SAMPLES.name, b"gpu00002", b"\x00junk", None)])
         produce_raw(kafka_settings, sc.raw(prefix, until_ms=down_ms))
         before = sum(s == "samples" and t < down_ms for t, s, _, _ in sc.records)
         state = wait_stable(lambda: int(w.counters().get("samples", 0)),
@@ -96,10 +98,14 @@ def test_a_port_down_10_s_is_drained_live_and_replay_says_the_same(
                           lambda fs: any(f["hard_rules"] == ["port_down"] for f, _ in fs),
                           BOUND_S, settle_s=2)  # fmt: skip
         recs = decoded(kafka_settings, prefix + RECOMMENDATIONS.name)
+        dead = read_topic(kafka_settings, prefix + DEADLETTER.name)
         log, counters = w.log_tail(), w.counters()
     assert [(f["node"], f["port"], f["hard_rules"], f["cause"]) for f, _ in got] == [
         (NODE, PORT, ["link_downed"], "NETWORK"), (NODE, PORT, ["port_down"], "NETWORK")
     ], (counters, log)  # fmt: skip
+    assert [(r.key, r.value, r.headers["peerwatch.reason"]) for r in dead] == [
+        (b"gpu00002", b"\x00junk", b"undecodable")
+    ]
     (down,) = [(f, ts) for f, ts in got if f["hard_rules"] == ["port_down"]]
     assert down[0]["detected_ms"] == passing_ms  # from the sample that shows it
     drains = [r for r, _ in recs if r["action"] == "DRAIN"]
@@ -118,10 +124,11 @@ def test_a_port_down_10_s_is_drained_live_and_replay_says_the_same(
         RECOMMENDATION: sorted(CODECS[RECOMMENDATION].encode(r) for r, _ in recs),
     }
     assert live == want
-    # live = replay of the broker's topics (the NIC topic is a replay input)
+    # live = replay of the broker's topics (the NIC topic is a replay input; the junk record
+    # skipped and counted there too)
     span = TimeRange(sc.start_ms, passing_ms + 1)
     replayed, bad = kafka_records(kafka_settings, span, prefix)
-    assert bad == 0 and sum(s == "nic-samples" for s, _, _ in replayed) == sum(
+    assert bad == 1 and sum(s == "nic-samples" for s, _, _ in replayed) == sum(
         s == "nic-samples" for s, _, _ in records
     )
     assert offline(replayed) == want
