@@ -26,6 +26,7 @@ from peerwatch.topics import (
     HEALTH,
     JOB_EVENTS,
     JOB_WINDOWS,
+    NIC_SAMPLES,
     NODE_EVENTS,
     RECOMMENDATIONS,
     SAMPLES,
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 #: Every topic with a schema: the pipeline's inputs and its outputs (the dead-letter topic holds
 #: raw bytes of any kind and is not archived).
 ARCHIVED_TOPICS: tuple[TopicSpec, ...] = (
-    SAMPLES, JOB_EVENTS, NODE_EVENTS, HEALTH, STEP_TIMES,
+    SAMPLES, NIC_SAMPLES, JOB_EVENTS, NODE_EVENTS, HEALTH, STEP_TIMES,
     JOB_WINDOWS, STRAGGLERS, RECOMMENDATIONS, ACTIONS,
 )  # fmt: skip
 

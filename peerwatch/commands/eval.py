@@ -1,4 +1,4 @@
-"""``peerwatch eval --suite quick|full|soak [--json] [--set detector.NAME=VALUE ...]``.
+"""``peerwatch eval --suite quick|full|soak|network [--json] [--set detector.NAME=VALUE ...]``.
 
 Runs the labelled simulated scenarios through the offline pipeline with the settings tree
 (``--config``, ``PEERWATCH_*``: the settings a live worker would run with) and ``--set``
@@ -31,7 +31,7 @@ from peerwatch.streams.tools.soak import format_census, soak_suite
 
 def register(sub: Any) -> None:
     p = sub.add_parser("eval", help="run the labelled simulated scenarios and score the detector")
-    p.add_argument("--suite", choices=["quick", "full", "soak"], default="quick")
+    p.add_argument("--suite", choices=["quick", "full", "soak", "network"], default="quick")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument(
         "--set",

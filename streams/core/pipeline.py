@@ -19,7 +19,9 @@ through the policy, at once; their outputs' ``stream_ms`` is the event time a li
 publishes them at (the sample's time, or the check's).
 
 Input: ``(stream, key, value)`` records in roughly event-time order, streams ``samples``,
-``job-events``, ``node-events``, ``health`` and the optional ``step-times`` (per-rank step
+``job-events``, ``node-events``, ``health``, the optional ``nic-samples`` (NodeNicSample: the
+link rules of :class:`~peerwatch.streams.core.network_stage.NetworkStage`, findings out and
+through the policy as the hard rules') and the optional ``step-times`` (per-rank step
 durations: a GPU's window gets the mean ``step_ms`` of its steps in that window, see
 :meth:`~peerwatch.streams.core.job_stage.JobStage.add_step`; without them the step feature is
 simply not compared).
@@ -38,8 +40,9 @@ from peerwatch.schemas.columns import Table, slice_rows, tables_from_records
 from peerwatch.schemas.records import DrainRecommendation, StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.hard_watch import HardWatch
-from peerwatch.streams.core.job_stage import JobReleaser
+from peerwatch.streams.core.job_stage import JobReleaser, Release
 from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.network_stage import NetworkStage
 from peerwatch.streams.core.policy import apply as policy_apply
 from peerwatch.streams.core.policy_state import DrainPolicyState
 from peerwatch.streams.core.settings import PolicySettings, StageSettings
@@ -132,6 +135,14 @@ class Pipeline:
             held=True,
         )
         self.silence_clock = SilenceClock(max(1, int(stream.silent_check_s * 1000)))
+        # Beside stage 2 too, on the NIC samples: the network's link rules on arrival.
+        self.network = NetworkStage(
+            self.allocations,
+            settings.network,
+            settings.detector,
+            readings_ms=2 * settings.detector.window_ms
+            + int((stream.lateness_s + stream.job_grace_s) * 1000),
+        )
         self._next_silence_ms = -_FAR_FUTURE_MS
         self._max_sample_ms = -_FAR_FUTURE_MS
         self._open_nodes: dict[str, tuple[str, int]] = {}
@@ -164,6 +175,11 @@ class Pipeline:
             ):
                 return self._part_done(self._flush_batch(), ts)
             return []
+        if stream == "nic-samples":
+            # The GPU samples before it first (their hard rules), so findings keep event order.
+            out = self._flush_batch()
+            found = self.network.add_nic([value])
+            return out + self._hot([(f, int(f["detected_ms"] or 0)) for f in found])
         if stream == "step-times":
             self.step_times += 1
             try:
@@ -361,6 +377,7 @@ class Pipeline:
             self._allocations_changed()
         self.jobs.prune(watermark_ms, self.settings.stream.allocation_retention_s * 1000)
         self.hard.prune(watermark_ms - self.settings.stream.allocation_retention_s * 1000)
+        self.network.prune(watermark_ms - self.settings.stream.allocation_retention_s * 1000)
 
     def _allocations_changed(self) -> None:
         """Hook: the allocation table changed (events applied or pruned)."""
@@ -394,7 +411,23 @@ class Pipeline:
                 out.append(Output(FINDING, job_id, dict(f), self._stream_ms))
                 for copy in copies:
                     out += self._recommend(copy)
+            out += self._network_window(r)
         return out + fleet
+
+    def _network_window(self, r: Release) -> list[Output]:
+        """The job's network compared across its nodes at a released window (findings out and
+        through the policy: each names a node and a port, no GPU)."""
+        job_id = r.context.job_id
+        job_wide = r.result.job_wide  # the GPU detector's verdict for this window
+        end_ms = r.window_start_ms + self.settings.detector.window_ms
+        found = self.network.job_window(
+            job_id, r.window_start_ms, end_ms, self.allocations.nodes_of(job_id), job_wide
+        )
+        out: list[Output] = []
+        for f in found:
+            out.append(Output(FINDING, job_id, dict(f), self._stream_ms))
+            out += self._recommend(f)
+        return out
 
     def _recommend(self, record: Mapping[str, Any], stream_ms: int | None = None) -> list[Output]:
         try:
@@ -420,6 +453,7 @@ class Pipeline:
             **self.hard.counters(),
             **self.silence.counters(),
             **self.jobs.fleet(0).counters(),
+            **self.network.counters(),
             "step_times": self.step_times,
         }
 

@@ -654,3 +654,6 @@ class StageSettings(Protocol):
 
     @property
     def policy(self) -> PolicySettings: ...
+
+    @property
+    def network(self) -> NetworkSettings: ...

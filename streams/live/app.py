@@ -191,6 +191,7 @@ def build_app(settings: Settings) -> faust.App:
             job_partitions=job_partitions,
             findings=stragglers_out.get_topic_name(),
             node_findings=findings_t.get_topic_name(),
+            nic_samples=topics["NodeNicSample"].name,
         ),
         node_partitions,
     )  # fmt: skip

@@ -66,6 +66,7 @@ from peerwatch.streams.core.clock_offset import ClockOffsets
 from peerwatch.streams.core.fleet import censuses_closed
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.network_stage import NetworkStage
 from peerwatch.streams.core.pipeline import PRUNE_EVERY_MS
 from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
 from peerwatch.streams.core.windows import SAMPLE_SPEC, VALUE_LIMIT, WindowAggregator
@@ -104,6 +105,8 @@ class HotTopics:
     #: key node).
     findings: str = ""
     node_findings: str = ""
+    #: The NIC samples topic (NodeNicSample, key node); "" reads none.
+    nic_samples: str = ""
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,13 @@ class HotStage:
         self._watched_key: tuple[int, frozenset[int]] | None = None
         self.alloc = AllocationTable(self.retention_ms)
         self.parts: dict[int, _Partition] = {}
+        #: The network's link rules over the NIC samples (the same object replay feeds).
+        #: Link rules only: the job comparison runs where stage 3 is, not here (no readings).
+        self.network = NetworkStage(self.alloc, settings.network, settings.detector, readings_ms=0)
+        self.nic_codec = AvroCodec("NodeNicSample")
+        self._nic: Any = None  # the NIC samples consumer (None: no NIC topic)
+        #: NIC partition -> next offset to commit (committed with the samples, after a flush).
+        self._nic_offsets: dict[int, int] = {}
         #: Samples partition -> its new closed-until (ms), sent after the batch (_process).
         self._marks: dict[int, int] = {}
         #: (job, window start, end) -> (samples partition -> the windows it closed in this
@@ -278,22 +288,33 @@ class HotStage:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
+        if self.topics.nic_samples:
+            # A group of its own: the NIC state is per node and the allocation view fleet-wide,
+            # so the NIC partitions need not match the samples partitions.
+            self._nic = Consumer(consumer_config(kafka, f"{self.group}-nic", **{
+                "enable.partition.eof": False,
+            }))  # fmt: skip
+            self._nic.subscribe([self.topics.nic_samples], on_revoke=self._on_nic_revoke)
         try:
             while not self._stop.is_set():
                 messages = self._consumer.consume(self.batch_max, timeout=self.batch_within_s)
                 if messages:
                     self._sync_job_events()
                     self._process(messages)
+                self._process_nic()
                 self._measure_lag()
                 self._check_silence()
                 self._heartbeat_when_idle()
                 self._producer.poll(0)
                 self._resend_refused()
             self._commit(list(self.parts))
+            self._commit_nic()
         finally:
             self._producer.flush(10)
             self._consumer.close()
             self._jobs.close()
+            if self._nic is not None:
+                self._nic.close()
 
     def _measure_lag(self) -> None:
         """``counters.consumer_lag``: high watermark - position over the assigned partitions, from
@@ -564,6 +585,7 @@ class HotStage:
             self.alloc.prune(slowest)
             for other in self.parts.values():
                 other.hard.prune(slowest - self.retention_ms)
+            self.network.prune(slowest - self.retention_ms)
         return tables[""].n, tables["gpus."].n
 
     # -- hard rules on arrival, silence ----------------------------------------------------------
@@ -631,6 +653,54 @@ class HotStage:
             return False
         prev, part.clock_prev = part.clock_prev, (top_ms, received_ms)
         return prev is not None and top_ms - prev[0] <= received_ms - prev[1] + LIVE_SLACK_MS
+
+    # -- the network ------------------------------------------------------------------------------
+    def _process_nic(self) -> None:
+        """The NIC samples that arrived (none waited for): decoded, undecodable ones
+        dead-lettered, the rest through :class:`NetworkStage` (allocations synced first), its
+        findings published as the hard rules' are."""
+        if self._nic is None:
+            return
+        messages = self._nic.consume(self.batch_max, timeout=0)
+        samples = []
+        for m in messages:
+            if m.error() is not None:
+                log.warning("hot stage NIC consume error: %s", m.error())
+                continue
+            self._nic_offsets[m.partition()] = m.offset() + 1
+            try:
+                samples.append(self.nic_codec.decode(m.value() or b""))
+            except CodecError as exc:
+                self._dead(m, "undecodable", str(exc))
+        if not samples:
+            return
+        self._sync_job_events()
+        for f in self.network.add_nic(samples):
+            self.counters.hard_findings += 1
+            self._publish_finding(f)
+        if not self.parts:  # no samples partition: no samples commit to ride on
+            self._commit_nic()
+
+    def _commit_nic(self) -> None:
+        """Commit the NIC offsets read (after a flush: their findings are out first)."""
+        if self._nic is None or not self._nic_offsets:
+            return
+        from confluent_kafka import KafkaException, TopicPartition
+
+        if self._producer.flush(30) or self._undelivered is not None:
+            return  # not all out: read again after a restart
+        offsets = [TopicPartition(self.topics.nic_samples, p, o)
+                   for p, o in sorted(self._nic_offsets.items())]  # fmt: skip
+        self._nic_offsets = {}
+        try:
+            self._nic.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("hot stage NIC commit failed (will retry): %s", exc)
+
+    def _on_nic_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        self._commit_nic()
+        for tp in partitions:
+            self._nic_offsets.pop(tp.partition, None)
 
     def _publish_finding(self, f: Any) -> None:
         self._send(self.topics.findings, str(f["job_id"]).encode(), self.finding_codec.encode(f))
@@ -818,3 +888,4 @@ class HotStage:
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
             log.warning("hot stage commit failed (will retry at the next close): %s", exc)
+        self._commit_nic()

@@ -60,7 +60,15 @@ from peerwatch.streams.offline.sample_runs import (
     merge,
     sample_decoder,
 )
-from peerwatch.topics import HEALTH, JOB_EVENTS, NODE_EVENTS, SAMPLES, STEP_TIMES, TopicSpec
+from peerwatch.topics import (
+    HEALTH,
+    JOB_EVENTS,
+    NIC_SAMPLES,
+    NODE_EVENTS,
+    SAMPLES,
+    STEP_TIMES,
+    TopicSpec,
+)
 
 #: Pipeline stream -> topic. Order = tie-break rank at equal event time.
 INPUT_STREAMS: dict[str, TopicSpec] = {
@@ -69,6 +77,8 @@ INPUT_STREAMS: dict[str, TopicSpec] = {
     "health": HEALTH,
     "step-times": STEP_TIMES,
     "samples": SAMPLES,
+    # after the GPU samples: a node's NIC sample has its GPU sample's time, and follows it
+    "nic-samples": NIC_SAMPLES,
 }
 _RANK = {s: i for i, s in enumerate(INPUT_STREAMS)}
 _KEY_FIELD = {
@@ -77,6 +87,7 @@ _KEY_FIELD = {
     "health": "node",
     "step-times": "job_id",
     "samples": "node",
+    "nic-samples": "node",
 }
 Record = tuple[str, str, dict[str, Any]]
 

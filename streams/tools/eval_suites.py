@@ -310,8 +310,8 @@ def network(seed: int, duration_s: float = 900.0) -> EvalScenario:
 
 
 def suite(name: str) -> list[EvalScenario]:
-    """The scenarios of suite ``quick``, ``full`` or ``network`` (the NIC faults, until the
-    stream side consumes NodeNicSample); raises ValueError for another name."""
+    """The scenarios of suite ``quick``, ``full`` or ``network`` (the NIC faults: ``peerwatch
+    eval --suite network``); raises ValueError for another name."""
     if name == "network":
         return [network(seed) for seed in QUICK_SEEDS]
     seeds: tuple[int, ...]

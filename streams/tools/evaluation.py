@@ -67,6 +67,8 @@ class Score:
     detect_by_kind: dict[str, list[int]] = field(default_factory=dict)
     #: (label name, pct or None) -> [labels, recalled] for straggler-type labels.
     by_kind: dict[str, list[int]] = field(default_factory=dict)
+    #: The same for NIC labels expecting a ``network`` or ``switch`` finding (issue 38).
+    network_by_kind: dict[str, list[int]] = field(default_factory=dict)
     missed: list[dict[str, Any]] = field(default_factory=list)
     false_drain_records: list[dict[str, Any]] = field(default_factory=list)
     #: Recommendations by what they cost on-call, per fleet time (see the soak suite).
@@ -93,10 +95,12 @@ class Score:
         self.confirm_latency_ms += other.confirm_latency_ms
         for k, values in other.detect_by_kind.items():
             self.detect_by_kind.setdefault(k, []).extend(values)
-        for k, (n, hit) in other.by_kind.items():
-            mine = self.by_kind.setdefault(k, [0, 0])
-            mine[0] += n
-            mine[1] += hit
+        for mine_by, theirs in ((self.by_kind, other.by_kind),
+                                (self.network_by_kind, other.network_by_kind)):  # fmt: skip
+            for k, (n, hit) in theirs.items():
+                mine = mine_by.setdefault(k, [0, 0])
+                mine[0] += n
+                mine[1] += hit
         self.missed += other.missed
         self.false_drain_records += other.false_drain_records
         self.alerts.add(other.alerts)
@@ -132,6 +136,10 @@ class Score:
             },
             "recall_by_kind": {
                 k: {"labels": v[0], "recalled": v[1]} for k, v in sorted(self.by_kind.items())
+            },
+            "network_recall_by_kind": {
+                k: {"labels": v[0], "recalled": v[1]}
+                for k, v in sorted(self.network_by_kind.items())
             },
             "missed": self.missed,
             "false_drain_records": self.false_drain_records,
@@ -232,6 +240,8 @@ def score(
                     out.confirm_latency_ms.append(max(0, min(confirmed) - start))
             else:
                 out.missed.append({**lb, "missing": "finding"})
+        if expect in ("network", "switch"):
+            _score_network(lb, findings, start, end + slack_ms, out)
         if expect in ("straggler", "drain"):
             detected = [
                 int(f.get("detected_ms") or f["window_end_ms"])
@@ -310,6 +320,40 @@ def score(
 
     out.alerts = census((r for r, _ in recs), node_s, explained)
     return out
+
+
+def _score_network(
+    lb: Mapping[str, Any],
+    findings: Sequence[tuple[Mapping[str, Any], int]],
+    start: int,
+    end: int,
+    out: Score,
+) -> None:
+    """A NIC label expecting a ``network`` finding (the job's peer comparison or a link rule
+    naming the label's node and port) or a ``switch`` finding (one naming a switch over the
+    label's nodes), cause NETWORK, between its onset and ``end``: per kind in
+    ``network_by_kind``,
+    onset -> detected_ms in ``detect_by_kind``. Neither is a straggler or drain label (recall
+    and precision above stay the GPU detector's)."""
+    nodes = set(lb.get("nodes") or [lb.get("node")])
+    hits = [
+        int(f.get("detected_ms") or f["window_end_ms"])
+        for f, _ in findings
+        if f.get("cause") == "NETWORK"
+        and (
+            f.get("switch") is not None and f.get("node") is None
+            if lb["expect"] == "switch"
+            else f.get("node") in nodes and (lb.get("port") is None or f.get("port") == lb["port"])
+        )
+        and _overlaps(int(f["window_start_ms"]), int(f["window_end_ms"]), start, end)
+    ]
+    entry = out.network_by_kind.setdefault(kind_of(lb), [0, 0])
+    entry[0] += 1
+    if hits:
+        entry[1] += 1
+        out.detect_by_kind.setdefault(kind_of(lb), []).append(max(0, min(hits) - start))
+    else:
+        out.missed.append({**lb, "missing": "network finding"})
 
 
 def _silence_covers(f: Mapping[str, Any], lb: Mapping[str, Any]) -> bool:
@@ -457,6 +501,13 @@ def targets(total: Score, window_s: int) -> list[Target]:
         Target("median onset->CONFIRMED (s)", confirmed, "<= 60",
                confirmed is not None and confirmed <= 60.0),
     ]  # fmt: skip
+    if total.network_by_kind:
+        n = sum(v[0] for v in total.network_by_kind.values())
+        named = sum(v[1] for v in total.network_by_kind.values()) / n
+        out.append(
+            Target("NIC faults named (cause NETWORK, node and port or switch)", named, ">= 0.99",
+                   named >= 0.99)
+        )  # fmt: skip
     if total.silent_labels or total.silent_findings:
         found = total.silent_hits / total.silent_labels if total.silent_labels else None
         right = total.silent_findings_explained == total.silent_findings
@@ -572,6 +623,10 @@ def format_report(
     lines.append("recall by fault (labels expecting a straggler or a clock-fault drain):")
     for kind, (n, hit) in sorted(total.by_kind.items(), key=lambda kv: _kind_order(kv[0])):
         lines.append(f"  {kind:24} {hit:>4}/{n:<4} {hit / n:.3f}")
+    if total.network_by_kind:
+        lines.append("NIC faults expecting a network or switch finding:")
+        for kind, (n, hit) in sorted(total.network_by_kind.items()):
+            lines.append(f"  {kind:24} {hit:>4}/{n:<4} {hit / n:.3f}")
     lines.append("")
     lines.append(
         "onset -> detected_ms of the first finding, by fault (s; the event time the detector had"

@@ -185,3 +185,24 @@ def test_suites_cover_every_fault_and_confounder_and_job_sizes() -> None:
     assert len(suite("full")) > len(scenarios)
     with pytest.raises(ValueError):
         suite("huge")
+
+
+def test_network_labels_are_recalled_per_kind_by_a_network_finding_naming_node_and_port() -> None:
+    retrans = {**label("nic_retransmit", "a", None, 100, 400, "network"), "port": "mlx5_3/1"}
+    half = {**label("nic_half_rate", "b", None, 100, 400, "network"), "port": "mlx5_6/1"}
+    leaf = {**label("switch_congestion", "c", None, 100, 400, "switch"), "nodes": ["c", "d"]}
+    net = {**finding("CONFIRMED", "a", None, 120), "cause": "NETWORK", "port": "mlx5_3/1",
+           "detected_ms": 150 * S}  # fmt: skip
+    wrong_port = {**finding("SUSPECT", "b", None, 120), "cause": "NETWORK", "port": "mlx5_0/1"}
+    gpu = finding("SUSPECT", "b", None, 120)  # no cause NETWORK: a GPU finding
+    s = score([retrans, half, leaf], [(net, 150 * S), (wrong_port, 150 * S), (gpu, 150 * S)], [],
+              W)  # fmt: skip
+    assert s.network_by_kind == {"nic_retransmit": [1, 1], "nic_half_rate": [1, 0],
+                                 "switch_congestion": [1, 0]}  # fmt: skip
+    assert s.by_kind == {}  # the GPU clock-drop recall target does not count them
+    assert s.detect_by_kind == {"nic_retransmit": [50 * S]}
+    assert [m["name"] for m in s.missed] == ["nic_half_rate", "switch_congestion"]
+    # neither straggler nor drain labels: the GPU recall is untouched
+    assert (s.straggler_labels, s.drain_labels, s.recall) == (0, 0, None)
+    (named,) = [t for t in targets(s, 5) if t.name.startswith("NIC faults named")]
+    assert (named.value, named.passed) == (1 / 3, False)
