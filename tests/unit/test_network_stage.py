@@ -7,6 +7,7 @@ from typing import Any
 
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
+from peerwatch.settings import Settings
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.network_stage import NetworkStage
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
@@ -31,7 +32,7 @@ def port_down(start_s: float = 30, end_s: float = 40, nics: int = 2) -> tuple[Re
 def test_a_port_down_10_s_is_found_and_drained_offline_naming_node_and_port() -> None:
     records, fleet = port_down()
     start_ms = fleet.labels()[0]["start_ms"]
-    out = list(Pipeline().run(records))
+    out = list(Pipeline(Settings()).run(records))
     links = [o for o in out if o.kind == FINDING and o.value.get("port") is not None]
     assert [(o.value["node"], o.value["port"], o.value["hard_rules"], o.value["cause"])
             for o in links] == [("gpu00003", "mlx5_1/1", ["link_downed"], "NETWORK"),
@@ -45,15 +46,15 @@ def test_a_port_down_10_s_is_found_and_drained_offline_naming_node_and_port() ->
     assert [r.value["action"] for r in recs] == ["DRAIN"]
     assert (recs[0].value["port"], recs[0].value["cause"]) == ("mlx5_1/1", "NETWORK")
     assert recs[0].value["evidence"][0]["finding_id"] == links[0].value["finding_id"]
-    assert Pipeline().counters()["link_samples"] == 0
-    nic_pipeline = Pipeline()
+    assert Pipeline(Settings()).counters()["link_samples"] == 0
+    nic_pipeline = Pipeline(Settings())
     list(nic_pipeline.run(records))
     assert nic_pipeline.counters()["link_samples"] == sum(s == "nic-samples" for s, _, _ in records)
 
 
 def test_without_nic_samples_the_pipeline_finds_no_link_fault() -> None:
     records, _ = port_down()
-    out = list(Pipeline().run([r for r in records if r[0] != "nic-samples"]))
+    out = list(Pipeline(Settings()).run([r for r in records if r[0] != "nic-samples"]))
     assert not [o for o in out if o.kind == FINDING and o.value.get("port") is not None]
 
 
@@ -102,7 +103,7 @@ def big_job(nic_fault: bool) -> Records:
 
 
 def test_a_degraded_link_inside_a_32_node_job_is_named_with_cause_network() -> None:
-    out = list(Pipeline(emit_windows=False).run(big_job(nic_fault=True)))
+    out = list(Pipeline(Settings(), emit_windows=False).run(big_job(nic_fault=True)))
     network = [o.value for o in out if o.kind == FINDING and o.value["cause"] == "NETWORK"]
     assert [(f["node"], f["port"], f["status"], f["gpu_index"]) for f in network] == [
         ("gpu00017", "mlx5_0/1", "CONFIRMED", None)
@@ -119,5 +120,5 @@ def test_a_degraded_link_inside_a_32_node_job_is_named_with_cause_network() -> N
 
 
 def test_a_job_wide_slowdown_without_a_link_that_stands_out_names_no_port() -> None:
-    out = list(Pipeline(emit_windows=False).run(big_job(nic_fault=False)))
+    out = list(Pipeline(Settings(), emit_windows=False).run(big_job(nic_fault=False)))
     assert [o.value["status"] for o in out if o.kind == FINDING] == ["JOB_WIDE"]
