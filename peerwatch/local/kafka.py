@@ -31,7 +31,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from peerwatch.errors import ServiceError
-from peerwatch.local.process import ServiceFiles, launch, port_in_use
+from peerwatch.local.process import ServiceFiles, launch, port_in_use, raise_open_files_limit
 
 if TYPE_CHECKING:
     from peerwatch.settings import KafkaSettings
@@ -311,6 +311,7 @@ class LocalKafka(ServiceFiles):
         self.fetch()
         config = self._write_config()
         self._format(config)
+        raise_open_files_limit()  # the broker inherits it
         launch("Kafka", self._java("kafka.Kafka", str(config), heap=True), pid_file=self.pid_file,
                log_file=self.log_file, ready=lambda: self.ready(timeout_s=1.0),
                timeout_s=timeout_s)  # fmt: skip

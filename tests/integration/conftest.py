@@ -7,6 +7,7 @@ started here and stopped at the end. Nothing here skips: a missing service is a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import tempfile
@@ -90,3 +91,35 @@ def kafka_settings(kafka_bootstrap: str) -> KafkaSettings:
 def topic_prefix() -> str:
     """A unique prefix so each test's topics and groups never see another test's records."""
     return f"t{uuid.uuid4().hex[:10]}."
+
+
+def _topic_names(bootstrap: str) -> set[str] | None:
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        return set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
+    except Exception:  # the broker is a test's subject elsewhere; no cleanup then
+        return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_the_modules_topics() -> Iterator[None]:
+    """Delete, after each module, the topics its tests made on the shared broker. A broker keeps
+    an open file per partition: the whole suite's topics (each test makes the catalogue under a
+    prefix of its own, about 200 partitions) passed the 20,000 open files this machine allows a
+    process, and the broker shut down mid-suite. No session fixture makes topics, so a module's
+    topics are its own."""
+    bootstrap = os.environ.get("PEERWATCH_KAFKA_BOOTSTRAP")
+    before = _topic_names(bootstrap) if bootstrap else None
+    yield
+    if not bootstrap or before is None:
+        return
+    after = _topic_names(bootstrap)
+    made = sorted(t for t in (after or set()) - before if not t.startswith("__"))
+    if made:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for future in admin.delete_topics(made, operation_timeout=60).values():
+            with contextlib.suppress(Exception):
+                future.result(60)

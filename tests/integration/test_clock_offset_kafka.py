@@ -9,6 +9,7 @@ read at the head of their partitions), writes it to its counters (exported as th
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from pathlib import Path
@@ -60,4 +61,6 @@ def test_skewed_node_clocks_are_estimated_and_reported(
     for node, value in got.items():
         assert abs(value - SKEWS_MS.get(node, 0)) <= TOLERANCE_MS, (got, log)
     assert counters["clock_skewed_nodes"] == 2, counters
-    assert "node gpu00001: its clock runs +2." in log and "node gpu00004: its clock runs -1." in log
+    for node, skew_ms in SKEWS_MS.items():  # logged with the estimate, to a tenth of a second
+        logged = re.findall(rf"node {node}: its clock runs ([+-]\d+\.\d) s", log)
+        assert logged and abs(float(logged[-1]) * 1000 - skew_ms) <= TOLERANCE_MS + 50, log
