@@ -1,7 +1,10 @@
-"""Every shell snippet of docs/operations.md runs, as an operator would run it.
+"""Every shell snippet of docs/*.md runs (or, where it cannot here, is checked), as an operator
+would run it, and every service the install snippets enable starts from the installed virtualenv.
 
 Snippets are marked in the Markdown with ``<!-- snippet: KIND -->`` on the line before their
-```` ```sh ```` fence; an unmarked ``sh`` fence fails :func:`test_every_shell_snippet_is_marked`.
+fence; an unmarked shell fence (``sh``, ``bash``, ``console`` or a bare ```` ``` ````) fails
+:func:`test_every_shell_snippet_is_marked`: output is tagged ```` ```text ````, unit files
+```` ```ini ````.
 
 * ``install``: run in document order with ``bash -e`` in a copy of the checkout, with the system
   paths moved under a temporary root (:func:`sandboxed`). This machine has no systemd as PID 1
@@ -13,6 +16,15 @@ Snippets are marked in the Markdown with ``<!-- snippet: KIND -->`` on the line 
   Slurm (``scripts/slurm-up.sh``), a job run, and what they publish read back from the real Kafka
   (run under ``flock /tmp/pw-slurm.lock``).
 * ``health-hook``: run as slurmd would (``sh FILE prolog``); its result read back from Kafka.
+* ``drain-install``: the drain controller's section, run under the install root (``systemctl``
+  recorded, ``drain-controller status`` real).
+* ``cli-checked``: not run (fixed ports shared with other tests, the secured broker's admin, or a
+  change to the shared Slurm node): each ``peerwatch`` command line is parsed by the CLI's parser
+  (:func:`test_cli_checked_snippets_name_commands_the_cli_accepts` says which and why).
+
+The services: each long-running unit's ExecStart, with its Environment=/EnvironmentFile=, is
+started from the install against the real Kafka (and Slurm for ``slurm watch`` and the drain
+controller), must stay up, and must stop with status 0 on SIGTERM, without a traceback.
 """
 
 from __future__ import annotations
