@@ -38,6 +38,7 @@ import signal
 import subprocess
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import HEALTH, JOB_EVENTS, catalogue
 from tests.integration.slurm_fixture import SlurmCluster
 from tests.integration.slurm_kafka import TopicReader
+from tests.integration.test_alertmanager import Records, finding
 from tests.integration.test_slurm_hooks import slurm_up
 from tests.integration.test_systemd_units import SERVICES, unit_settings, verify
 
@@ -356,12 +358,18 @@ SLURM_SERVICES = ("peerwatch-slurm-watch.service", "peerwatch-drain-controller.s
 
 
 def _start_and_stop(
-    installed: Installed, names: list[str], kafka: KafkaSettings, prefix: str, logs: Path
+    installed: Installed,
+    names: list[str],
+    kafka: KafkaSettings,
+    prefix: str,
+    logs: Path,
+    while_up: Callable[[Callable[[], None]], None] = lambda alive: None,
 ) -> None:
     """Each unit's ExecStart in ``names``, as systemd would run it (its Environment= and
     EnvironmentFile= settings, state directories created as StateDirectory= would), from the
     virtualenv the install snippets built: all started together, each must stay up
-    :data:`ALIVE_S`, then SIGTERM must stop each with status 0 within :data:`STOP_TIMEOUT_S`
+    :data:`ALIVE_S` (and through ``while_up(alive)``, whose ``alive`` asserts it), then SIGTERM
+    must stop each with status 0 within :data:`STOP_TIMEOUT_S`
     and no traceback in its output. User=/Group= and the sandboxing are not applied (no systemd
     as PID 1 here): ``systemd-analyze verify`` checks them in the test above."""
     _role_env(installed, kafka, prefix)
@@ -380,11 +388,17 @@ def _start_and_stop(
                 procs[name] = (subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
                                                 cwd=logs), log)  # fmt: skip
         started = time.monotonic()
-        # Alive: each still running ALIVE_S after the start (polled, so a crash shows at once).
-        while time.monotonic() - started < ALIVE_S:
+
+        def alive() -> None:
             for name, (proc, log) in procs.items():
                 assert proc.poll() is None, (name, proc.returncode, log.read_text()[-3000:])
+
+        # Alive: each still running ALIVE_S after the start (polled, so a crash shows at once).
+        while time.monotonic() - started < ALIVE_S:
+            alive()
             time.sleep(0.2)
+        while_up(alive)
+        alive()
         for proc, _ in procs.values():
             proc.send_signal(signal.SIGTERM)
         for name, (proc, log) in procs.items():
@@ -405,7 +419,22 @@ def test_kafka_services_start_from_the_install_and_stop_on_sigterm(
     """stream, archive, export otlp and alertmanager (their sinks on a closed port: they must
     keep running and retrying) and the agent (no NVML here: ``PEERWATCH_AGENT_ALLOW_NO_GPU``)."""
     names = [n for n in SERVICES if n not in SLURM_SERVICES]
-    _start_and_stop(installed, names, kafka_settings, topic_prefix, tmp_path)
+    alertmanager_log = tmp_path / "peerwatch-export-alertmanager.service.log"
+
+    def alert_is_retried(alive: Callable[[], None]) -> None:
+        """A confirmed finding makes the Alertmanager exporter post an alert: its URL is closed,
+        so it must log the failure, keep the alert and stay up to retry."""
+        now = int(time.time() * 1000)
+        Records(kafka_settings, topic_prefix).finding(
+            finding("CONFIRMED", "77", "gpu00001", 3, now)
+        )
+        deadline = time.monotonic() + 60
+        while "alerts kept, retry in" not in alertmanager_log.read_text():
+            alive()
+            assert time.monotonic() < deadline, alertmanager_log.read_text()[-3000:]
+            time.sleep(0.2)
+
+    _start_and_stop(installed, names, kafka_settings, topic_prefix, tmp_path, alert_is_retried)
 
 
 def test_slurm_services_start_from_the_install_and_stop_on_sigterm(
