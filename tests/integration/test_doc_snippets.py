@@ -339,7 +339,9 @@ def _role_env(installed: Installed, kafka: KafkaSettings, prefix: str) -> None:
         f"PEERWATCH_TOPIC_PREFIX={prefix}\n"
         "PEERWATCH_AGENT_ALLOW_NO_GPU=true\n"
     )
-    (etc / "export.env").write_text(f"PEERWATCH_EXPORT_ENDPOINT=http://127.0.0.1:{closed}\n")
+    (etc / "export.env").write_text(
+        f"PEERWATCH_EXPORT_ENDPOINT=http://127.0.0.1:{closed}\nPEERWATCH_EXPORT_INTERVAL_S=1\n"
+    )
     (etc / "alertmanager.env").write_text(f"PEERWATCH_ALERTMANAGER_URL=http://127.0.0.1:{closed}\n")
     (etc / "drain.env").write_text("PEERWATCH_DRAIN_ENFORCE=false\n")  # shadow mode
 
@@ -417,24 +419,27 @@ def test_kafka_services_start_from_the_install_and_stop_on_sigterm(
     installed: Installed, kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path
 ) -> None:
     """stream, archive, export otlp and alertmanager (their sinks on a closed port: they must
-    keep running and retrying) and the agent (no NVML here: ``PEERWATCH_AGENT_ALLOW_NO_GPU``)."""
+    keep running and retrying: ``sinks_are_retried``) and the agent (no NVML here: ``PEERWATCH_AGENT_ALLOW_NO_GPU``)."""
     names = [n for n in SERVICES if n not in SLURM_SERVICES]
-    alertmanager_log = tmp_path / "peerwatch-export-alertmanager.service.log"
 
-    def alert_is_retried(alive: Callable[[], None]) -> None:
-        """A confirmed finding makes the Alertmanager exporter post an alert: its URL is closed,
-        so it must log the failure, keep the alert and stay up to retry."""
+    def sinks_are_retried(alive: Callable[[], None]) -> None:
+        """A confirmed finding makes the Alertmanager exporter post an alert, and the OTLP
+        exporter exports every second: both sinks are closed ports, so each must log the
+        failure and stay up to retry."""
         now = int(time.time() * 1000)
         Records(kafka_settings, topic_prefix).finding(
             finding("CONFIRMED", "77", "gpu00001", 3, now)
         )
-        deadline = time.monotonic() + 60
-        while "alerts kept, retry in" not in alertmanager_log.read_text():
-            alive()
-            assert time.monotonic() < deadline, alertmanager_log.read_text()[-3000:]
-            time.sleep(0.2)
+        for unit, failure in (("export-alertmanager", "alerts kept, retry in"),
+                              ("export-otlp", "StatusCode.UNAVAILABLE")):  # fmt: skip
+            log = tmp_path / f"peerwatch-{unit}.service.log"
+            deadline = time.monotonic() + 60
+            while failure not in log.read_text():
+                alive()
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
 
-    _start_and_stop(installed, names, kafka_settings, topic_prefix, tmp_path, alert_is_retried)
+    _start_and_stop(installed, names, kafka_settings, topic_prefix, tmp_path, sinks_are_retried)
 
 
 def test_slurm_services_start_from_the_install_and_stop_on_sigterm(
