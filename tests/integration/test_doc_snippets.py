@@ -415,6 +415,16 @@ def _start_and_stop(
                 proc.wait(timeout=10)
 
 
+def _wait_in_log(log: Path, text: str, alive: Callable[[], None], timeout_s: float = 60) -> None:
+    """Poll ``log`` until it holds ``text``, asserting every service is still up meanwhile;
+    fails after ``timeout_s`` (a hang guard, not a timing assert)."""
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text():
+        alive()
+        assert time.monotonic() < deadline, (text, log.read_text()[-3000:])
+        time.sleep(0.2)
+
+
 def test_kafka_services_start_from_the_install_and_stop_on_sigterm(
     installed: Installed, kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path
 ) -> None:
@@ -432,12 +442,7 @@ def test_kafka_services_start_from_the_install_and_stop_on_sigterm(
         )
         for unit, failure in (("export-alertmanager", "alerts kept, retry in"),
                               ("export-otlp", "StatusCode.UNAVAILABLE")):  # fmt: skip
-            log = tmp_path / f"peerwatch-{unit}.service.log"
-            deadline = time.monotonic() + 60
-            while failure not in log.read_text():
-                alive()
-                assert time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.2)
+            _wait_in_log(tmp_path / f"peerwatch-{unit}.service.log", failure, alive)
 
     _start_and_stop(installed, names, kafka_settings, topic_prefix, tmp_path, sinks_are_retried)
 
@@ -452,7 +457,16 @@ def test_slurm_services_start_from_the_install_and_stop_on_sigterm(
     """``slurm watch`` and ``drain-controller run`` (shadow mode: it changes nothing in Slurm)
     against the real Slurm."""
     assert slurm_cluster.cmd("sinfo", "-h", "-o", "%n").strip()  # Slurm is up
-    _start_and_stop(installed, list(SLURM_SERVICES), kafka_settings, topic_prefix, tmp_path)
+
+    def slurm_is_read(alive: Callable[[], None]) -> None:
+        """The watcher publishes what the real Slurm holds; the controller says it is shadowed."""
+        for unit, evidence in (("slurm-watch", "watch: published"),
+                               ("drain-controller", "running in SHADOW mode")):  # fmt: skip
+            _wait_in_log(tmp_path / f"peerwatch-{unit}.service.log", evidence, alive)
+
+    _start_and_stop(
+        installed, list(SLURM_SERVICES), kafka_settings, topic_prefix, tmp_path, slurm_is_read
+    )
 
 
 def _commands(body: str) -> list[list[str]]:
