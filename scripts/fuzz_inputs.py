@@ -911,7 +911,8 @@ def _kafka_archive(rng: Random, tmp: Path) -> None:
 
     topics = {f"t.{s}": s for s in ("NodeGpuSample", "JobEvent", "NodeStateEvent",
                                      "HealthCheckResult", "StepTime", "GpuWindow",
-                                     "StragglerFinding", "DrainRecommendation", "DrainAction")}  # fmt: skip
+                                     "StragglerFinding", "DrainRecommendation", "DrainAction",
+                                     "NodeNicSample")}  # fmt: skip
     assert sorted(topics.values()) == sorted(archived_topics().values())
     root = tmp / f"archive{rng.randrange(1 << 30)}"
     writer = ArchiveWriter(root, topics)
