@@ -37,6 +37,11 @@ if ! command -v prometheus >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         --no-install-recommends prometheus >/dev/null
 fi
+# The systemd unit tests run systemd-analyze verify (Debian's systemd; the image usually has it).
+if ! command -v systemd-analyze >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends systemd >/dev/null
+fi
 # The OpenTelemetry Collector the exporter tests talk to is built once from the Go module proxy.
 bash scripts/build-collector.sh >/dev/null
 
