@@ -21,6 +21,10 @@ fence; an unmarked shell fence (``sh``, ``bash``, ``console`` or a bare ```` ```
 * ``cli-checked``: not run (fixed ports shared with other tests, the secured broker's admin, or a
   change to the shared Slurm node): each ``peerwatch`` command line is parsed by the CLI's parser
   (:func:`test_cli_checked_snippets_name_commands_the_cli_accepts` says which and why).
+* ``make``: README.md's first screen (``make demo``, ``make test``): CI runs the test command
+  itself; here each named target must exist in the Makefile (``make -n`` dry run).
+
+README.md's shell blocks are checked as docs/*.md's are.
 
 The services: each long-running unit's ExecStart, with its Environment=/EnvironmentFile=, is
 started from the install against the real Kafka (and Slurm for ``slurm watch`` and the drain
@@ -57,7 +61,7 @@ from tests.integration.test_systemd_units import SERVICES, unit_settings, verify
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "operations.md"
 KINDS = ("install", "slurm-hook", "slurm-epilog-slurmctld", "health-hook", "drain-install",
-         "cli-checked")  # fmt: skip
+         "cli-checked", "make")  # fmt: skip
 #: Fence languages that hold shell commands; a bare fence counts as one (tag output ```text).
 SHELL_LANGS = ("sh", "bash", "shell", "console", "")
 #: System paths the snippets and units use, moved under the test's root.
@@ -97,8 +101,8 @@ def snippets(path: Path) -> list[Snippet]:
     return out
 
 
-#: Every Markdown file whose snippets are checked (README.md is checked by its owners' tests).
-DOCS = sorted((ROOT / "docs").glob("*.md"))
+#: Every Markdown file whose snippets are checked.
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def of_kind(kind: str) -> list[Snippet]:
@@ -117,7 +121,8 @@ def test_every_shell_snippet_is_marked() -> None:
         for snippet in snippets(doc):
             if snippet.lang in SHELL_LANGS:
                 assert snippet.kind in KINDS, f"{doc.name}:{snippet.line}: unmarked sh snippet"
-    assert {s.kind for s in snippets(DOC)} >= set(KINDS)
+    assert {s.kind for s in snippets(DOC)} >= set(KINDS) - {"make"}
+    assert "make" in {s.kind for s in snippets(ROOT / "README.md")}
 
 
 @dataclass(frozen=True)
@@ -490,6 +495,10 @@ def _commands(body: str) -> list[list[str]]:
     return out
 
 
+#: How the snippets name the CLI: installed, or the checkout's virtualenv (README.md).
+PEERWATCH = ("peerwatch", ".venv/bin/peerwatch")
+
+
 def test_cli_checked_snippets_name_commands_the_cli_accepts() -> None:
     """``cli-checked`` snippets are not run: they start services on fixed ports other engineers'
     tests use (``prometheus start``: 9090/4317/8889; ``kafka start --secure``: 29092), need the
@@ -502,13 +511,27 @@ def test_cli_checked_snippets_name_commands_the_cli_accepts() -> None:
     assert checked
     for snippet in checked:
         commands = _commands(snippet.body)
-        ours = [c for c in commands if c[0] == "peerwatch"]
+        ours = [c for c in commands if c[0] in PEERWATCH]
         assert ours, snippet.line
-        assert {c[0] for c in commands} <= {"peerwatch", "apt-get", "curl", "head"}, snippet.line
+        assert {c[0] for c in commands} <= {*PEERWATCH, "apt-get", "curl", "head", "open"}, (
+            snippet.line
+        )
         for argv in ours:
             words = [w for w in argv[1:] if w != "..."]  # "more of the same" in the prose
             args = cli.build_parser(words[0]).parse_args(words)  # SystemExit on a stale flag
             assert callable(args.func), argv
+
+
+def test_make_snippets_name_targets_the_makefile_has() -> None:
+    """README.md's two commands on a fresh machine: each ``make TARGET`` line names a target the
+    Makefile has (a dry run, ``make -n``, resolves it without running anything)."""
+    targets = [c for s in of_kind("make") for c in _commands(s.body)]
+    assert {tuple(c) for c in targets} >= {("make", "demo"), ("make", "test")}
+    for argv in targets:
+        assert argv[0] == "make" and len(argv) == 2, argv
+        done = subprocess.run(["make", "-n", "-C", str(ROOT), argv[1]], capture_output=True,
+                              text=True, timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 0, (argv, done.stderr[-1000:])
 
 
 def test_drain_controller_install_snippet_runs(
