@@ -818,7 +818,7 @@ def _damage_table(rng: Random, table: dict[bytes, Any]) -> None:
 def _kafka_policy(rng: Random, tmp: Path) -> None:
     """Stage 4's faust agent: PolicyHandler.handle per message, RECORD_ERRORS dead-lettered."""
     from peerwatch.settings import Settings
-    from peerwatch.streams.core.pipeline import PolicyStage
+    from peerwatch.streams.core.policy_stage import PolicyStage
     from peerwatch.streams.live.counters import StreamCounters
     from peerwatch.streams.live.handlers import RECORD_ERRORS, PolicyHandler
     from peerwatch.streams.live.json_table import JsonTable, counting

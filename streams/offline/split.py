@@ -10,19 +10,16 @@ detector) and stage 4 (the policy) exactly where the one-process pipeline runs t
 (tuples, the first item names them):
 
 * ``("feed", stream, key, value)``: a record of another stream than the samples;
-* ``("drain", refused, max_ts_ms, watermark_ms, closed, names)``: a batch ended: the outputs
+* ``("drain", refused, max_ts_ms, watermark_ms, closed, censuses, pruned_ms, names)``: a
+  batch ended (see :meth:`~peerwatch.streams.core.pipeline.Pipeline._drain`): the outputs
   of its late and invalid samples, the highest sample time aggregated, the watermark (None:
   none yet), the closed windows as columns (:class:`~peerwatch.streams.core.windows.ClosedWindows`,
   without their strings) and the strings (node names, UUIDs) the aggregator coded since the
   last message: this process keeps the list of them and makes the GpuWindow dicts, the reading
   process does not;
-* ``("hot", findings)``: findings made beside stage 2 (hard rules on arrival), with the event
-  time of each, for the policy;
-* ``("saw", node_codes, ts_ms, names)``: the nodes and times of a part of the samples, for the
-  silence watch, which runs in the stages process (it is off the reading process, the busier
-  one); ``("silence", now_ms, names)``: its check, where the one-process pipeline checks;
-  ``names`` as in ``drain``;
-* ``("finish", closed, names, counters)``: end of input, every open window.
+* ``("hot", findings)``: findings made by stage 2 on arrival (hard rules, silence, link
+  rules), with the event time of each, for the policy;
+* ``("finish", closed, censuses, names, counters)``: end of input, every open window.
 
 Both sides keep an allocation table (the front to attribute readings and fill a window's job
 metadata, the back for job contexts and nodes) and apply the same events and prunes at the same
@@ -39,16 +36,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import numpy as np
-
 from peerwatch import gc_tuning
 from peerwatch.schemas.columns import ColumnDecoder
 from peerwatch.schemas.compiled import Unsupported
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.pipeline import Output, Pipeline
+from peerwatch.streams.core.sample_stage import Census
 from peerwatch.streams.core.settings import StageSettings
-from peerwatch.streams.core.silence import newest_valid_ms
 from peerwatch.streams.core.windows import ClosedWindows
 from peerwatch.streams.offline.frames import FrameChannel, channel_pair, frames_of
 from peerwatch.streams.offline.read_ahead import ReadAhead
@@ -88,21 +83,12 @@ class FrontPipeline(Pipeline):
             if stream == "job-events":
                 # the back pipeline applies it too, and reports a bad one
                 with contextlib.suppress(InvalidRecordError):
-                    self.allocations.apply_event(value)
+                    self.stage.apply_job_event(value)
         self.send(("feed", stream, key, value))
         return []
 
     def _hot(self, found: list[tuple[Any, int]]) -> list[Output]:
         self.send(("hot", found))  # the back runs them through the policy, in this order
-        return []
-
-    def _saw(self, node_codes: np.ndarray, ts_ms: np.ndarray) -> int | None:
-        # the silence watch is the back's: the part's nodes and times go there
-        self.send(("saw", node_codes, ts_ms, self._new_names()))
-        return newest_valid_ms(ts_ms)
-
-    def _silence_check(self, now: int) -> list[Output]:
-        self.send(("silence", now, self._new_names()))
         return []
 
     def _after_batch(self, out: list[Output]) -> list[Output]:
@@ -111,16 +97,21 @@ class FrontPipeline(Pipeline):
             self._stream_ms = max(self._stream_ms, agg.max_ts_ms)
         watermark = agg.watermark_ms
         closed: list[Any] = []
+        censuses: list[Census] = []
+        pruned, self._pruned_ms = self._pruned_ms, None
         if watermark is not None:
-            closed = [c.without_names() for c in agg.pop_ready(watermark)]
-            self._closed_to(watermark)
-        self.send(("drain", out, agg.max_ts_ms, watermark, closed, self._new_names()))
+            closed = [c.without_names() for c in self._closed]
+            censuses = self._censuses
+            self._closed, self._censuses = [], []
+        self.send(("drain", out, agg.max_ts_ms, watermark, closed, censuses, pruned,
+                   self._new_names()))  # fmt: skip
         return []
 
     def finish(self) -> list[Output]:
         self._drain()
-        closed = [c.without_names() for c in self.aggregator.pop_all()]
-        self.send(("finish", closed, self._new_names(), self.counters()))
+        closed, censuses = self.stage.finish()
+        self.send(("finish", [c.without_names() for c in closed], censuses, self._new_names(),
+                   self.counters()))  # fmt: skip
         return []
 
 
@@ -143,38 +134,31 @@ class BackPipeline(Pipeline):
             _, stream, key, value = message
             return self.feed(stream, key, value)
         if kind == "drain":
-            _, refused, max_ts_ms, watermark, closed, names = message
+            _, refused, max_ts_ms, watermark, closed, censuses, pruned, names = message
             closed = self._named(closed, names)
             out = list(refused)
             if max_ts_ms is not None:
                 self._stream_ms = max(self._stream_ms, max_ts_ms)
+            if pruned is not None:
+                self._pruned_ms = pruned
             if watermark is None:
                 return out
-            out += self._detect(closed, watermark)
-            self._closed_to(watermark)
+            out += self._detect(closed, censuses, watermark)
+            self._prune_jobs()
             return out
         if kind == "hot":
             return self._hot(message[1])
-        if kind == "saw":
-            _, node_codes, ts_ms, names = message
-            self._names += names
-            self.silence.saw_columns(node_codes, ts_ms, self._names)
-            return []
-        if kind == "silence":
-            _, now, names = message
-            self._names += names
-            return self._silence_check(now)
         if kind == "finish":
-            _, closed, names, counters = message
+            _, closed, censuses, names, counters = message
             closed = self._named(closed, names)
             self.front_counters = dict(counters)
-            return self._detect(closed, _FAR_FUTURE_MS)
+            return self._detect(closed, censuses, _FAR_FUTURE_MS)
         raise ValueError(f"unknown message {kind!r}")
 
     def counters(self) -> dict[str, int]:
-        """The front's stage-2 counters (after finish), the silence and fleet watches' (they
-        run here) and the step times seen here."""
-        return {**self.front_counters, **self.silence.counters(), **self.jobs.fleet(0).counters(),
+        """The front's stage-2 counters (after finish), the fleet watch's (it runs here) and
+        the step times seen here."""
+        return {**self.front_counters, **self.jobs.fleet(0).counters(),
                 "step_times": self.step_times}  # fmt: skip
 
 

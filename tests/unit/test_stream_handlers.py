@@ -19,7 +19,7 @@ from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import Settings
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.job_stage import JobReleaser
-from peerwatch.streams.core.pipeline import PolicyStage
+from peerwatch.streams.core.policy_stage import PolicyStage
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.handlers import (
     RECORD_ERRORS,
