@@ -119,7 +119,6 @@ class SampleStage:
         )
         self.partition_of = partition_of
         self.last_prune_ms = _FAR_PAST_MS
-        self.job_events = 0
         self._watched: dict[str, tuple[str, int]] = {}
         self._watched_key: tuple[int, frozenset[int]] | None = None
 
@@ -153,7 +152,6 @@ class SampleStage:
     def apply_job_event(self, value: Mapping[str, Any]) -> None:
         """One JobEvent to the allocation view. Raises InvalidRecordError (or KeyError,
         ValueError, TypeError on a malformed record) and applies nothing then."""
-        self.job_events += 1
         self.allocations.apply_event(value)
 
     def add_nic(self, samples: Iterable[Mapping[str, Any]]) -> list[StragglerFinding]:
