@@ -56,7 +56,7 @@ from peerwatch.streams.core.windows import SAMPLE_SPEC
 from peerwatch.streams.live.closed_output import ClosedOutput
 from peerwatch.streams.live.delivery import OutputDelivery
 from peerwatch.streams.live.hot_clocks import HotClocks
-from peerwatch.streams.live.hot_progress import PartitionProgress
+from peerwatch.streams.live.hot_partitions import Partition, Partitions
 from peerwatch.streams.live.job_event_sync import JobEventSync
 from peerwatch.streams.live.nic_input import NicInput
 
@@ -105,16 +105,6 @@ class HotSpec:
         )  # fmt: skip
 
 
-class _Partition:
-    """One assigned samples partition: its offsets and when it was last heard from."""
-
-    def __init__(self, progress: PartitionProgress) -> None:
-        self.progress = progress
-        self.dirty = False  # windows closed since the last commit
-        self.max_ts_ms: int | None = None  # latest valid sample time (the silence clock's)
-        self.arrival_wall_s = time.time()  # when its latest samples arrived
-
-
 class HotStage:
     """The hot stage of one worker; :meth:`start` runs it in a daemon thread."""
 
@@ -142,14 +132,16 @@ class HotStage:
         #: A partition with nothing to read that received nothing for this long (wall s) does
         #: not hold the silence checks back (its nodes are as quiet as the others say).
         self.quiet_after_s = max(1.0, stream.silent_group_s)
-        self.parts: dict[int, _Partition] = {}
         self._stop = threading.Event()
         self.delivery = OutputDelivery(topics.deadletter, counters)
+        self.parts = Partitions(topics.samples, settings.detector.window_ms, self.delivery)
         self.output = ClosedOutput(self.delivery, topics.batches, topics.job_partitions)
         self.jobs = JobEventSync(settings.kafka, topics.job_events, self.group,
                                  self.stage.apply_job_event, self._stop)  # fmt: skip
         self.nic = (NicInput(settings.kafka, topics.nic_samples, self.group, self.delivery)
                     if topics.nic_samples else None)  # fmt: skip
+        if self.nic is not None:
+            self.parts.after_commit = self.nic.commit
         self.clocks = HotClocks(counters, int(stream.clock_skew_warn_s * 1000))
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
@@ -188,7 +180,7 @@ class HotStage:
             producer_config(kafka, **{"linger.ms": 5, "on_delivery": self.delivery.delivered})
         )
         self.jobs.start()
-        self._consumer = Consumer(consumer_config(kafka, self.group, **{
+        self._consumer = self.parts.consumer = Consumer(consumer_config(kafka, self.group, **{
             "partition.assignment.strategy": "range",
             "enable.partition.eof": False,
         }))  # fmt: skip
@@ -208,7 +200,7 @@ class HotStage:
                 self.output.heartbeat_when_idle(self._closed_until(), self._idle_marks)
                 self.delivery.producer.poll(0)
                 self.delivery.resend_refused()
-            self._commit(list(self.parts))
+            self.parts.commit(list(self.parts))
             if self.nic is not None:
                 self.nic.commit()
         finally:
@@ -220,43 +212,24 @@ class HotStage:
 
     # -- assignment ----------------------------------------------------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        from confluent_kafka import KafkaException
-
-        try:
-            committed = {tp.partition: tp for tp in consumer.committed(partitions, timeout=30)}
-        except KafkaException as exc:
-            # The consumer still starts from the committed offsets; only the skip metadata is
-            # missing, so windows emitted just before are re-emitted (stage 3 drops them).
-            log.warning("hot stage: committed offsets unreadable (%s); resuming without "
-                        "skip metadata", exc)  # fmt: skip
-            committed = {}
-        for tp in partitions:
-            progress = PartitionProgress(self.settings.detector.window_ms)
-            c = committed.get(tp.partition)
-            if c is not None and c.offset >= 0:
-                progress.resume(c.metadata)
-            self.stage.open_source(tp.partition, progress.resumed_closed_until_ms)
-            self.parts[tp.partition] = _Partition(progress)
-        log.info("hot stage assigned samples partitions %s", sorted(self.parts))
+        for p, closed_until_ms in self.parts.assign(consumer, partitions).items():
+            self.stage.open_source(p, closed_until_ms)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
-        self._commit([tp.partition for tp in partitions])
+        self.parts.commit([tp.partition for tp in partitions])
         self._on_lost(consumer, partitions)
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
-        for tp in partitions:  # not ours any more (after a lost assignment: no commit)
-            self.parts.pop(tp.partition, None)
-            self.stage.close_source(tp.partition)
-            self.clocks.forget(tp.partition)
+        for p in self.parts.drop(partitions):  # not ours any more (lost: no commit)
+            self.stage.close_source(p)
+            self.clocks.forget(p)
 
     # -- the source ----------------------------------------------------------------------------
     def _process(self, messages: list[Any]) -> None:
         """One consumed batch through stage 2 and its outputs sent (:meth:`take`), then the
         partitions that closed windows committed."""
         self.take(messages)
-        dirty = [p for p, part in self.parts.items() if part.dirty]
-        if dirty:
-            self._commit(dirty)
+        self.parts.commit_dirty()
 
     def take(self, messages: list[Any]) -> None:
         """One consumed batch: each assigned partition's messages through :meth:`_step`, then
@@ -271,14 +244,14 @@ class HotStage:
                 by_partition.setdefault(m.partition(), []).append(m)
         records = readings = 0
         for p, batch in sorted(by_partition.items()):
-            n_records, n_readings = self._step(p, self.parts[p], batch)
+            n_records, n_readings = self._step(p, self.parts.parts[p], batch)
             records += n_records
             readings += n_readings
         self.output.send(self._closed_until(), self._idle_marks)
         if records:
             self.counters.batch_done(records, readings, start_wall, start_cpu)
 
-    def _step(self, p: int, part: _Partition, batch: list[Any]) -> tuple[int, int]:
+    def _step(self, p: int, part: Partition, batch: list[Any]) -> tuple[int, int]:
         """Decode one partition's messages into columns (skipping those handled before a
         restart) and step stage 2 with them; returns (samples, GPU readings) taken."""
         agg = self.stage.aggregator(p)
@@ -309,10 +282,7 @@ class HotStage:
         for f in result.hard:
             self.counters.hard_findings += 1
             self._publish_finding(f)
-        if result.newest_ms is not None:
-            newest = result.newest_ms
-            part.max_ts_ms = newest if part.max_ts_ms is None else max(part.max_ts_ms, newest)
-            part.arrival_wall_s = time.time()
+        part.heard(result.newest_ms)
         for r in result.late.tolist():
             self.counters.late += 1
             self.delivery.dead(batch[rows[r]], "late", "sample for a window already closed")
@@ -349,11 +319,11 @@ class HotStage:
         closed-until, so the fleet watches, which wait for every samples partition, are not
         held back by a partition without nodes (a node that appears there later sends its
         censuses for windows the fleet may have judged already: those are ignored)."""
-        empty = [p for p, q in self.parts.items()
+        empty = [p for p, q in self.parts.parts.items()
                  if self.stage.aggregator(p).closed_until_ms is None and q.max_ts_ms is None]  # fmt: skip
         if not empty:
             return {}
-        caught_up = self._caught_up()
+        caught_up = self.parts.caught_up()
         return {p: latest for p in empty if p in caught_up}
 
     # -- the clock: silence checks -------------------------------------------------------------
@@ -365,38 +335,19 @@ class HotStage:
         the latest sample of any, moved on by the wall clock where the samples came in real
         time: a fleet gone quiet is still seen (the one rule a replay cannot follow)."""
         wall = time.time() if wall_s is None else wall_s
-        busy = [p for p, q in self.parts.items()
+        busy = [p for p, q in self.parts.parts.items()
                 if q.max_ts_ms is not None and wall - q.arrival_wall_s < self.quiet_after_s]  # fmt: skip
         quiet = [p for p in self.parts if p not in busy]
         if quiet:
-            caught_up = self._caught_up()
+            caught_up = self.parts.caught_up()
             busy += [p for p in quiet if p not in caught_up]
         if busy:
             return self.stage.silence_due(busy)
         after_ms = self.stage.silence.silent_after_ms
         clocks = [q.max_ts_ms + (int((wall - q.arrival_wall_s) * 1000)
                                  if q.max_ts_ms >= q.arrival_wall_s * 1000 - after_ms else 0)
-                  for q in self.parts.values() if q.max_ts_ms is not None]  # fmt: skip
+                  for q in self.parts.parts.values() if q.max_ts_ms is not None]  # fmt: skip
         return self.stage.silence_due(now_ms=max(clocks)) if clocks else []
-
-    def _caught_up(self) -> set[int]:
-        """Assigned samples partitions with nothing left to read (local: the consumer's
-        position against the high watermark librdkafka caches from its fetches)."""
-        from confluent_kafka import KafkaException, TopicPartition
-
-        out: set[int] = set()
-        try:
-            tps = [TopicPartition(self.topics.samples, p) for p in self.parts]
-            for tp in self._consumer.position(tps):
-                marks = self._consumer.get_watermark_offsets(tp, cached=True)
-                if not marks:
-                    continue
-                low, high = marks
-                if high >= 0 and (tp.offset >= high or (tp.offset < 0 and high == low)):
-                    out.add(tp.partition)
-        except KafkaException as exc:  # not known yet: no partition counts as caught up
-            log.debug("hot stage: positions unavailable (%s)", exc)
-        return out
 
     def _check_silence(self) -> None:
         """The silence checks due (:meth:`silence_due`), each at its own event time."""
@@ -407,35 +358,9 @@ class HotStage:
                 self.counters.silence_findings += 1
                 self._publish_finding(f)
 
-    # -- the channel: findings, commits ----------------------------------------------------------
+    # -- the channel: findings ----------------------------------------------------------
     def _publish_finding(self, f: Any) -> None:
         send = self.delivery.send
         send(self.topics.findings, str(f["job_id"]).encode(), self.finding_codec.encode(f))
         if f.get("node") is not None:
             send(self.topics.node_findings, str(f["node"]).encode(), json.dumps(f).encode())
-
-    def _commit(self, partitions: list[int]) -> None:
-        """Flush the outputs, then commit each partition's resume point (see hot_progress)."""
-        from confluent_kafka import KafkaException, TopicPartition
-
-        offsets = []
-        for p in partitions:
-            part = self.parts.get(p)
-            point = part.progress.commit_point() if part else None
-            if part is not None:
-                part.dirty = False
-            if point is not None:
-                offsets.append(TopicPartition(self.topics.samples, p, point[0], metadata=point[1]))
-        if not offsets:
-            return
-        if not self.delivery.flush():
-            for p in partitions:
-                if p in self.parts:
-                    self.parts[p].dirty = True
-            return
-        try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            log.warning("hot stage commit failed (will retry at the next close): %s", exc)
-        if self.nic is not None:
-            self.nic.commit()
