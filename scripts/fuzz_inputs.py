@@ -472,9 +472,6 @@ class FakeMessage:
     def error(self) -> None:
         return None
 
-    def error(self) -> None:
-        return None
-
 
 @dataclass
 class Produced:
