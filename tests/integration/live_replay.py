@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import STREAM_TOPICS
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import KafkaSettings, Settings
@@ -44,21 +43,6 @@ from .test_stream_app import (
 
 FINDINGS = AvroCodec("StragglerFinding")
 RECOMMENDATIONS_CODEC = AvroCodec("DrainRecommendation")
-
-
-def scenario(fleet: Fleet, start_ms: int) -> Scenario:
-    """Every record of ``fleet``, in publishing order."""
-    sc = Scenario(fleet, start_ms)
-    for tick, recs in fleet.timed_ticks():
-        sc.records += [(tick, r.stream, r.key, r.value) for r in recs]
-    return sc
-
-
-def start_ms_for(duration_s: int) -> int:
-    """A start time whose whole scenario lies in the past (the archive's range), at a window
-    boundary."""
-    now_ms = int(time.time() * 1000) - (duration_s + 60) * 1000
-    return now_ms - now_ms % (WINDOW_S * 1000)
 
 
 def offline_bytes(sc: Scenario) -> tuple[list[bytes], list[bytes]]:

@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-from peerwatch.producers.sim.fleet import Fleet
-from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.settings import KafkaSettings
 
 from .live_replay import (
@@ -21,9 +19,8 @@ from .live_replay import (
     assert_live_is,
     live_and_replay,
     offline_bytes,
-    scenario,
-    start_ms_for,
 )
+from .test_stream_app import recent_scenario
 
 pytestmark = pytest.mark.timeout(900)
 DEMO = Path(__file__).parents[2] / "producers" / "sim" / "scenarios" / "demo.json"
@@ -48,8 +45,7 @@ def demo_doc(start_ms: int) -> dict[str, Any]:
 def test_demo_live_findings_are_the_replays_byte_for_byte(
     kafka_settings: KafkaSettings, tmp_path: Path
 ) -> None:
-    start_ms = start_ms_for(DURATION_S)
-    sc = scenario(Fleet(parse_scenario(demo_doc(start_ms))), start_ms)
+    sc = recent_scenario(demo_doc, DURATION_S)
     want_findings, want_recs = offline_bytes(sc)
     found = [FINDINGS.decode(b) for b in want_findings]
     # the scenario works: its XID and its clock-drop straggler are found, and recommended

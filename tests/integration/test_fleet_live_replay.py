@@ -27,8 +27,6 @@ from typing import Any
 
 import pytest
 
-from peerwatch.producers.sim.fleet import Fleet
-from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.settings import KafkaSettings
 from peerwatch.streams.live.hot_stage import samples_partition
 from peerwatch.topics import NODE_PARTITIONS
@@ -38,10 +36,8 @@ from .live_replay import (
     assert_live_is,
     live_and_replay,
     offline_bytes,
-    scenario,
-    start_ms_for,
 )
-from .test_stream_app import INTERVAL_S
+from .test_stream_app import INTERVAL_S, recent_scenario
 
 pytestmark = pytest.mark.timeout(900)
 DURATION_S = 300
@@ -75,8 +71,7 @@ def scenario_doc(start_ms: int) -> dict[str, Any]:
 def test_live_fleet_findings_are_the_replays_byte_for_byte(
     kafka_settings: KafkaSettings, tmp_path: Path
 ) -> None:
-    start_ms = start_ms_for(DURATION_S)
-    sc = scenario(Fleet(parse_scenario(scenario_doc(start_ms))), start_ms)
+    sc = recent_scenario(scenario_doc, DURATION_S)
     want_findings, want_recs = offline_bytes(sc)
     codec = FINDINGS
     fleet_wide = [codec.decode(b) for b in want_findings]
