@@ -285,10 +285,11 @@ class SampleStage:
         latest = {int(s): int(t) for s, t in dict(clock["latest"]).items()}
         next_ms = None if clock["next_ms"] is None else int(clock["next_ms"])
         last_prune_ms = int(data["last_prune_ms"])
+        network = data["network"]
         # into the same table object: the network stage and the aggregators read it
         self.allocations._load(data["allocations"])
         self.allocations.generation += 1
-        self.network.restore(data["network"])
+        self.network.restore(network)
         self.sources.clear()
         for src, until in sorted(closed.items()):
             self.open_source(src, until)
