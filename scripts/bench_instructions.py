@@ -1,16 +1,13 @@
-"""One part of a split replay, counted in instructions (callgrind) instead of timed.
+"""One part of an archive replay, counted in instructions (callgrind) instead of timed.
 
 Needs valgrind (Debian: ``apt-get install valgrind``). Usage: valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no \\
            --toggle-collect=sys_call_tracing .venv/bin/python scripts/bench_instructions.py \\
            PART ARCHIVE --from MS --to MS
        (or ``bash scripts/bench_instructions.sh PART ARCHIVE --from MS --to MS``)
 
-PART is ``decoder`` (the C column decoder over the archive's sample blocks), ``front`` (the
-reading process's work: decode, stage 2 and the pickling of each message, blocks read
-beforehand; since 2026-12-04 (day) a split replay decodes in its read-ahead process, so the
-reading process runs ``front`` less ``decoder``) or
-``stages`` (the stages process: every message of the front through a BackPipeline, the messages
-made and unpickled beforehand). The measured part runs inside ``sys.call_tracing`` with
+PART is ``decoder`` (the C column decoder over the archive's sample blocks) or ``replay`` (the
+whole replay, the in-process runner over the column path, blocks read beforehand: ``replay``
+less ``decoder`` is the stages' work). The measured part runs inside ``sys.call_tracing`` with
 callgrind's instrumentation switched on around it (``callgrind_control``), so the count leaves
 out start-up, imports and the setup. Run alone (no valgrind), it prints the part's CPU seconds.
 
@@ -25,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import subprocess
 import sys
 import time
@@ -36,7 +32,7 @@ from typing import Any
 from peerwatch.io.archive.layout import ReadStats
 from peerwatch.io.archive.reader import raw_blocks
 from peerwatch.streams.core import loops
-from peerwatch.streams.offline.frames import frames_of
+from peerwatch.streams.core.pipeline import Pipeline
 from peerwatch.streams.offline.replay import (
     TimeRange,
     column_archive_records,
@@ -44,7 +40,6 @@ from peerwatch.streams.offline.replay import (
     replay,
 )
 from peerwatch.streams.offline.sample_runs import decoded_here, sample_decoder
-from peerwatch.streams.offline.split import BackPipeline, FrontPipeline
 
 
 def measured(part: Callable[[], Any]) -> Any:
@@ -64,7 +59,7 @@ def measured(part: Callable[[], Any]) -> Any:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=["decoder", "front", "stages"])
+    p.add_argument("part", choices=["decoder", "replay"])
     p.add_argument("archive", type=Path)
     p.add_argument("--from", dest="from_ms", type=int, required=True)
     p.add_argument("--to", dest="to_ms", type=int, required=True)
@@ -78,12 +73,12 @@ def main() -> None:
         header, items = blocks[Path(path)]
         return header, iter(items)
 
-    def front_messages(send: Callable[[Any], Any]) -> Any:
-        front = FrontPipeline(settings, send)
-        records = column_archive_records(args.archive, span, front.aggregator.strings, "", None,
-                                         30_000, ReadStats(),
+    def replayed() -> Any:
+        pipeline = Pipeline(settings, emit_windows=False)
+        records = column_archive_records(args.archive, span, pipeline.aggregator.strings, "",
+                                         None, 30_000, ReadStats(),
                                          decoded_here(sample_decoder(), blocks_of))  # fmt: skip
-        return replay(records, settings, pipeline=front)
+        return replay(records, settings, pipeline=pipeline)
 
     if args.part == "decoder":
         decoder, strings = sample_decoder(), {}  # type: ignore[var-annotated]
@@ -94,21 +89,11 @@ def main() -> None:
             for count, data in every:
                 decoder.block(data, 0, count, strings)
 
-    elif args.part == "front":
-        loops.warm()
-
-        def part() -> Any:
-            return front_messages(frames_of)
-
     else:
         loops.warm()
-        sent: list[bytes] = []
-        front_messages(lambda m: sent.append(pickle.dumps(m, 5)))
-        messages = [pickle.loads(b) for b in sent]  # noqa: S301 - bytes pickled just above
-        back = BackPipeline(settings, emit_windows=False)
 
         def part() -> Any:
-            return sum(len(back.handle(m)) for m in messages)
+            return replayed()
 
     measured(part)
 

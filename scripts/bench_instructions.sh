@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Instructions of one part of a split replay (see scripts/bench_instructions.py), printed alone.
-# Usage: bash scripts/bench_instructions.sh decoder|front|stages ARCHIVE --from MS --to MS
+# Instructions of one part of an archive replay (see scripts/bench_instructions.py), printed alone.
+# Usage: bash scripts/bench_instructions.sh decoder|replay ARCHIVE --from MS --to MS
 # Compare two commits: run each checkout's own copy of this script from a folder outside both,
 # the older with PYTHONPATH=<its checkout> and a .venv there linked to this one's (ln -s): the
 # script imports what its own commit has.

@@ -10,7 +10,7 @@ aggregation) or per GPU window (detection), and both grow with the records; memo
 grow with the hour (archives are read as a stream, ``--reorder-s`` of samples held), but does
 with the nodes: the RSS line is measured at ``--nodes``.
 
-    .venv/bin/python scripts/bench_replay_hour.py [--nodes 2500] [--seconds 120] [--one-process]
+    .venv/bin/python scripts/bench_replay_hour.py [--nodes 2500] [--seconds 120]
         [--archive DIR]  (keep the archive in DIR; a later run replays the one there)
 """
 
@@ -37,7 +37,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2_500)
     ap.add_argument("--seconds", type=float, default=120.0)
-    ap.add_argument("--one-process", action="store_true")
     ap.add_argument("--archive", type=Path, default=None,
                     help="keep the simulated archive in this folder, and replay the one there "
                          "if it was written before (its fleet, not --nodes/--seconds)")  # fmt: skip
@@ -59,9 +58,19 @@ def main() -> int:
             about.write_text(json.dumps(fleet_doc))
         args.nodes, args.seconds = fleet_doc["nodes"], fleet_doc["seconds"]
         start = fleet_doc["start_ms"]
-        cmd = [sys.executable, "-m", "peerwatch.cli", "replay", "--archive", str(root),
-               "--from", str(start), "--to", str(start + fleet_doc["duration_ms"] + 60_000),
-               "--no-progress", *(["--one-process"] if args.one_process else [])]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "peerwatch.cli",
+            "replay",
+            "--archive",
+            str(root),
+            "--from",
+            str(start),
+            "--to",
+            str(start + fleet_doc["duration_ms"] + 60_000),
+            "--no-progress",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             print(done.stderr[-3000:], file=sys.stderr)

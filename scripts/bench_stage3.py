@@ -55,12 +55,11 @@ def window_batches(nodes: int, seconds: int) -> tuple[list[tuple[bytes, bytes]],
                 out.append((r.key.encode(), value, int(r.value["ts_ms"])))  # type: ignore[arg-type]
     hot, producer = _hot_stage(lateness_s=5, job_partitions=1, batch_max=2000)
     for i, (key, value, ts) in enumerate(events):
-        hot._apply_job_event(FakeMessage("je", 0, i, key, value, None, ts))
+        hot.jobs.apply_message(FakeMessage("je", 0, i, key, value, None, ts))
     for start in range(0, len(samples), 2000):
         batch = [FakeMessage("s", 0, start + i, k, v, None, ts)
                  for i, (k, v, ts) in enumerate(samples[start : start + 2000])]  # fmt: skip
-        hot._aggregate(0, hot.parts[0], batch)
-        hot._send_closed()
+        hot.take(batch)
     batches = [(p.key, p.value) for p in producer.sent if p.topic == "b"]
     return [(k, v) for k, v, _ in events], batches, len(samples)
 

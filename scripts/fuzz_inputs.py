@@ -641,12 +641,11 @@ def kafka_corpus() -> dict[str, list[tuple[bytes | None, bytes]]]:
     corpus["settings"] = [settings_record(tree, 1_767_225_000_000 + i) for i in range(3)]
     hot, producer = _hot_stage()
     for key, value in corpus["JobEvent"][:6]:  # the simulator's job events come first
-        hot._apply_job_event(FakeMessage("je", 0, 0, key, value))
+        hot.jobs.apply_message(FakeMessage("je", 0, 0, key, value))
     samples = [
         FakeMessage("s", 0, i, k, v) for i, (k, v) in enumerate(corpus["NodeGpuSample"][:360])
     ]
-    hot._aggregate(0, hot.parts[0], samples)
-    hot._send_closed()
+    hot.take(samples)
     corpus["window-batches"] = [
         (p.key, p.value) for p in producer.sent if p.topic == "b" and p.value
     ]
@@ -670,7 +669,7 @@ def _hot_stage(
     scripts/bench_stage3.py runs it with the worker's lateness and batch size."""
     from confluent_kafka import TopicPartition
 
-    from peerwatch.settings import Settings
+    from peerwatch.settings import Settings, with_overrides
     from peerwatch.streams.live.counters import StreamCounters
     from peerwatch.streams.live.hot_stage import HotStage, HotTopics
 
@@ -678,11 +677,13 @@ def _hot_stage(
         def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
             return [TopicPartition(tp.topic, tp.partition, -1001) for tp in partitions]
 
-    hot = HotStage(Settings(), "fz", HotTopics("s", "je", "b", "dead", job_partitions, "f", "nf"),
-                   StreamCounters(), window_s=5, lateness_s=lateness_s, batch_max=batch_max,
-                   batch_within_s=0.1, allocation_retention_s=3600)  # fmt: skip
+    settings = with_overrides(Settings(), {"detector.window_s": 5, "stream.lateness_s": lateness_s,
+                                           "stream.batch_max": batch_max,
+                                           "stream.allocation_retention_s": 3600})  # fmt: skip
+    hot = HotStage(settings, "fz", HotTopics("s", "je", "b", "dead", job_partitions, "f", "nf"),
+                   StreamCounters())  # fmt: skip
     producer = FakeProducer()
-    hot._producer = producer
+    hot.delivery.producer = producer
     hot._on_assign(NoCommits(), [TopicPartition("s", 0)])
     return hot, producer
 
@@ -730,15 +731,15 @@ def fuzz_kafka(rng: Random, tmp: Path) -> None:
 
 
 def _kafka_hot(rng: Random, tmp: Path) -> None:
-    """The hot stage's job-events reader and its samples batch (``_apply_job_event``,
-    ``_aggregate``, ``_send_closed``: what ``run`` calls on each consumed batch)."""
+    """The hot stage's job-events reader and its samples batch (``jobs.apply_message``,
+    ``take``: what ``run`` calls on each consumed batch)."""
     hot, producer = _hot_stage()
     for msg, _ in _messages(rng, [("JobEvent", "je")], rng.randint(0, 8)):
-        _timed("hot job event", lambda m=msg: hot._apply_job_event(m))
+        _timed("hot job event", lambda m=msg: hot.jobs.apply_message(m))
     batch = [m for m, _ in _messages(rng, [("NodeGpuSample", "s")], rng.randint(1, 40))]
     for i, m in enumerate(batch):
         m._partition, m._offset = 0, i  # one partition's batch, in offset order
-    _timed("hot batch", lambda: (hot._aggregate(0, hot.parts[0], batch), hot._send_closed()))
+    _timed("hot batch", lambda: hot.take(batch))
     codec = AvroCodec("NodeGpuSample")
     refused = set()
     for m in batch:
@@ -818,7 +819,7 @@ def _damage_table(rng: Random, table: dict[bytes, Any]) -> None:
 def _kafka_policy(rng: Random, tmp: Path) -> None:
     """Stage 4's faust agent: PolicyHandler.handle per message, RECORD_ERRORS dead-lettered."""
     from peerwatch.settings import Settings
-    from peerwatch.streams.core.pipeline import PolicyStage
+    from peerwatch.streams.core.policy_stage import PolicyStage
     from peerwatch.streams.live.counters import StreamCounters
     from peerwatch.streams.live.handlers import RECORD_ERRORS, PolicyHandler
     from peerwatch.streams.live.json_table import JsonTable, counting

@@ -10,7 +10,6 @@ import argparse
 import datetime as dt
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -61,9 +60,6 @@ def register(sub: Any) -> None:
                    help="read job events this far before --from (jobs that started earlier)")  # fmt: skip
     p.add_argument("--workers", type=int, default=1,
                    help="processes decoding archive files")  # fmt: skip
-    p.add_argument("--one-process", action="store_true",
-                   help="archive replay in one process (default: two where there are two "
-                        "cores: samples and windows in one, detector and policy in the other)")  # fmt: skip
     p.add_argument("--reorder-s", type=float, default=30.0,
                    help="how far samples of an archive may be out of event-time order for it "
                         "to be read as a stream, the span of samples held (default 30; an "
@@ -260,15 +256,12 @@ def _column_replay(
     from peerwatch.streams.core.pipeline import Pipeline
     from peerwatch.streams.offline.replay import column_archive_records, replay
     from peerwatch.streams.offline.sample_runs import ArchiveUnordered, wider_window_ms
-    from peerwatch.streams.offline.split import SplitReplay
 
     prefix = settings_of(args).topic_prefix
     kept = {"job": args.job, "node": args.node, "keep_windows": _keep_windows(args)}
     reorder: int | None = int(args.reorder_s * 1000)
-    two = not args.one_process and (os.cpu_count() or 1) >= 2
     while True:
-        split = SplitReplay(settings, **kept, read_ahead=True) if two else None
-        pipeline = split.front if split is not None else Pipeline(settings, kept["keep_windows"])
+        pipeline = Pipeline(settings, kept["keep_windows"])
         stats = ReadStats()
         try:
             records = column_archive_records(
@@ -279,12 +272,8 @@ def _column_replay(
                 keep,
                 reorder,
                 stats,
-                None if split is None else split.tables_of,
             )
-            if split is not None:
-                result = split.run(records, progress)
-            else:
-                result = replay(records, settings, progress=progress, pipeline=pipeline, **kept)
+            result = replay(records, settings, progress=progress, pipeline=pipeline, **kept)
         except ArchiveUnordered as exc:
             if reorder is None:
                 raise
@@ -297,10 +286,7 @@ def _column_replay(
         except Unsupported as exc:
             logging.getLogger(__name__).warning("replay: columns not used (%s)", exc)
             return None
-        finally:
-            if split is not None:
-                split.close()
-        extra["path"] = "columns" if split is None else "columns, two processes"
+        extra["path"] = "columns"
         extra["reorder_s"] = None if reorder is None else reorder / 1000
         extra.update(stats.as_dict())
         return result

@@ -1,26 +1,26 @@
-"""The offline driver: allocation -> windows -> per-job detection -> drain policy, in one process.
+"""The in-process runner: the four stages in one process, the channel a call.
 
-The same four stages run in the live stream (keyed by node, job, node) and in replay; here they
-are composed in one process for replay of a Kafka range or an archive, for the simulator and for
-the evaluation harness. Each stage is a separable object with serialisable state:
+The live worker and this runner run the same stage objects; here they are composed in one
+process for replay of a Kafka range or an archive, for the simulator and for the evaluation
+harness:
 
-1. :class:`~peerwatch.streams.core.allocation.AllocationTable` (JobEvents; keyed by node live);
-2. :class:`~peerwatch.streams.core.windows.WindowAggregator` (sample batches; keyed by node);
-3. :class:`~peerwatch.streams.core.job_stage.JobReleaser` (a job's windows from all its nodes ->
-   ``detect_job_window``, findings routed to nodes; keyed by job);
-4. :class:`PolicyStage` (findings, health results, node events -> ``policy.apply``; by node).
+1. :class:`~peerwatch.streams.core.sample_stage.SampleStage` (stage 2: allocations, windows,
+   the hard, silence and link watches, the fleet censuses, every cadence);
+2. :class:`~peerwatch.streams.core.job_stage.JobReleaser` (stage 3: a job's windows from all its
+   nodes -> ``detect_job_window``, the fleet watch, findings routed to nodes);
+3. :class:`~peerwatch.streams.core.policy_stage.PolicyStage` (stage 4: findings, health results,
+   node events -> ``policy.apply``).
 
-Beside stage 2, on the same sample columns (as the live hot stage):
-:class:`~peerwatch.streams.core.hard_watch.HardWatch` (hard rules on arrival) and
-:class:`~peerwatch.streams.core.silence.SilenceWatch` (allocated nodes gone quiet, checked every
-``silent_check_s`` of event time, by the same
-:class:`~peerwatch.streams.core.silence.SilenceClock` rule as live). Their findings go out, and
-through the policy, at once; their outputs' ``stream_ms`` is the event time a live worker
-publishes them at (the sample's time, or the check's).
+The source is a sequence of records in roughly event-time order; the clock is their event time.
+A batch of samples ends at the first sample at or past :meth:`SampleStage.due_ms` (a window
+closes, or a silence check is due) or at ``max_batch`` samples, so outputs come out at the event
+time a live worker publishes them. What stage 2 made in a batch goes to stage 3 at its end (the
+"drain"): late and invalid samples, closed windows with their censuses, then a heartbeat at the
+watermark. Findings made on arrival (hard rules, silence, link rules) go out, and through the
+policy, at once; their outputs' ``stream_ms`` is the event time a live worker publishes them at.
 
-Input: ``(stream, key, value)`` records in roughly event-time order, streams ``samples``,
-``job-events``, ``node-events``, ``health``, the optional ``nic-samples`` (NodeNicSample: the
-link rules of :class:`~peerwatch.streams.core.network_stage.NetworkStage`, findings out and
+Input: ``(stream, key, value)`` records, streams ``samples``, ``job-events``, ``node-events``,
+``health``, the optional ``nic-samples`` (NodeNicSample: the link rules, findings out and
 through the policy as the hard rules') and the optional ``step-times`` (per-rank step
 durations: a GPU's window gets the mean ``step_ms`` of its steps in that window, see
 :meth:`~peerwatch.streams.core.job_stage.JobStage.add_step`; without them the step feature is
@@ -37,22 +37,17 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 
 from peerwatch.schemas.columns import Table, slice_rows, tables_from_records
-from peerwatch.schemas.records import DrainRecommendation, StragglerFinding
+from peerwatch.schemas.records import StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.job_stage import JobReleaser, Release
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.network_stage import NetworkStage
-from peerwatch.streams.core.policy import apply as policy_apply
-from peerwatch.streams.core.policy_state import DrainPolicyState
-from peerwatch.streams.core.settings import PolicySettings, StageSettings
-from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
-from peerwatch.streams.core.windows import (
-    SAMPLE_SPEC,
-    BatchResult,
-    ClosedWindows,
-    WindowAggregator,
-)
+from peerwatch.streams.core.policy_stage import PolicyStage
+from peerwatch.streams.core.sample_stage import Census, SampleStage, StepResult
+from peerwatch.streams.core.settings import StageSettings
+from peerwatch.streams.core.silence import SilenceWatch
+from peerwatch.streams.core.windows import SAMPLE_SPEC, ClosedWindows, WindowAggregator
 
 WINDOW = "window"
 FINDING = "finding"
@@ -60,11 +55,8 @@ RECOMMENDATION = "recommendation"
 LATE_SAMPLE = "late_sample"
 INVALID = "invalid"
 _FAR_FUTURE_MS = 1 << 62
-#: Allocations and detector states are pruned at most this often (in event time); both are
-#: kept for an hour after their end, so a minute more changes nothing.
-PRUNE_EVERY_MS = 60_000
-#: Most sample records handed to the aggregator at once (offline only; larger values measured
-#: no faster, docs/performance.md).
+#: Most sample records handed to stage 2 between two drains (larger values measured no
+#: faster, docs/performance.md).
 MAX_BATCH = 1024
 
 
@@ -82,80 +74,62 @@ class Output(NamedTuple):
     stream_ms: int
 
 
-class PolicyStage:
-    """Stage 4: the drain policy over findings, health results and node events (a JOB_WIDE
-    finding reaches it once per node, routed by stage 3:
-    :func:`~peerwatch.streams.core.job_stage.route_finding`)."""
-
-    def __init__(self, settings: PolicySettings) -> None:
-        self.settings = settings
-        self.state = DrainPolicyState()
-
-    def apply(self, record: Mapping[str, Any]) -> list[DrainRecommendation]:
-        """Recommendations for one record. Raises InvalidRecordError for a record the policy
-        rejects."""
-        return policy_apply(record, self.state, self.settings)
-
-
 class Pipeline:
-    """All four stages in one process (see the module docstring)."""
+    """The four stages in one process (see the module docstring)."""
 
     def __init__(
         self, settings: StageSettings, emit_windows: bool = True, max_batch: int = MAX_BATCH
     ) -> None:
         """``settings``: the live worker's settings objects (the tree's ``[stream]``,
-        ``[detector]`` and ``[policy]`` tables; :class:`peerwatch.settings.Settings` is one).
-        ``emit_windows``: yield every scored GpuWindow (WINDOW outputs); a replay that keeps
-        only findings and recommendations turns it off. ``max_batch``: most sample records
-        handed to the aggregator at once."""
+        ``[detector]``, ``[network]`` and ``[policy]`` tables; :class:`peerwatch.settings.Settings`
+        is one). ``emit_windows``: yield every scored GpuWindow (WINDOW outputs); a replay that
+        keeps only findings and recommendations turns it off. ``max_batch``: most sample
+        records handed to stage 2 between two drains."""
         self.settings = settings
         self.max_batch = max_batch
-        stream = settings.stream
         self.emit_windows = emit_windows
-        self.allocations = AllocationTable(stream.allocation_retention_s * 1000)
-        self.aggregator = WindowAggregator(
-            self.allocations, settings.detector.window_s, stream.lateness_s, idle_jobs=True
-        )
+        stream = settings.stream
+        self.stage = SampleStage(settings)
         self.jobs = JobReleaser(
             settings.detector,
-            self.allocations,
+            self.stage.allocations,
             grace_ms=int(stream.job_grace_s * 1000),
             fan_out_job_wide=stream.fan_out_job_wide,
             scored_windows=emit_windows,
         )
         self.policy = PolicyStage(settings.policy)
-        # Beside stage 2, on the same samples: hard rules on arrival and the silence watch.
-        self.hard = HardWatch(self.allocations, self.aggregator.name, settings.detector)
-        self.silence = SilenceWatch(
-            int(stream.silent_after_s * 1000),
-            int(stream.silent_group_s * 1000),
-            stream.silent_fleet_min_nodes,
-            settings.detector.window_ms,
-            settings.detector.id_hex_chars,
-            held=True,
-        )
-        self.silence_clock = SilenceClock(max(1, int(stream.silent_check_s * 1000)))
-        # Beside stage 2 too, on the NIC samples: the network's link rules on arrival.
-        self.network = NetworkStage(
-            self.allocations,
-            settings.network,
-            settings.detector,
-            readings_ms=2 * settings.detector.window_ms
-            + int((stream.lateness_s + stream.job_grace_s) * 1000),
-        )
-        self._next_silence_ms = -_FAR_FUTURE_MS
-        self._max_sample_ms = -_FAR_FUTURE_MS
-        self._open_nodes: dict[str, tuple[str, int]] = {}
-        self._open_generation = -1
         self.step_times = 0
         self._batch: list[Mapping[str, Any]] = []
-        self._pending = 0  # samples of column runs aggregated since the last drain
+        self._pending = 0  # samples handed to stage 2 since the last drain
         self._refused: list[tuple[str, dict[str, Any]]] = []  # their late and invalid ones
-        self._next_close_ms = -_FAR_FUTURE_MS
-        self._next_prune_ms = -_FAR_FUTURE_MS
+        self._closed: list[ClosedWindows] = []  # the windows they closed, with censuses
+        self._censuses: list[Census] = []
+        self._pruned_ms: int | None = None  # stage 2 pruned at this watermark since the drain
+        self._max_sample_ms = -_FAR_FUTURE_MS
         self._stream_ms = -_FAR_FUTURE_MS
 
-    # -- driving --------------------------------------------------------------------------------
+    # stage 2's parts, by the names callers and tests know
+    @property
+    def allocations(self) -> AllocationTable:
+        return self.stage.allocations
+
+    @property
+    def aggregator(self) -> WindowAggregator:
+        return self.stage.aggregator(0)
+
+    @property
+    def hard(self) -> HardWatch:
+        return self.stage.hard(0)
+
+    @property
+    def silence(self) -> SilenceWatch:
+        return self.stage.silence
+
+    @property
+    def network(self) -> NetworkStage:
+        return self.stage.network
+
+    # -- the source -----------------------------------------------------------------------------
     def run(self, records: Iterable[tuple[str, str, Mapping[str, Any]]]) -> Iterator[Output]:
         """Feed every record, then :meth:`finish`; yields outputs as they are produced."""
         for stream, key, value in records:
@@ -167,18 +141,14 @@ class Pipeline:
         if stream == "samples":
             self._batch.append(value)
             ts = int(value["ts_ms"])
-            # A part ends at the first sample at or past the next closing time (so outputs come
-            # out at the event time a live stream would publish them) or silence check.
-            if (
-                ts >= min(self._next_close_ms, self._next_silence_ms)
-                or len(self._batch) + self._pending >= self.max_batch
-            ):
-                return self._part_done(self._flush_batch(), ts)
+            if ts >= self.stage.due_ms() or len(self._batch) + self._pending >= self.max_batch:
+                close_at = self.stage.next_close_ms()
+                return self._part_done(self._flush_batch(), ts, close_at)
             return []
         if stream == "nic-samples":
             # The GPU samples before it first (their hard rules), so findings keep event order.
             out = self._flush_batch()
-            found = self.network.add_nic([value])
+            found = self.stage.add_nic([value])
             return out + self._hot([(f, int(f["detected_ms"] or 0)) for f in found])
         if stream == "step-times":
             self.step_times += 1
@@ -193,23 +163,13 @@ class Pipeline:
             self._stream_ms = max(self._stream_ms, event_ts)
         try:
             if stream == "job-events":
-                try:
-                    self.allocations.apply_event(value)
-                finally:
-                    self._allocations_changed()
+                self.stage.apply_job_event(value)
             elif stream in ("node-events", "health", "health-results"):
                 out += self._recommend(value)
         except InvalidRecordError as exc:
             out.append(self._invalid(stream, key, value, exc))
         return out
 
-    def finish(self) -> list[Output]:
-        """End of input: close every open window and release every held job window."""
-        out = self._drain()
-        out += self._detect(self.aggregator.pop_all(), _FAR_FUTURE_MS)
-        return out
-
-    # -- stages ---------------------------------------------------------------------------------
     def feed_columns(self, tables: Mapping[str, Table]) -> list[Output]:
         """A run of samples as columns (:data:`~peerwatch.streams.core.windows.SAMPLE_SPEC`,
         string codes of ``aggregator.strings``), in replay order: the same outputs, at the same
@@ -217,39 +177,28 @@ class Pipeline:
         out = self._drain() if self._batch else []
         n = tables[""].n
         ts = tables[""].values["ts_ms"]
-        start = aggregated = 0
+        start = 0
         while start < n:
             end = min(n, start + self.max_batch - self._pending)
-            # the first sample at or past the next closing (or silence check) time ends the
-            # batch (it is in it)
-            cut = min(self._next_close_ms, self._next_silence_ms)
-            hits = np.flatnonzero(ts[start:end] >= cut)
+            # the first sample at or past the stage's next close (or silence check) ends the
+            # part (it is in it)
+            hits = np.flatnonzero(ts[start:end] >= self.stage.due_ms())
             if hits.size:
                 end = start + int(hits[0]) + 1
             part = slice_rows(tables, start, end)
-            out += self._arrivals(part)
-            self._saw_columns(part)
-            self._pending += end - start
+            close_at = self.stage.next_close_ms()
+            out += self._part(part, functools.partial(self._sample_of, part))
             start = end
-            last_ts_ms = int(ts[end - 1])
-            if last_ts_ms >= self._next_close_ms or self._pending >= self.max_batch:
-                # a drain follows: the aggregator first takes every sample before it
-                self._aggregate_rows(tables, aggregated, end)
-                aggregated = end
-            out += self._part_done([], last_ts_ms)
-        self._aggregate_rows(tables, aggregated, n)
+            out = self._part_done(out, int(ts[end - 1]), close_at)
         return out
 
-    def _aggregate_rows(self, tables: Mapping[str, Table], lo: int, hi: int) -> None:
-        """Rows ``[lo, hi)`` of a column run to the aggregator, in one call (its late and
-        invalid samples kept for the next drain). Nothing reads the aggregator between two
-        drains, so the parts a run is cut into for the hard rules and the silence watch (each
-        second) go to it together: fewer calls, the same state at every drain."""
-        if lo >= hi:
-            return
-        rows = tables if lo == 0 and hi == tables[""].n else slice_rows(tables, lo, hi)
-        self._refuse(self.aggregator.add_columns(rows), functools.partial(self._sample_of, rows))
+    def finish(self) -> list[Output]:
+        """End of input: close every open window and release every held job window."""
+        out = self._drain()
+        closed, censuses = self.stage.finish()
+        return out + self._detect(closed, censuses, _FAR_FUTURE_MS)
 
+    # -- stage 2 --------------------------------------------------------------------------------
     def _flush_batch(self) -> list[Output]:
         """The decoded samples gathered by :meth:`feed`, as one part."""
         if not self._batch:
@@ -261,74 +210,35 @@ class Pipeline:
     def _part(
         self, tables: Mapping[str, Table], sample_of: Callable[[int], dict[str, Any]]
     ) -> list[Output]:
-        """One part of the samples: hard rules on arrival, the silence watch's last times, the
-        aggregator (late and invalid samples kept for the next drain)."""
-        out = self._arrivals(tables)
-        self._saw_columns(tables)
-        self._refuse(self.aggregator.add_columns(tables), sample_of)
+        """One part of the samples through stage 2: its findings on arrival out now, its late
+        and invalid samples, closed windows and censuses kept for the next drain."""
+        result = self.stage.step(tables)
         self._pending += tables[""].n
-        return out
-
-    def _refuse(self, result: BatchResult, sample_of: Callable[[int], dict[str, Any]]) -> None:
-        """Keep the late and invalid samples of an aggregated batch for the next drain."""
-        for kind, rows in ((LATE_SAMPLE, result.late), (INVALID, result.invalid)):
-            self._refused += [(kind, sample_of(r)) for r in rows.tolist()]
-
-    def _part_done(self, out: list[Output], last_ts_ms: int) -> list[Output]:
-        """After a part ending with a sample at ``last_ts_ms``: a drain when it closes windows
-        or fills a batch, then the silence check when it is due."""
-        if last_ts_ms >= self._next_close_ms or self._pending >= self.max_batch:
-            out += self._drain()
-        if self._max_sample_ms >= self._next_silence_ms:
-            out += self._check_silence()
-        return out
-
-    def _saw_columns(self, tables: Mapping[str, Table]) -> None:
-        """The silence watch's last sample time of each node of a column batch."""
-        top = tables[""]
-        newest = self._saw(top.values["node"], top.values["ts_ms"])
-        if newest is not None:
-            self._max_sample_ms = max(self._max_sample_ms, newest)
-            self.silence_clock.saw(0, newest)
-
-    def _saw(self, node_codes: np.ndarray, ts_ms: np.ndarray) -> int | None:
-        """Samples of these nodes (aggregator string codes) at these times to the silence
-        watch; returns the latest valid time (None: none valid)."""
-        seen = self.silence.saw_columns(node_codes, ts_ms, self.aggregator.names())
-        return None if seen is None else seen[1]
-
-    # -- hard rules on arrival, silence ---------------------------------------------------------
-    def _arrivals(self, tables: Mapping[str, Table]) -> list[Output]:
-        """Hard rules on arrival over a column batch (before its aggregation)."""
-        found = self.hard.add_columns(tables)
+        self._took(result, sample_of)
+        if result.newest_ms is not None:
+            self._max_sample_ms = max(self._max_sample_ms, result.newest_ms)
+        found = result.hard
         return self._hot([(f, int(f["detected_ms"] or 0)) for f in found]) if found else []
 
-    def _check_silence(self) -> list[Output]:
-        """The silence checks now due (:class:`~peerwatch.streams.core.silence.SilenceClock`:
-        one source here, every samples partition live), each at its own time."""
-        out: list[Output] = []
-        for now in self.silence_clock.due():
-            out += self._silence_check(now)
-        nxt = self.silence_clock.next_ms
-        self._next_silence_ms = -_FAR_FUTURE_MS if nxt is None else nxt
-        return out
+    def _took(self, result: StepResult, sample_of: Callable[[int], dict[str, Any]]) -> None:
+        """Keep what a step made for stage 3 until the next drain."""
+        for kind, rows in ((LATE_SAMPLE, result.late), (INVALID, result.invalid)):
+            self._refused += [(kind, sample_of(r)) for r in rows.tolist()]
+        self._closed += result.closed
+        self._censuses += result.censuses
+        if result.pruned_ms is not None:
+            self._pruned_ms = result.pruned_ms
 
-    def _silence_check(self, now: int) -> list[Output]:
-        """The silence watch's check at sample time ``now``: findings through :meth:`_hot`."""
-        if self.allocations.generation != self._open_generation:
-            self._open_generation = self.allocations.generation
-            self._open_nodes = self.allocations.open_nodes()
-        found = self.silence.check(self._open_nodes, now)
-        return self._hot([(f, now) for f in found]) if found else []
-
-    def _hot(self, found: list[tuple[StragglerFinding, int]]) -> list[Output]:
-        """Findings made beside stage 2 (hard rules on arrival, silence), each with the event
-        time a live worker publishes it at: out as findings, and through the policy."""
-        out: list[Output] = []
-        for f, stream_ms in found:
-            out.append(Output(FINDING, str(f["job_id"]), dict(f), stream_ms))
-            if f.get("node") is not None:
-                out += self._recommend(f, stream_ms)
+    def _part_done(self, out: list[Output], last_ts_ms: int, close_at_ms: int) -> list[Output]:
+        """After a part ending with a sample at ``last_ts_ms``: a drain when it closed windows
+        (it reached ``close_at_ms``, the stage's next close before it) or filled a batch, then
+        the silence checks when due."""
+        if last_ts_ms >= close_at_ms or self._pending >= self.max_batch:
+            out += self._drain()
+        if self._max_sample_ms >= self.stage.next_silence_ms:
+            for now in self.stage.silence_due():
+                found = self.stage.check_silence(now)
+                out += self._hot([(f, now) for f in found]) if found else []
         return out
 
     def _sample_of(self, tables: Mapping[str, Table], row: int) -> dict[str, Any]:
@@ -339,7 +249,10 @@ class Pipeline:
             "ts_ms": int(top.values["ts_ms"][row]),
         }
 
+    # -- the channel to stage 3 -----------------------------------------------------------------
     def _drain(self) -> list[Output]:
+        """Hand what stage 2 made since the last drain on: late and invalid samples out, the
+        closed windows to stage 3, which releases what the watermark completes."""
         out = self._flush_batch()
         if not self._pending:
             return out
@@ -354,42 +267,35 @@ class Pipeline:
         return self._after_batch(out)
 
     def _after_batch(self, out: list[Output]) -> list[Output]:
-        """After a batch went through the aggregator: late samples out, windows closed and
-        detected, state pruned."""
-        if self.aggregator.max_ts_ms is not None:
-            self._stream_ms = max(self._stream_ms, self.aggregator.max_ts_ms)
-        watermark = self.aggregator.watermark_ms
+        """After a drain's late samples: the windows closed, detected at the watermark."""
+        agg = self.aggregator
+        if agg.max_ts_ms is not None:
+            self._stream_ms = max(self._stream_ms, agg.max_ts_ms)
+        watermark = agg.watermark_ms
         if watermark is None:
             return out
-        out += self._detect(self.aggregator.pop_ready(watermark), watermark)
-        self._closed_to(watermark)
+        closed, censuses = self._closed, self._censuses
+        self._closed, self._censuses = [], []
+        out += self._detect(closed, censuses, watermark)
+        self._prune_jobs()
         return out
 
-    def _closed_to(self, watermark_ms: int) -> None:
-        """After windows closed at ``watermark_ms``: the next closing time; state pruned once
-        the watermark moved a minute on (pruning walks every allocation: not at every batch)."""
-        closed = self.aggregator.closed_until_ms or 0
-        self._next_close_ms = closed + self.aggregator.window_ms + self.aggregator.lateness_ms
-        if watermark_ms < self._next_prune_ms:
-            return
-        self._next_prune_ms = watermark_ms + PRUNE_EVERY_MS
-        if self.allocations.prune(watermark_ms):
-            self._allocations_changed()
-        self.jobs.prune(watermark_ms, self.settings.stream.allocation_retention_s * 1000)
-        self.hard.prune(watermark_ms - self.settings.stream.allocation_retention_s * 1000)
-        self.network.prune(watermark_ms - self.settings.stream.allocation_retention_s * 1000)
+    def _prune_jobs(self) -> None:
+        """Stage 3's state pruned where stage 2 pruned its own (once a minute of event time)."""
+        if self._pruned_ms is not None:
+            self.jobs.prune(self._pruned_ms, self.settings.stream.allocation_retention_s * 1000)
+            self._pruned_ms = None
 
-    def _allocations_changed(self) -> None:
-        """Hook: the allocation table changed (events applied or pruned)."""
-
-    def _detect(self, closed: list[ClosedWindows], watermark_ms: int) -> list[Output]:
-        """Stage 3 offline on closed windows: one source (every node) on one channel, its
-        watermark the aggregator's. The channel's fleet watch gets the windows' censuses (as
-        live, where every samples partition sends its own), then the windows become dicts per
-        job; the heartbeat judges the fleet first (a window of a partition in a fleet shift
-        gets its ratio when released)."""
-        fleet_watch = self.jobs.fleet(0)
-        fleet_watch.add_closed(0, closed)
+    # -- stages 3 and 4 -------------------------------------------------------------------------
+    def _detect(
+        self, closed: list[ClosedWindows], censuses: list[Census], watermark_ms: int
+    ) -> list[Output]:
+        """Stage 3 on closed windows: one source (every node), its watermark stage 2's. The
+        fleet watch gets the windows' censuses (as live, where every samples partition sends
+        its own), then the windows become dicts per job; the heartbeat judges the fleet first
+        (a window of a partition in a fleet shift gets its ratio when released)."""
+        for start, end, seen in censuses:
+            self.jobs.census(0, start, end, seen)
         for b in self.aggregator.group(closed):
             self.jobs.add(b, src=0)
         out: list[Output] = []
@@ -429,6 +335,16 @@ class Pipeline:
             out += self._recommend(f)
         return out
 
+    def _hot(self, found: list[tuple[StragglerFinding, int]]) -> list[Output]:
+        """Findings made on arrival (hard rules, silence, link rules), each with the event time
+        a live worker publishes it at: out as findings, and through the policy."""
+        out: list[Output] = []
+        for f, stream_ms in found:
+            out.append(Output(FINDING, str(f["job_id"]), dict(f), stream_ms))
+            if f.get("node") is not None:
+                out += self._recommend(f, stream_ms)
+        return out
+
     def _recommend(self, record: Mapping[str, Any], stream_ms: int | None = None) -> list[Output]:
         try:
             recs = self.policy.apply(record)
@@ -446,14 +362,10 @@ class Pipeline:
         )
 
     def counters(self) -> dict[str, int]:
-        """The aggregator's, the hard watch's and the silence watch's counters plus step-time
-        records seen."""
+        """Stage 2's counters, the fleet watch's and the step-time records seen."""
         return {
-            **self.aggregator.counters(),
-            **self.hard.counters(),
-            **self.silence.counters(),
+            **self.stage.counters(),
             **self.jobs.fleet(0).counters(),
-            **self.network.counters(),
             "step_times": self.step_times,
         }
 

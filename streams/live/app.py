@@ -45,7 +45,7 @@ from peerwatch.settings import Settings, expand
 from peerwatch.signing import signer_of
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.job_stage import JobReleaser
-from peerwatch.streams.core.pipeline import PolicyStage
+from peerwatch.streams.core.policy_stage import PolicyStage
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler, PolicyHandler
 from peerwatch.streams.live.hot_process import HotProcess

@@ -27,7 +27,7 @@ from peerwatch.streams.core.job_stage import (
     batches_of_message,
 )
 from peerwatch.streams.core.model import InvalidRecordError
-from peerwatch.streams.core.pipeline import PolicyStage
+from peerwatch.streams.core.policy_stage import PolicyStage
 from peerwatch.streams.core.policy_state import NodePolicyState
 from peerwatch.streams.live.window_batches import GpuIdent, WindowBatchCodec, is_window_batch
 
@@ -401,7 +401,7 @@ class JobsHandler:
 
 class PolicyHandler:
     """Stage 4 (findings, health results and node events, key node): the pure
-    :class:`~peerwatch.streams.core.pipeline.PolicyStage`, each node's state kept in
+    :class:`~peerwatch.streams.core.policy_stage.PolicyStage`, each node's state kept in
     ``policy_table``."""
 
     def __init__(

@@ -58,8 +58,8 @@ class DecodedBlock(NamedTuple):
 
 #: How an archive file's sample blocks are read and decoded: ``(path, stats, strings) ->
 #: (writer schema, blocks)``, string codes of ``strings``; the blocks are decoded only once
-#: asked for (the caller checks the writer schema first). :func:`decoded_here`, or a
-#: :class:`~peerwatch.streams.offline.read_ahead.ReadAhead` process's ``decoded_blocks``.
+#: asked for (the caller checks the writer schema first): :func:`decoded_here` (a benchmark
+#: passes blocks read beforehand).
 TablesOf = Callable[[Path, ReadStats | None, dict[str, int]], tuple[Any, Iterator[DecodedBlock]]]
 
 
@@ -242,8 +242,7 @@ def file_tables(paths: Sequence[Path], tables_of: TablesOf, strings: dict[str, i
     is skipped with a warning; each counted in ``stats`` (records not read, blocks, files), as
     the decoded path counts them. Raises Unsupported for a file of another schema version (read
     it through the decoded path). ``tables_of``: how a file's blocks are read and decoded
-    (:func:`decoded_here`, or a :class:`~peerwatch.streams.offline.read_ahead.ReadAhead`
-    process's)."""
+    (:func:`decoded_here`)."""
     current = to_parsing_canonical_form(strip_logical_types(raw_schema("NodeGpuSample")))
     for path in paths:
         try:

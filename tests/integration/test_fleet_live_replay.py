@@ -22,36 +22,22 @@ exactly). As in test_stream_app, the offline pipeline is fed without ``finish()`
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from peerwatch.producers.sim.fleet import Fleet
-from peerwatch.producers.sim.publish import STREAM_TOPICS
-from peerwatch.producers.sim.scenario import parse_scenario
-from peerwatch.schemas.codec import AvroCodec
-from peerwatch.settings import KafkaSettings, Settings
-from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
-from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
+from peerwatch.settings import KafkaSettings
 from peerwatch.streams.live.hot_stage import samples_partition
-from peerwatch.streams.tools.bench_run import produce_raw, read_topic
-from peerwatch.topics import NODE_PARTITIONS, RECOMMENDATIONS, STRAGGLERS
+from peerwatch.topics import NODE_PARTITIONS
 
-from .archive_helpers import peerwatch_env, run, start
-from .test_replay import stop
-from .test_stream_app import (
-    INTERVAL_S,
-    LATENESS_S,
-    WINDOW_S,
-    Scenario,
-    fresh_topics,
-    new_worker,
-    run_until_stable,
+from .live_replay import (
+    FINDINGS,
+    assert_live_is,
+    live_and_replay,
+    offline_bytes,
 )
+from .test_stream_app import INTERVAL_S, recent_scenario
 
 pytestmark = pytest.mark.timeout(900)
 DURATION_S = 300
@@ -82,41 +68,12 @@ def scenario_doc(start_ms: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def offline_bytes(sc: Scenario) -> tuple[list[bytes], list[bytes]]:
-    """The offline pipeline's findings and recommendations on the same records as the worker
-    reads them (decoded from their Avro bytes: Avro floats are single precision), Avro-encoded
-    as the worker publishes them (fed without ``finish()``: the live closing rule)."""
-    pipeline = Pipeline(
-        Settings(
-            detector=DetectorSettings(window_s=WINDOW_S),
-            stream=StreamSettings(lateness_s=LATENESS_S, fan_out_job_wide=True),
-        )
-    )
-    codecs = {
-        FINDING: AvroCodec("StragglerFinding"),
-        RECOMMENDATION: AvroCodec("DrainRecommendation"),
-    }
-    out: dict[str, list[bytes]] = {FINDING: [], RECOMMENDATION: []}
-    inputs = {s: AvroCodec(t.value_schema or "") for s, t in STREAM_TOPICS.items()}
-    for _, stream, key, value in sc.records:
-        read = inputs[stream].decode(inputs[stream].encode(value))
-        for o in pipeline.feed(stream, key, read):
-            if o.kind in codecs:
-                out[o.kind].append(codecs[o.kind].encode(o.value))
-    return sorted(out[FINDING]), sorted(out[RECOMMENDATION])
-
-
 def test_live_fleet_findings_are_the_replays_byte_for_byte(
     kafka_settings: KafkaSettings, tmp_path: Path
 ) -> None:
-    now_ms = int(time.time() * 1000) - (DURATION_S + 60) * 1000
-    start_ms = now_ms - now_ms % (WINDOW_S * 1000)
-    fleet = Fleet(parse_scenario(scenario_doc(start_ms)))
-    sc = Scenario(fleet, start_ms)
-    for tick, recs in fleet.timed_ticks():
-        sc.records += [(tick, r.stream, r.key, r.value) for r in recs]
+    sc = recent_scenario(scenario_doc, DURATION_S)
     want_findings, want_recs = offline_bytes(sc)
-    codec = AvroCodec("StragglerFinding")
+    codec = FINDINGS
     fleet_wide = [codec.decode(b) for b in want_findings]
     fleet_wide = [f for f in fleet_wide if f["status"] == "FLEET_WIDE"]
     assert sorted(f["cause"] for f in fleet_wide) == ["POWER", "THERMAL"]  # the scenario works
@@ -129,47 +86,7 @@ def test_live_fleet_findings_are_the_replays_byte_for_byte(
     # some samples partitions hold no node: neither fleet nor silence may wait for them
     held = {samples_partition(f"gpu{i:05d}", NODE_PARTITIONS) for i in range(32)}
     assert len(held) < NODE_PARTITIONS
-    prefix = fresh_topics(kafka_settings)
-    app = f"app-{uuid.uuid4().hex[:6]}"
-    root = tmp_path / "archive"
-    env = peerwatch_env(kafka_settings, prefix)
-    archiver = start(["archive", "--dir", str(root), "--group-id", f"{prefix}archive",
-                      "--flush-interval-s", "0.5"], env, tmp_path / "archive.log")  # fmt: skip
-    try:
-        with new_worker(kafka_settings, prefix, tmp_path, "fleet", app) as worker:
-            produce_raw(kafka_settings, sc.raw(prefix))
-            counters = run_until_stable(worker, kafka_settings, prefix, sc.node_records).counters
-            log = worker.log_tail()
-        time.sleep(3)  # the archiver's flush interval, several times over
-    finally:
-        stop(archiver)
-    got_findings = sorted(r.value for r in read_topic(kafka_settings, prefix + STRAGGLERS.name))
-    got_recs = sorted(r.value for r in read_topic(kafka_settings, prefix + RECOMMENDATIONS.name))
-    live = [codec.decode(b) for b in got_findings]
+    got = live_and_replay(kafka_settings, tmp_path, sc, DURATION_S)
+    live = [codec.decode(b) for b in got.live_findings]
     assert [f["cause"] for f in live if f["status"] == "FLEET_WIDE"].count("POWER") == 1, live
-    if got_findings != want_findings:  # what differs, readable
-        only_live = [codec.decode(b) for b in got_findings if b not in want_findings]
-        only_replay = [codec.decode(b) for b in want_findings if b not in got_findings]
-        pytest.fail(f"live only: {only_live}\nreplay only: {only_replay}\n{counters}\n{log}")
-    assert got_recs == want_recs
-
-    # The archive, replayed: the same bytes on every window the worker closed.
-    out = tmp_path / "replay.jsonl"
-    span = ["--from", str(start_ms), "--to", str(start_ms + DURATION_S * 1000)]
-    run(["replay", "--archive", str(root), *span, "--window-s", str(WINDOW_S), "--lateness-s",
-         str(LATENESS_S), "--no-progress", "--findings", str(out)], env)  # fmt: skip
-    last_sample_ms = max(v["ts_ms"] for _, stream, _, v in sc.records if stream == "samples")
-    bound = last_sample_ms - int(LATENESS_S * 1000)
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
-    rec_codec = AvroCodec("DrainRecommendation")
-    replayed = sorted(codec.encode(_record(x)) for x in lines
-                      if x["kind"] == "finding" and x["window_end_ms"] <= bound)  # fmt: skip
-    replayed_recs = sorted(rec_codec.encode(_record(x)) for x in lines
-                           if x["kind"] == "recommendation" and x["ts_ms"] <= bound)  # fmt: skip
-    assert replayed == got_findings
-    assert replayed_recs == got_recs
-
-
-def _record(line: dict[str, Any]) -> dict[str, Any]:
-    """A replay output line without its ``kind``: the record."""
-    return {k: v for k, v in line.items() if k != "kind"}
+    assert_live_is(want_findings, want_recs, got)

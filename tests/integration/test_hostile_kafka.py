@@ -224,9 +224,8 @@ def test_hot_stage_output_over_the_client_limit_is_dead_lettered(
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from peerwatch.kafka_config import admin_config, producer_config
-    from peerwatch.settings import Settings
     from peerwatch.streams.live.counters import StreamCounters
-    from peerwatch.streams.live.hot_stage import HotStage, HotTopics
+    from peerwatch.streams.live.delivery import OutputDelivery
 
     out, dlq = topic_prefix + "batches", topic_prefix + "deadletter"
     admin = AdminClient(admin_config(kafka_settings))  # held: its futures need it
@@ -234,14 +233,12 @@ def test_hot_stage_output_over_the_client_limit_is_dead_lettered(
     for f in futures.values():
         f.result(30)
     counters = StreamCounters()
-    hot = HotStage(Settings(kafka=kafka_settings), "t", HotTopics(out, "je", out, dlq, 1),
-                   counters, window_s=30, lateness_s=5, batch_max=10, batch_within_s=0.1,
-                   allocation_retention_s=60)  # fmt: skip
-    hot._producer = Producer(producer_config(kafka_settings, **{"message.max.bytes": 10_000}))
-    hot._send(out, b"j1", b"small-1")
-    hot._send(out, b"j2", os.urandom(50_000))
-    hot._send(out, b"j3", b"small-2")
-    assert hot._producer.flush(30) == 0
+    hot = OutputDelivery(dlq, counters)
+    hot.producer = Producer(producer_config(kafka_settings, **{"message.max.bytes": 10_000}))
+    hot.send(out, b"j1", b"small-1")
+    hot.send(out, b"j2", os.urandom(50_000))
+    hot.send(out, b"j3", b"small-2")
+    assert hot.producer.flush(30) == 0
     assert counters.deadletter == 1
     assert [v for v, _ in read_raw(kafka_settings, out, 2)] == [b"small-1", b"small-2"]
     [(value, headers)] = read_raw(kafka_settings, dlq, 1)
@@ -260,9 +257,8 @@ def test_hot_stage_output_refused_by_the_broker_is_dead_lettered_and_its_batch_k
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from peerwatch.kafka_config import admin_config
-    from peerwatch.settings import Settings
     from peerwatch.streams.live.counters import StreamCounters
-    from peerwatch.streams.live.hot_stage import HotStage, HotTopics
+    from peerwatch.streams.live.delivery import OutputDelivery
 
     out, dlq = topic_prefix + "batches", topic_prefix + "deadletter"
     admin = AdminClient(admin_config(kafka_settings))  # held: its futures need it
@@ -272,25 +268,23 @@ def test_hot_stage_output_refused_by_the_broker_is_dead_lettered_and_its_batch_k
     for f in futures.values():
         f.result(30)
     counters = StreamCounters()
-    hot = HotStage(Settings(kafka=kafka_settings), "t", HotTopics(out, "je", out, dlq, 1),
-                   counters, window_s=30, lateness_s=5, batch_max=10, batch_within_s=0.1,
-                   allocation_retention_s=60)  # fmt: skip
+    hot = OutputDelivery(dlq, counters)
     from confluent_kafka import Producer
 
     from peerwatch.kafka_config import producer_config
 
-    hot._producer = Producer(
-        producer_config(kafka_settings, **{"linger.ms": 50, "on_delivery": hot._delivered})
+    hot.producer = Producer(
+        producer_config(kafka_settings, **{"linger.ms": 50, "on_delivery": hot.delivered})
     )
-    hot._send(out, b"j1", b"small-1")
-    hot._send(out, b"j2", os.urandom(5_000))
-    hot._send(out, b"j3", b"small-2")
-    assert hot._producer.flush(30) == 0
-    hot._resend_refused()
-    assert hot._producer.flush(30) == 0
+    hot.send(out, b"j1", b"small-1")
+    hot.send(out, b"j2", os.urandom(5_000))
+    hot.send(out, b"j3", b"small-2")
+    assert hot.producer.flush(30) == 0
+    hot.resend_refused()
+    assert hot.producer.flush(30) == 0
     assert (counters.outputs_refused, counters.deadletter, counters.outputs_failed) == (1, 1, 0)
     assert sorted(v for v, _ in read_raw(kafka_settings, out, 2)) == [b"small-1", b"small-2"]
     [(value, headers)] = read_raw(kafka_settings, dlq, 1)
     assert value == b"" and headers["peerwatch.size"] == b"5000"
     assert headers["peerwatch.topic"] == out.encode() and headers["peerwatch.reason"] == b"refused"
-    assert hot._undelivered is None
+    assert hot.undelivered is None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,17 +104,22 @@ class Scenario:
         return sum(stream == "samples" for _, stream, _, _ in self.records)
 
 
-@pytest.fixture(scope="module")
-def scenario() -> Scenario:
-    # Stamped in the recent past (retention is one day) and aligned to the window, so every run
-    # of the module and the offline pipeline see the same window boundaries.
-    now_ms = int(time.time() * 1000) - (DURATION_S + 60) * 1000
+def recent_scenario(doc_at: Callable[[int], dict[str, Any]], duration_s: int) -> Scenario:
+    """Every record of the scenario ``doc_at(start_ms)``, in publishing order. Stamped in the
+    recent past (retention is one day) and aligned to the window, so every run and the
+    in-process runner see the same window boundaries."""
+    now_ms = int(time.time() * 1000) - (duration_s + 60) * 1000
     start_ms = now_ms - now_ms % (WINDOW_S * 1000)
-    fleet = Fleet(parse_scenario(scenario_doc(start_ms)))
+    fleet = Fleet(parse_scenario(doc_at(start_ms)))
     out = Scenario(fleet, start_ms)
     for tick, recs in fleet.timed_ticks():
         out.records += [(tick, r.stream, r.key, r.value) for r in recs]
     return out
+
+
+@pytest.fixture(scope="module")
+def scenario() -> Scenario:
+    return recent_scenario(scenario_doc, DURATION_S)
 
 
 @dataclass(frozen=True)

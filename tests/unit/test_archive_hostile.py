@@ -233,7 +233,7 @@ def test_replay_summary_counts_what_was_skipped(
     path = root / SAMPLES / "2026-01-01T00.avro"
     write_samples(path, samples, bad_utf8=frozenset({5}))
     args = ["replay", "--archive", str(root), "--from", str(T0), "--to", str(T0 + 3_600_000),
-            "--no-progress", "--one-process"]  # fmt: skip
+            "--no-progress"]  # fmt: skip
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["bad_records"] == 1 and summary["path"] == "columns"

@@ -30,7 +30,7 @@ SCENARIO = {
 #: Named like archive files, none can be one: no such month/day/hour, year 0, before 1970.
 BAD_NAMES = ["2026-13-45T99.avro", "0000-01-01T00.avro", "1969-12-31T23.avro",
              "2026-02-30T00.1.avro"]  # fmt: skip
-MODES = [(["--one-process"], "columns"), ([], "columns"), (["--workers", "2"], "decoded")]
+MODES = [([], "columns"), (["--workers", "2"], "decoded")]
 
 
 def plant(root: Path) -> list[Path]:

@@ -131,7 +131,7 @@ def test_a_record_with_value_faults_is_skipped_alone_on_every_path(
     assert kept == total - 1 and stats["bad_records"] == 1 and stats["bad_blocks"] == 0
 
 
-@pytest.mark.parametrize("mode", [["--one-process"], ["--workers", "2"]])
+@pytest.mark.parametrize("mode", [[], ["--workers", "2"]])
 def test_replay_modes_agree_on_an_archive_with_a_two_fault_record(
     tmp_path: Path, mode: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

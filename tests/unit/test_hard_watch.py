@@ -312,8 +312,7 @@ def test_per_node_clocks_and_the_start_of_reading_decide_silence() -> None:
 
 
 def test_replay_paths_agree_on_arrival_and_silence_findings(tmp_path: Any) -> None:
-    """The archive replay (columns; one process and split over two) and the decoded records
-    give the same hard-on-arrival and silence findings and recommendations, in order."""
+    """The archive replay and the simulator's records replayed from memory give the same hard-on-arrival and silence findings and recommendations, in order."""
     from peerwatch.producers.sim.fleet import Fleet
     from peerwatch.producers.sim.publish import write_archive
     from peerwatch.producers.sim.scenario import parse_scenario
@@ -324,7 +323,6 @@ def test_replay_paths_agree_on_arrival_and_silence_findings(tmp_path: Any) -> No
         replay,
         sort_records,
     )
-    from peerwatch.streams.offline.split import SplitReplay
 
     doc = {
         "fleet": {"nodes": 6, "gpus_per_node": 8, "interval_s": 2.0, "duration_s": 300,
@@ -341,12 +339,9 @@ def test_replay_paths_agree_on_arrival_and_silence_findings(tmp_path: Any) -> No
     settings = live_equivalent_settings()
     span = TimeRange(fleet.spec.start_ms, fleet.spec.start_ms + 3_600_000)
     columns = replay(archive_records(tmp_path, span), settings)
-    with SplitReplay(settings) as split:
-        two = split.run(archive_records(tmp_path, span))
     mem = replay(sort_records((r.stream, r.value) for t in fleet.ticks() for r in t), settings)
-    for result in (two, mem):
-        assert result.findings == columns.findings
-        assert result.recommendations == columns.recommendations
+    assert mem.findings == columns.findings
+    assert mem.recommendations == columns.recommendations
     kinds = [(f["status"], f["node"], f["cause"]) for f in columns.findings
              if f["cause"] in ("HARDWARE", "NO_SAMPLES")]  # fmt: skip
     assert kinds[0] == ("HARD_ERROR", "gpu00005", "HARDWARE")  # the first sample shows it

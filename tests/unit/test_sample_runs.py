@@ -138,7 +138,7 @@ def test_the_replay_command_widens_its_window_to_what_the_archive_needs(
     root = rewritten(archive, tmp_path, [r for r in samples if r not in late] + late)
     out = tmp_path / "findings.jsonl"
     args = ["replay", "--archive", str(root), "--from", str(T0), "--to", str(T0 + HOUR),
-            "--no-progress", "--one-process", "--findings", str(out)]  # fmt: skip
+            "--no-progress", "--findings", str(out)]  # fmt: skip
     with caplog.at_level(logging.WARNING):
         assert main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

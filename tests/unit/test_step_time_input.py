@@ -135,7 +135,7 @@ def test_the_archive_with_a_nan_step_time_replays_on_the_decoded_path(nan_archiv
 
 @pytest.mark.parametrize(
     ("mode", "path"),
-    [(["--one-process"], "columns"), ([], "columns"), (["--workers", "2"], "decoded")],
+    [([], "columns"), (["--workers", "2"], "decoded")],
 )
 def test_every_replay_mode_and_the_job_view_read_an_archive_with_a_nan_step_time(
     nan_archive: Path, mode: list[str], path: str, capsys: pytest.CaptureFixture[str]

@@ -19,7 +19,7 @@ from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import Settings
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.job_stage import JobReleaser
-from peerwatch.streams.core.pipeline import PolicyStage
+from peerwatch.streams.core.policy_stage import PolicyStage
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.handlers import (
     RECORD_ERRORS,
@@ -258,14 +258,12 @@ def test_drain_controller_dead_letter_with_a_huge_key_is_sent_without_it() -> No
 
 
 def test_hot_stage_dead_letter_with_a_huge_key_is_sent_without_it() -> None:
-    from peerwatch.streams.live.hot_stage import HotStage, HotTopics
+    from peerwatch.streams.live.delivery import OutputDelivery
 
     counters = StreamCounters()
-    hot = HotStage(Settings(), "t", HotTopics("s", "je", "b", "dead", 1), counters, window_s=5,
-                   lateness_s=2, batch_max=10, batch_within_s=0.1, allocation_retention_s=60)  # fmt: skip
     q = Queued()
-    hot._producer = q
-    hot._dead(Msg("s", HUGE_KEY, b"junk"), "undecodable", "bad magic")  # was logged, not sent
+    hot = OutputDelivery("dead", counters, q)
+    hot.dead(Msg("s", HUGE_KEY, b"junk"), "undecodable", "bad magic")  # was logged, not sent
     [(key, value, headers)] = q.queued
     assert (key, value, headers["peerwatch.reason"]) == (None, b"", b"undecodable")
     assert headers["peerwatch.value.size"] == b"4" and counters.deadletter == 1

@@ -1,0 +1,116 @@
+"""The hot stage's channel to stage 3: closed windows, censuses and heartbeats, per batch.
+
+What a batch of samples closed leaves after the whole batch, on ``<id>-window-batches``: one
+message per job and window (every samples partition's windows of it; a big job's window in
+several messages, whole sources each), keyed by job; then each source's fleet census of each
+window start it closed, to every stage-3 partition (whose fleet watches merge every source's:
+one decision); then one watermark heartbeat to every stage-3 partition (the closed-until of
+every assigned samples partition). Same producer, same partition: in that order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from peerwatch.errors import CodecError
+from peerwatch.streams.core.sample_stage import Census
+from peerwatch.streams.core.windows import ClosedWindows, WindowAggregator
+from peerwatch.streams.live.delivery import OutputDelivery
+from peerwatch.streams.live.window_batches import WindowBatchCodec
+
+#: A heartbeat goes to stage 3 at least this often while windows close (or not) (s).
+HEARTBEAT_EVERY_S = 1.0
+
+
+class ClosedOutput:
+    """One batch's closed windows, censuses and watermarks, sent by :meth:`send`."""
+
+    def __init__(self, delivery: OutputDelivery, topic: str, job_partitions: int) -> None:
+        self.delivery = delivery
+        self.topic = topic
+        self.job_partitions = job_partitions
+        self.batch_codec = WindowBatchCodec()
+        #: (job, window start, end) -> (samples partition -> the windows it closed in this
+        #: batch, wall ms when the last of them closed it): one message each, after the batch.
+        self._out: dict[tuple[str, int, int], tuple[dict[int, list[Any]], float]] = {}
+        #: Fleet censuses of the window starts closed in this batch.
+        self._census: list[dict[str, Any]] = []
+        #: Samples partition -> its new closed-until (ms), sent after the batch.
+        self.marks: dict[int, int] = {}
+        self._heartbeat_due_s = 0.0  # monotonic s of the next heartbeat without closed windows
+
+    def add(
+        self,
+        src: int,
+        agg: WindowAggregator,
+        closed: list[ClosedWindows],
+        censuses: list[Census],
+        closed_wall_ms: float,
+    ) -> None:
+        """What source ``src`` closed in this batch (``agg``: its aggregator, which makes the
+        window records)."""
+        for start, end, seen in censuses:
+            self._census.append({"kind": "census", "src": src, "start": start, "end": end,
+                                 "census": {n: c.to_json() for n, c in seen.items()}})  # fmt: skip
+        for b in agg.group(closed):  # sent after the whole batch, one message per job and window
+            key = (b.job_id, b.window_start_ms, b.window_end_ms)
+            parts = self._out[key][0] if key in self._out else {}
+            parts[src] = list(b.windows)
+            self._out[key] = (parts, closed_wall_ms)
+
+    def send(self, closed_until: Mapping[int, int | None], idle: Callable[[int], dict[int, int]]
+             ) -> None:  # fmt: skip
+        """Send what the batch closed, then a heartbeat when a source's closed-until moved
+        (see :meth:`heartbeat`)."""
+        for (job_id, start, end), (parts, closed_wall_ms) in self._out.items():
+            try:
+                values = self.batch_codec.encode_batches(job_id, start, end, parts,
+                                                         closed_wall_ms)  # fmt: skip
+            except CodecError as exc:  # a value the aggregator should never make: seen, skipped
+                self.delivery.unencodable(self.topic, job_id.encode(),
+                                          f"window batch of job {job_id} at {start}", exc)  # fmt: skip
+                continue
+            for value in values:
+                self.delivery.send(self.topic, job_id.encode(), value)
+        self._out.clear()
+        for census in self._census:
+            value = json.dumps(census).encode()
+            for q in range(self.job_partitions):
+                self.delivery.send(self.topic, b"~census", value, partition=q)
+        self._census.clear()
+        if self.marks:
+            self.heartbeat(closed_until, idle)
+
+    def heartbeat(
+        self, closed_until: Mapping[int, int | None], idle: Callable[[int], dict[int, int]]
+    ) -> None:
+        """One JSON ``watermark`` heartbeat to every stage-3 partition: the closed-until of
+        every assigned partition (``closed_until``), not only those that moved (the fleet
+        watches wait for all of them: a restarted stage 3 knows none, and a partition at the
+        end of its input closes nothing more), and ``idle(latest)``'s, for those that hold no
+        node."""
+        for p, until in closed_until.items():
+            if until is not None:
+                self.marks.setdefault(p, until)
+        if not self.marks:
+            return
+        self.marks.update(idle(max(self.marks.values())))
+        marks = {str(p): until for p, until in sorted(self.marks.items())}
+        mark = json.dumps({"kind": "watermark", "marks": marks}).encode()
+        self.marks.clear()
+        self._heartbeat_due_s = time.monotonic() + HEARTBEAT_EVERY_S
+        for q in range(self.job_partitions):
+            self.delivery.send(self.topic, b"~watermark", mark, partition=q)
+
+    def heartbeat_when_idle(
+        self, closed_until: Mapping[int, int | None], idle: Callable[[int], dict[int, int]]
+    ) -> None:
+        """A heartbeat every :data:`HEARTBEAT_EVERY_S` without one: input that came in one
+        batch, a partition found empty after it, or a stage 3 that forgot its watermarks in a
+        rebalance after the last one, must not leave windows waiting for the next input."""
+        if time.monotonic() >= self._heartbeat_due_s:
+            self._heartbeat_due_s = time.monotonic() + HEARTBEAT_EVERY_S
+            self.heartbeat(closed_until, idle)

@@ -1,0 +1,139 @@
+"""The hot stage's samples partitions: assignment, positions and commits.
+
+Each assigned partition resumes from its committed offset and metadata
+(:class:`~peerwatch.streams.live.hot_progress.PartitionProgress`: commit at the oldest open
+window, so a crash loses no open window and duplicates no emitted one). Commits follow a flush
+of every output (:meth:`OutputDelivery.flush`), so every output of the committed input is
+acknowledged first; the NIC offsets ride on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from peerwatch.streams.live.delivery import OutputDelivery
+from peerwatch.streams.live.hot_progress import PartitionProgress
+
+log = logging.getLogger(__name__)
+
+
+class Partition:
+    """One assigned samples partition: its offsets and when it was last heard from."""
+
+    def __init__(self, progress: PartitionProgress) -> None:
+        self.progress = progress
+        self.dirty = False  # windows closed since the last commit
+        self.max_ts_ms: int | None = None  # latest valid sample time (the silence clock's)
+        self.arrival_wall_s = time.time()  # when its latest samples arrived
+
+    def heard(self, newest_ms: int | None) -> None:
+        """Samples arrived, the newest valid one at ``newest_ms`` (None: none valid)."""
+        if newest_ms is None:
+            return
+        self.max_ts_ms = newest_ms if self.max_ts_ms is None else max(self.max_ts_ms, newest_ms)
+        self.arrival_wall_s = time.time()
+
+
+class Partitions:
+    """The assigned samples partitions of ``topic`` on one consumer (set :attr:`consumer`
+    before the first assignment)."""
+
+    def __init__(self, topic: str, window_ms: int, delivery: OutputDelivery) -> None:
+        self.topic = topic
+        self.window_ms = window_ms
+        self.delivery = delivery
+        self.consumer: Any = None
+        self.parts: dict[int, Partition] = {}
+        #: called after each successful commit (the NIC offsets ride on it)
+        self.after_commit: Callable[[], None] = lambda: None
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.parts)
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def assign(self, consumer: Any, partitions: list[Any]) -> dict[int, int | None]:
+        """Take ``partitions`` (TopicPartitions) with their committed progress; returns each
+        one's closed-until (ms; None: fresh) for its stage-2 source."""
+        from confluent_kafka import KafkaException
+
+        try:
+            committed = {tp.partition: tp for tp in consumer.committed(partitions, timeout=30)}
+        except KafkaException as exc:
+            # The consumer still starts from the committed offsets; only the skip metadata is
+            # missing, so windows emitted just before are re-emitted (stage 3 drops them).
+            log.warning("hot stage: committed offsets unreadable (%s); resuming without "
+                        "skip metadata", exc)  # fmt: skip
+            committed = {}
+        out: dict[int, int | None] = {}
+        for tp in partitions:
+            progress = PartitionProgress(self.window_ms)
+            c = committed.get(tp.partition)
+            if c is not None and c.offset >= 0:
+                progress.resume(c.metadata)
+            self.parts[tp.partition] = Partition(progress)
+            out[tp.partition] = progress.resumed_closed_until_ms
+        log.info("hot stage assigned samples partitions %s", sorted(self.parts))
+        return out
+
+    def drop(self, partitions: list[Any]) -> list[int]:
+        """Forget ``partitions`` (revoked or lost); returns their numbers."""
+        gone = [tp.partition for tp in partitions]
+        for p in gone:
+            self.parts.pop(p, None)
+        return gone
+
+    def caught_up(self) -> set[int]:
+        """Assigned partitions with nothing left to read (local: the consumer's position
+        against the high watermark librdkafka caches from its fetches)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        out: set[int] = set()
+        try:
+            tps = [TopicPartition(self.topic, p) for p in self.parts]
+            for tp in self.consumer.position(tps):
+                marks = self.consumer.get_watermark_offsets(tp, cached=True)
+                if not marks:
+                    continue
+                low, high = marks
+                if high >= 0 and (tp.offset >= high or (tp.offset < 0 and high == low)):
+                    out.add(tp.partition)
+        except KafkaException as exc:  # not known yet: no partition counts as caught up
+            log.debug("hot stage: positions unavailable (%s)", exc)
+        return out
+
+    def commit_dirty(self) -> None:
+        """:meth:`commit` the partitions that closed windows since their last commit."""
+        dirty = [p for p, part in self.parts.items() if part.dirty]
+        if dirty:
+            self.commit(dirty)
+
+    def commit(self, partitions: list[int]) -> None:
+        """Flush the outputs, then commit each partition's resume point (see hot_progress).
+        Raises ServiceError when an output was not delivered."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        offsets = []
+        for p in partitions:
+            part = self.parts.get(p)
+            point = part.progress.commit_point() if part else None
+            if part is not None:
+                part.dirty = False
+            if point is not None:
+                offsets.append(TopicPartition(self.topic, p, point[0], metadata=point[1]))
+        if not offsets:
+            return
+        if not self.delivery.flush():
+            for p in partitions:
+                if p in self.parts:
+                    self.parts[p].dirty = True
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("hot stage commit failed (will retry at the next close): %s", exc)
+        self.after_commit()
