@@ -190,8 +190,8 @@ def timeline(events: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
 
 
 def advice_list(summary: Any) -> str:
-    """Plain advice, one item per flagged GPU (:func:`peerwatch.streams.core.advice.advice`)."""
-    from peerwatch.streams.core.advice import advice
+    """Plain advice, one item per flagged GPU (:func:`peerwatch.report.advice.advice`)."""
+    from peerwatch.report.advice import advice
 
     items = "".join(f"<li>{_e(advice(g), 600)}</li>" for g in summary.flagged)
     return f'<h3>What to do</h3><ul class="advice">{items}</ul>' if items else ""
@@ -286,7 +286,7 @@ def _summary(
     events: Sequence[tuple[str, Mapping[str, Any]]],
 ) -> Any:
     """The job's summary (verdict, flagged GPUs), as ``peerwatch job`` makes it."""
-    from peerwatch.streams.core.job_summary import summarize_job
+    from peerwatch.report.job_summary import summarize_job
 
     return summarize_job(
         job_id, windows, findings, recs,
@@ -334,7 +334,7 @@ def render_job_report(
     verdict, the flagged GPUs with cause and evidence, the GPU table, then the incident report's
     section of that job (charts, findings, recommendations, timeline). Self-contained."""
     from peerwatch.job_view import shown_rows
-    from peerwatch.streams.core.advice import advice
+    from peerwatch.report.advice import advice
     from peerwatch.streams.core.slowdown import slowdown_text
 
     s = summary

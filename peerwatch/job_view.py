@@ -1,4 +1,4 @@
-"""What ``peerwatch job`` prints: a pure rendering of a :class:`~peerwatch.streams.core.job_summary.
+"""What ``peerwatch job`` prints: a pure rendering of a :class:`~peerwatch.report.job_summary.
 JobSummary` as rich renderables (tables that fit the terminal's width), with colours only when
 the console has them. Every field that comes from outside (job name, user, account, partition,
 node names, causes, evidence) goes through :func:`peerwatch.console.user_text`: escaped, capped
@@ -18,9 +18,9 @@ from rich.text import Text
 from peerwatch.console import render, table, user_text
 from peerwatch.display import TEXT_MAX_CHARS
 from peerwatch.producers.slurm.hostlist import hostlist_text
-from peerwatch.streams.core.advice import advice
-from peerwatch.streams.core.job_inputs import TABLE_SIGNALS
-from peerwatch.streams.core.job_summary import GpuRow, JobSummary
+from peerwatch.report.advice import advice
+from peerwatch.report.job_inputs import TABLE_SIGNALS
+from peerwatch.report.job_summary import GpuRow, JobSummary
 from peerwatch.streams.core.slowdown import slowdown_text
 
 #: Column headings and formats of the per-GPU table (short signal name -> heading, value format).

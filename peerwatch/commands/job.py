@@ -115,7 +115,7 @@ def unknown_job(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peerwatch.streams.core.job_summary import summarize_job
+    from peerwatch.report.job_summary import summarize_job
 
     if args.admin_comment:
         from peerwatch.producers.slurm.job_comment import JOB_ID

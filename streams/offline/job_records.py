@@ -2,7 +2,7 @@
 
 Both sources give a :class:`JobRecords`: the job's events, GpuWindows, StragglerFindings, and the
 recommendations, drain actions and node events of its nodes, plus how many records could not be
-decoded (skipped, counted). The summary itself is :mod:`peerwatch.streams.core.job_summary`.
+decoded (skipped, counted). The summary itself is :mod:`peerwatch.report.job_summary`.
 
 * Archive (``peerwatch archive``'s layout): the job's events are read first; the other topics
   only for the hours of the job's time span (all hours when its events are not archived).

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from peerwatch.streams.core.job_inputs import (
+from peerwatch.report.job_inputs import (
     TABLE_SIGNALS,
     Skips,
     Window,
