@@ -51,6 +51,9 @@ Attributes = Mapping[str, AttrValue]
 MetricKind = Literal["gauge", "counter"]
 #: One GPU in one job: ``(job_id, node, gpu_index)``.
 SeriesKey = tuple[str, str, int]
+#: What a :class:`~peerwatch.exporters.series.SeriesStore` keys its series by: a GPU in a job,
+#: or a port of a node ``(node, port name)``.
+StoreKey = SeriesKey | tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -109,10 +112,12 @@ _GAUGES: tuple[tuple[str, str, float], ...] = (
     ("peerwatch.training.step.duration", "step_ms", 1e-3),
     ("peerwatch.straggler.score", "score", 1.0),
 )
-#: Attributes naming the GPU and job of a series (set by :func:`gpu_attributes`).
+#: Attributes naming the GPU and job of a series (set by :func:`gpu_attributes`), or the port
+#: of a node (set by :func:`peerwatch.exporters.otlp_nic.port_attributes`).
 IDENTITY_ATTRIBUTES = frozenset(
     {"host.name", "hw.id", "hw.type", "gpu.index", "slurm.job.id", "slurm.user",
-     "slurm.partition", "slurm.account"}
+     "slurm.partition", "slurm.account", "network.interface.name", "peerwatch.nic.device",
+     "peerwatch.nic.kind", "peerwatch.nic.link_layer"}
 )  # fmt: skip
 #: ``error.type`` value -> GpuWindow delta field.
 ERROR_TYPES: dict[str, str] = {
