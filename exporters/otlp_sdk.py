@@ -63,8 +63,9 @@ from peerwatch.exporters.otlp import (
     window_points,
 )
 from peerwatch.exporters.otlp_counting import CountingLogExporter, CountingMetricExporter
-from peerwatch.exporters.otlp_nic import NIC_METRICS, PortSpans, span_points
+from peerwatch.exporters.otlp_nic import NIC_METRICS, span_points
 from peerwatch.exporters.series import EventCounts, SeriesStore
+from peerwatch.producers.nic.spans import PortSpans
 from peerwatch.settings import ExportSettings
 from peerwatch.streams.core.settings import NetworkSettings
 

@@ -13,9 +13,10 @@ from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from peerwatch.exporters.base import ExportError
-from peerwatch.exporters.otlp_nic import NIC_METRICS, PortSpans, series_per_port, span_points
+from peerwatch.exporters.otlp_nic import NIC_METRICS, series_per_port, span_points
 from peerwatch.exporters.otlp_sdk import OtlpSink
 from peerwatch.producers.nic.counters import downtime
+from peerwatch.producers.nic.spans import PortSpans
 from peerwatch.settings import ExportSettings
 from peerwatch.streams.core.settings import NetworkSettings
 
@@ -213,3 +214,16 @@ def test_a_sample_without_a_node_is_an_export_error(sink: OtlpSink) -> None:
 
 def test_series_per_port_counts_both_io_directions() -> None:
     assert series_per_port() == len(NIC_METRICS) + 1
+
+
+def test_close_all_ends_every_open_span_at_its_latest_reading() -> None:
+    spans = PortSpans(span_s=3600.0)
+    fold(spans, [sample("n1", T0 + i * 1000, port(up=i != 2, symbol_error=5 * i),
+                        port(name="eth0")) for i in range(5)])  # fmt: skip
+    spans.add_sample(sample("n2", T0, port()))  # one reading: no span to close
+    closed = {c.key: c for c in spans.close_all()}
+    assert set(closed) == {("n1", PORT), ("n1", "eth0")}
+    w = closed[("n1", PORT)].window
+    assert (w.start_ms, w.end_ms, w.readings, w.down_s) == (T0, T0 + 4000, 4, 1.0)
+    assert w.rates_per_s["symbol_error"] == 5.0
+    assert spans.close_all() == []  # nothing new since
