@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize_job(
         args.job_id, records.windows, records.findings, records.recommendations,
         records.job_events, records.node_events, records.actions,
-        z_threshold=settings_of(args).detector.z_threshold,
+        z_threshold=settings_of(args).detector.z_threshold, nic_ports=records.nic_ports,
     )  # fmt: skip
     if records.undecodable:
         summary.skipped["undecodable"] = records.undecodable
