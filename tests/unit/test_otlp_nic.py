@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 from fakes import FakeClock
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -17,6 +19,7 @@ from peerwatch.exporters.otlp_nic import NIC_METRICS, series_per_port, span_poin
 from peerwatch.exporters.otlp_sdk import OtlpSink
 from peerwatch.producers.nic.counters import downtime
 from peerwatch.producers.nic.spans import PortSpans
+from peerwatch.producers.nic.window import port_window
 from peerwatch.settings import ExportSettings
 from peerwatch.streams.core.settings import NetworkSettings
 
@@ -85,7 +88,45 @@ def test_a_saturated_counter_gives_no_rate_and_is_counted() -> None:
     assert "symbol_error" not in span.window.rates_per_s
     assert not [p for p in span_points(span, NetworkSettings())
                 if p.name == "peerwatch.nic.errors.rate"]  # fmt: skip
-    assert spans.stats.counter_saturations == 2
+    assert spans.stats.counter_saturations == 1  # once per span
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 3000),  # ms since the previous reading
+            st.one_of(st.none(), st.booleans()),  # up
+            st.one_of(st.none(), st.integers(0, 5000)),  # symbol_error (resets: it goes down)
+            st.one_of(st.none(), st.integers(0, 10**12)),  # port_rcv_data (64-bit extended)
+        ),
+        min_size=2,
+        max_size=40,
+    )
+)
+def test_one_span_over_every_reading_is_port_window_over_them(
+    steps: list[tuple[int, bool | None, int | None, int | None]],
+) -> None:
+    """The incremental fold gives port_window's rates, down time and flaps (its time line is
+    shifted by 1 ms: each reading's state holds from 1 ms after it)."""
+    readings, ts = [], T0
+    for gap_ms, up, errors, data in steps:
+        ts += gap_ms
+        readings.append((ts, port(up=up, symbol_error=errors, port_rcv_data=data)))
+    spans = PortSpans(span_s=86_400.0)
+    for t, reading in readings:
+        spans.add_sample(sample("n1", t, reading))
+    closed = spans.close_all()
+    whole = port_window(PORT, readings, readings[0][0], readings[-1][0] + 1, 2000)
+    if not closed:  # a single reading: nothing to compare
+        assert len(readings) == 1
+        return
+    [span] = closed
+    assert span.window.rates_per_s.keys() == whole.rates_per_s.keys()
+    for name, rate in whole.rates_per_s.items():
+        assert math.isclose(span.window.rates_per_s[name], rate, rel_tol=1e-9), name
+    assert abs(span.window.down_s - whole.down_s) <= 0.002
+    assert span.window.flaps == whole.flaps
 
 
 def test_down_time_over_spans_is_the_downtime_of_every_reading() -> None:
