@@ -186,22 +186,15 @@ class OtlpSink:
 
     def _register_instruments(self) -> None:
         meter = self.meter_provider.get_meter(SCOPE, __version__)
-        for spec in METRICS:
-            create = (
-                meter.create_observable_counter
-                if spec.kind == "counter"
-                else meter.create_observable_gauge
-            )
-            create(spec.name, callbacks=[self._observer(self.store, spec.name)], unit=spec.unit,
-                   description=spec.description)  # fmt: skip
-        for spec in NIC_METRICS:
-            create = (
-                meter.create_observable_counter
-                if spec.kind == "counter"
-                else meter.create_observable_gauge
-            )
-            create(spec.name, callbacks=[self._observer(self.port_store, spec.name)],
-                   unit=spec.unit, description=spec.description)  # fmt: skip
+        for store, specs in ((self.store, METRICS), (self.port_store, NIC_METRICS)):
+            for spec in specs:
+                create = (
+                    meter.create_observable_counter
+                    if spec.kind == "counter"
+                    else meter.create_observable_gauge
+                )
+                create(spec.name, callbacks=[self._observer(store, spec.name)], unit=spec.unit,
+                       description=spec.description)  # fmt: skip
         for spec in EVENT_COUNTERS:
             meter.create_observable_counter(
                 spec.name, callbacks=[self._event_observer(spec.name)], unit=spec.unit,

@@ -112,16 +112,15 @@ def _network_records(
     job_id: str, findings: Iterable[Any], recommendations: Iterable[Any], skips: Skips
 ) -> list[Mapping[str, Any]]:
     out: list[Mapping[str, Any]] = []
-    for kind, records, of_job in (
-        ("finding", findings, lambda r: str(r.get("job_id")) == job_id),
-        ("recommendation", recommendations,
-         lambda r: job_id in [str(j) for j in array(r.get("job_ids"))]),
-    ):  # fmt: skip
+    for kind, records in (("finding", findings), ("recommendation", recommendations)):
         for r in records:
             if not isinstance(r, Mapping):
                 skips.add(kind, "not a record")
                 continue
-            if r.get("cause") != "NETWORK" or not of_job(r):
+            jobs = (
+                [str(r.get("job_id"))] if kind == "finding" else map(str, array(r.get("job_ids")))
+            )
+            if r.get("cause") != "NETWORK" or job_id not in jobs:
                 continue
             if not (_str(r.get("port")) or _str(r.get("switch"))):
                 continue  # a NETWORK record naming neither a port nor a switch says nothing here

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 from peerwatch.exporters.otlp_nic import series_per_port
-from peerwatch.exporters.otlp_sdk import otlp_sink
+from peerwatch.exporters.otlp_sdk import OtlpSink, otlp_sink
 from peerwatch.producers.nic.counters import downtime
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
@@ -60,6 +61,28 @@ def wait_query(
         time.sleep(1.0)
 
 
+@contextmanager
+def exported(
+    stack: PrometheusStack, samples: list[dict[str, Any]], **export: Any
+) -> Iterator[tuple[OtlpSink, str]]:
+    """An OTLP sink to the collector with ``samples`` written and flushed, and the job label of
+    its series: a service namespace of its own (the collector makes it ``<ns>/peerwatch``), so
+    only this test's series are selected, whatever else the collector holds."""
+    run = f"nic{time.time_ns()}"
+    sink = otlp_sink(
+        ExportSettings(endpoint=stack.collector.http_endpoint, protocol="http", interval_s=1.0,
+                       **export),
+        resource_attributes={"service.namespace": run},
+    )  # fmt: skip
+    try:
+        for s in samples:
+            sink.write("NodeNicSample", s)
+        assert sink.flush(), sink.stats()
+        yield sink, f"{run}/peerwatch"
+    finally:
+        sink.close()
+
+
 def by_port(result: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
     return {(s["metric"]["host_name"], s["metric"]["network_interface_name"]): float(s["value"][1])
             for s in result}  # fmt: skip
@@ -74,19 +97,8 @@ def test_per_port_metrics_reach_prometheus_with_their_names_labels_and_values(
         for r in s["ports"]:
             readings.setdefault((s["node"], r["name"]), []).append((s["ts_ms"], r))
     assert len(readings) == 8
-    # A service namespace of its own (the collector makes it the job label: "<ns>/peerwatch"):
-    # this test's series, whatever else the collector holds.
-    run = f"nic{time.time_ns()}"
-    sink = otlp_sink(
-        ExportSettings(endpoint=prometheus_stack.collector.http_endpoint, protocol="http",
-                       interval_s=1.0),
-        resource_attributes={"service.namespace": run},
-    )  # fmt: skip
-    try:
-        for s in samples:
-            sink.write("NodeNicSample", s)
-        assert sink.flush(), sink.stats()
-        sel = f'job="{run}/peerwatch"'
+    with exported(prometheus_stack, samples) as (_sink, job):
+        sel = f'job="{job}"'
         up = wait_query(prometheus_stack, f"peerwatch_nic_link_up_ratio{{{sel}}}",
                         lambda r: len(r) == len(readings))  # fmt: skip
         assert by_port(up) == {k: float(v[-1][1]["up"]) for k, v in readings.items()}
@@ -130,8 +142,6 @@ def test_per_port_metrics_reach_prometheus_with_their_names_labels_and_values(
             f'count by (__name__) ({{__name__=~"peerwatch_nic_.*", {sel}}})'
         )
         assert 0 < sum(int(s["value"][1]) for s in names) <= series_per_port() * len(readings)
-    finally:
-        sink.close()
 
 
 def test_the_port_series_cap_holds_on_prometheus(prometheus_stack: PrometheusStack) -> None:
@@ -139,25 +149,14 @@ def test_the_port_series_cap_holds_on_prometheus(prometheus_stack: PrometheusSta
     # node's evict the least recently read of them (spans and series both count it).
     samples = sorted(nic_samples(), key=lambda s: (s["node"], s["ts_ms"]))
     samples = [s for s in samples if s["node"] in ("gpu00000", "gpu00001")]
-    run = f"niccap{time.time_ns()}"
-    sink = otlp_sink(
-        ExportSettings(endpoint=prometheus_stack.collector.http_endpoint, protocol="http",
-                       interval_s=1.0, max_series=3),
-        resource_attributes={"service.namespace": run},
-    )  # fmt: skip
-    try:
-        for s in samples:
-            sink.write("NodeNicSample", s)
-        assert sink.flush(), sink.stats()
+    with exported(prometheus_stack, samples, max_series=3) as (sink, job):
         assert sink.discarded()["port_state_cap"] > 0
-        up = wait_query(prometheus_stack, f'peerwatch_nic_link_up_ratio{{job="{run}/peerwatch"}}',
+        up = wait_query(prometheus_stack, f'peerwatch_nic_link_up_ratio{{job="{job}"}}',
                         lambda r: bool(r))  # fmt: skip
         assert len(up) == 3 and sink.discarded()["port_series_cap"] == 1
         dropped = wait_query(
             prometheus_stack,
-            f'peerwatch_exporter_discarded_total{{job="{run}/peerwatch", reason="port_state_cap"}}',
+            f'peerwatch_exporter_discarded_total{{job="{job}", reason="port_state_cap"}}',
             lambda r: bool(r),
         )
         assert [float(s["value"][1]) for s in dropped] == [sink.discarded()["port_state_cap"]]
-    finally:
-        sink.close()
