@@ -16,6 +16,10 @@ replaying the topics after a restart rebuilds the same alerts with the same labe
   annotations only (a changed label set would be a second alert).
 * A recommendation opens ``NodeDrainRecommended`` (DRAIN) or ``NodeAlert`` (ALERT) with the
   record's severity; the same labels again extend it; it ends at ``expires_ms``.
+* Labels: ``alertname``, ``severity``, ``job_id``, ``node``, ``gpu``, ``cause`` and, for the
+  network (cause ``network``), ``port`` (``mlx5_0/1``, ``eth0``), ``device`` (its HCA or
+  interface: ``mlx5_0``) and ``switch`` (a leaf-switch finding), so on-call routes and silences
+  a link, a NIC or a switch (Alertmanager matchers on ``port``/``switch``).
 * Alerts are re-sent every ``resend`` while firing and for ``resolved_retention`` after they
   end (Prometheus does the same), then forgotten.
 """
@@ -68,6 +72,10 @@ RUNBOOK: dict[str, str] = {
     "diagnostics (dcgmi diag -r 3) before resuming it.",
     "NO_SAMPLES": "The node stopped sending samples: check the node is up and its peerwatch "
     "agent runs (systemctl status peerwatch-agent).",
+    "NETWORK": "NIC port or leaf switch: check the port (ibstat; perfquery -x for its counters; "
+    "ethtool -S for a netdev), its cable and transceiver and the switch port; a port down on an "
+    "allocated node tears the job's NCCL connections. Several nodes under one switch: look at "
+    "the switch, not at each node.",
     "UNKNOWN": "Compare the GPU with its peers (clock, throttle reasons, SM activity, power) in "
     "the job's report; drain the node if it stays slow.",
 }
@@ -76,7 +84,8 @@ LABEL_MAX_CHARS = 128
 ANNOTATION_MAX_CHARS = 1024
 
 LabelSet = tuple[tuple[str, str], ...]
-FindingKey = tuple[str, str, str, str]  # alertname, job_id, node, gpu ("" when absent)
+#: alertname, job_id, node, gpu, port, switch ("" when absent).
+FindingKey = tuple[str, str, str, str, str, str]
 
 
 @dataclass
@@ -144,6 +153,18 @@ def _job_label(job_id: object) -> str:
     return "" if is_idle_job(job) else job
 
 
+def device_of(port: str) -> str:
+    """The NIC a port name belongs to: the HCA of ``mlx5_0/1`` (``mlx5_0``), the interface of a
+    netdev (``eth0``); "" for no port."""
+    return port.split("/", 1)[0]
+
+
+def network_labels(record: Mapping[str, Any]) -> dict[str, str]:
+    """``port``, ``device`` and ``switch`` of a finding or recommendation (empty when absent)."""
+    port = str(record.get("port") or "")
+    return {"port": port, "device": device_of(port), "switch": str(record.get("switch") or "")}
+
+
 def _event_ms(record: Mapping[str, Any]) -> int:
     for name in ("detected_ms", "window_end_ms", "ts_ms"):
         value = record.get(name)
@@ -156,14 +177,21 @@ def finding_annotations(record: Mapping[str, Any], alertname: str) -> dict[str, 
     """Summary, description (the reason and the windows), evidence, runbook and ids."""
     job, node, gpu = _job_label(record.get("job_id")), record.get("node"), record.get("gpu_index")
     cause = str(record.get("cause") or "UNKNOWN")
+    port, switch = record.get("port"), record.get("switch")
     where = f"GPU {gpu} on {node}" if gpu is not None else str(node or "")
+    if port:
+        where = f"port {port} of {node}"
+    elif switch and not node:
+        where = f"leaf switch {switch}"
     in_job = f" in job {job}" if job else ""
     summary = {
         GPU_STRAGGLER: f"{where} runs slow against its peers{in_job} ({cause.lower()})",
         GPU_HARD_ERROR: f"{where}: hard error{in_job}",
         NODE_SILENT: f"{where or 'a node'} stopped sending samples{in_job}",
         JOB_WIDE_SLOWDOWN: f"job {job}: its GPUs slowed down together; no GPU blamed",
-        FLEET_WIDE_SHIFT: f"a shift shared by the partition or the fleet{in_job}",
+        FLEET_WIDE_SHIFT: f"{where}: a symptom shared by the nodes under it"
+        if switch
+        else f"a shift shared by the partition or the fleet{in_job}",
     }[alertname]
     evidence = [describe_feature(ev) for ev in record.get("features") or []]
     evidence += [f"rule {r}" for r in record.get("hard_rules") or []]
@@ -249,10 +277,11 @@ class AlertBook:
             raise BadAlertRecord("finding without job_id")
         node = str(record.get("node") or "")
         gpu = "" if record.get("gpu_index") is None else str(int(record["gpu_index"]))
+        net = network_labels(record)
         at_ms = _event_ms(record)
         if status == "CLEARED":
             for name in EPISODIC:
-                self._end_finding((name, job, node, gpu), at_ms)
+                self._end_finding((name, job, node, gpu, net["port"], net["switch"]), at_ms)
             return
         if status not in FINDING_ALERTS:
             self.stats.ignored += 1  # SUSPECT and UNKNOWN open nothing
@@ -262,7 +291,7 @@ class AlertBook:
         if alertname in EPISODIC and ended_ms is not None and at_ms <= ended_ms:
             self.stats.ignored += 1  # read after the job's end, from before it
             return
-        key = (alertname, job, node, gpu)
+        key = (alertname, job, node, gpu, net["port"], net["switch"])
         annotations = finding_annotations(record, alertname)
         current = self.alerts.get(self._findings.get(key, ()))
         if current is not None and current.firing and current.valid_until_ms >= at_ms:
@@ -277,6 +306,7 @@ class AlertBook:
                 "node": node,
                 "gpu": gpu,
                 "cause": str(record.get("cause") or "UNKNOWN").lower(),
+                **net,
             }
         )
         if self._open(labels, annotations, at_ms, at_ms + self.finding_ttl_ms):
@@ -303,6 +333,7 @@ class AlertBook:
                     sorted(j for j in map(_job_label, record.get("job_ids") or []) if j)
                 ),
                 "cause": str(record.get("cause") or "UNKNOWN").lower(),
+                **network_labels(record),
             }
         )
         annotations = recommendation_annotations(record)

@@ -26,6 +26,7 @@ from peerwatch.topics import (
     HEALTH,
     JOB_EVENTS,
     JOB_WINDOWS,
+    NIC_SAMPLES,
     RECOMMENDATIONS,
     STRAGGLERS,
 )
@@ -33,12 +34,16 @@ from peerwatch.topics import (
 log = logging.getLogger(__name__)
 
 EXPORTED_TOPICS = (JOB_WINDOWS, JOB_EVENTS, STRAGGLERS, RECOMMENDATIONS, HEALTH, ACTIONS)
+#: Read only by the OTLP exporter (per-port metrics); a JSON line per node per tick would bury
+#: the stdout exporter's findings.
+NIC_TOPICS = (NIC_SAMPLES,)
 STAGE = "export"
 
 
-def export_topics(prefix: str = "") -> list[str]:
-    """Names of the topics the exporters read, with the settings' ``topic_prefix``."""
-    return [prefix + t.name for t in EXPORTED_TOPICS]
+def export_topics(prefix: str = "", *, nic: bool = False) -> list[str]:
+    """Names of the topics the exporters read, with the settings' ``topic_prefix``; with
+    ``nic`` the NIC samples too (the OTLP exporter)."""
+    return [prefix + t.name for t in EXPORTED_TOPICS + (NIC_TOPICS if nic else ())]
 
 
 def deadletter_topic(prefix: str = "") -> str:
@@ -176,11 +181,18 @@ class ExportLoop:
 
 
 def kafka_export_loop(
-    settings: Any, sink: Sink, *, group_id: str, topic_prefix: str = "", **loop_kwargs: Any
+    settings: Any,
+    sink: Sink,
+    *,
+    group_id: str,
+    topic_prefix: str = "",
+    nic: bool = False,
+    **loop_kwargs: Any,
 ) -> tuple[ExportLoop, Any, KafkaDeadLetter]:
     """An :class:`ExportLoop` on a real cluster: a subscribed consumer and a dead-letter producer.
 
-    ``settings`` is the process's :class:`~peerwatch.settings.KafkaSettings`. Returns the loop,
+    ``settings`` is the process's :class:`~peerwatch.settings.KafkaSettings`; ``nic``: read the
+    NIC samples too (:func:`export_topics`). Returns the loop,
     the consumer (close it when done) and the dead-letter sink (flush it when done).
     """
     from confluent_kafka import Consumer, Producer
@@ -188,7 +200,7 @@ def kafka_export_loop(
     from peerwatch.kafka_config import consumer_config, producer_config
 
     consumer = Consumer(consumer_config(settings, group_id))
-    consumer.subscribe(export_topics(topic_prefix))
+    consumer.subscribe(export_topics(topic_prefix, nic=nic))
     deadletter = KafkaDeadLetter(
         Producer(producer_config(settings)), deadletter_topic(topic_prefix)
     )

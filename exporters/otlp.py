@@ -31,6 +31,9 @@ Events counted (cumulative counters, each finding or recommendation id counted o
                                                             cause, hard and node
 =================================== ======================= ==========================================
 
+Events of the network (cause NETWORK) also carry ``network.interface.name`` (the port) and
+``peerwatch.switch`` (a leaf switch), as the per-port metrics (:mod:`.otlp_nic`) name them.
+
 Attributes: ``host.name``, ``hw.id`` (GPU UUID, else ``<node>/gpu<index>``), ``hw.type=gpu``,
 ``gpu.index``, ``slurm.job.id`` and, where known, ``slurm.user``, ``slurm.partition``,
 ``slurm.account``. The ``hw.*`` names follow the (development) hardware semantic conventions;
@@ -51,6 +54,9 @@ Attributes = Mapping[str, AttrValue]
 MetricKind = Literal["gauge", "counter"]
 #: One GPU in one job: ``(job_id, node, gpu_index)``.
 SeriesKey = tuple[str, str, int]
+#: What a :class:`~peerwatch.exporters.series.SeriesStore` keys its series by: a GPU in a job,
+#: or a port of a node ``(node, port name)``.
+StoreKey = SeriesKey | tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -109,10 +115,12 @@ _GAUGES: tuple[tuple[str, str, float], ...] = (
     ("peerwatch.training.step.duration", "step_ms", 1e-3),
     ("peerwatch.straggler.score", "score", 1.0),
 )
-#: Attributes naming the GPU and job of a series (set by :func:`gpu_attributes`).
+#: Attributes naming the GPU and job of a series (set by :func:`gpu_attributes`), or the port
+#: of a node (set by :func:`peerwatch.exporters.otlp_nic.port_attributes`).
 IDENTITY_ATTRIBUTES = frozenset(
     {"host.name", "hw.id", "hw.type", "gpu.index", "slurm.job.id", "slurm.user",
-     "slurm.partition", "slurm.account"}
+     "slurm.partition", "slurm.account", "network.interface.name", "peerwatch.nic.device",
+     "peerwatch.nic.kind", "peerwatch.nic.link_layer"}
 )  # fmt: skip
 #: ``error.type`` value -> GpuWindow delta field.
 ERROR_TYPES: dict[str, str] = {
@@ -272,6 +280,15 @@ def _put(attrs: dict[str, AttrValue], key: str, value: Any) -> None:
         attrs[key] = value
 
 
+def _put_network(attrs: dict[str, AttrValue], record: Mapping[str, Any]) -> None:
+    """The port (``network.interface.name``, as the per-port metrics name it) and leaf switch
+    (``peerwatch.switch``) a network finding or recommendation names."""
+    if record.get("port"):
+        attrs["network.interface.name"] = str(record["port"])
+    if record.get("switch"):
+        attrs["peerwatch.switch"] = str(record["switch"])
+
+
 def _event(
     name: str, ts_ms: int, level: str, record: Mapping[str, Any], attrs: dict[str, AttrValue]
 ) -> LogEvent:
@@ -292,6 +309,7 @@ def finding_event(finding: Mapping[str, Any]) -> LogEvent:
     _put(attrs, "gpu.index", finding.get("gpu_index"))
     _put(attrs, "hw.id", finding.get("gpu_uuid"))
     _put(attrs, "peerwatch.cause", finding.get("cause"))
+    _put_network(attrs, finding)
     _put(attrs, "peerwatch.detected_ms", finding.get("detected_ms"))
     if finding.get("hard_rules"):
         attrs["peerwatch.hard_rules"] = [str(r) for r in finding["hard_rules"]]
@@ -311,6 +329,7 @@ def recommendation_event(rec: Mapping[str, Any]) -> LogEvent:
     }
     _put(attrs, "slurm.partition", rec.get("partition"))
     _put(attrs, "peerwatch.cause", rec.get("cause"))
+    _put_network(attrs, rec)
     level = _LEVEL_SEVERITY.get(str(rec["severity"]), "INFO")
     return _event("peerwatch.drain.recommendation", rec["ts_ms"], level, rec, attrs)
 

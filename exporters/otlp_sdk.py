@@ -18,11 +18,15 @@ When the collector is down (documented behaviour, SDK 1.45):
   drops the oldest. After :meth:`OtlpSink.close` the exact number is
   ``events_dropped_queue_full`` (emitted - exported - failed).
 
+NodeNicSamples become per-port metrics (:mod:`.otlp_nic`: spans of ``interval_s``, a second
+:class:`~peerwatch.exporters.series.SeriesStore` keyed by node and port, as bounded).
+
 Findings and recommendations are also counted (``peerwatch.findings``,
 ``peerwatch.recommendations``: each id once, see :class:`~peerwatch.exporters.series.EventCounts`).
 
-Own telemetry goes out with the data: ``peerwatch.exporter.series.active`` and
-``peerwatch.exporter.discarded`` (attribute ``reason``).
+Own telemetry goes out with the data: ``peerwatch.exporter.series.active``,
+``peerwatch.exporter.port_series.active`` and ``peerwatch.exporter.discarded`` (attribute
+``reason``).
 """
 
 from __future__ import annotations
@@ -59,8 +63,11 @@ from peerwatch.exporters.otlp import (
     window_points,
 )
 from peerwatch.exporters.otlp_counting import CountingLogExporter, CountingMetricExporter
+from peerwatch.exporters.otlp_nic import NIC_METRICS, span_points
 from peerwatch.exporters.series import EventCounts, SeriesStore
+from peerwatch.producers.nic.spans import PortSpans
 from peerwatch.settings import ExportSettings
+from peerwatch.streams.core.settings import NetworkSettings
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +118,9 @@ class OtlpSink:
     findings, recommendations, health results and drain actions as OTLP events.
 
     ``metric_exporter`` is wrapped in a counting exporter and read every ``config.interval_s``;
-    ``metric_readers`` are extra readers (``InMemoryMetricReader`` in tests). Nothing connects
-    before the first export.
+    ``metric_readers`` are extra readers (``InMemoryMetricReader`` in tests). ``network``: the
+    ``[network]`` settings the port metrics read (rated speed, sampling gaps, xmit_wait bytes
+    per tick). Nothing connects before the first export.
     """
 
     def __init__(
@@ -124,9 +132,17 @@ class OtlpSink:
         metric_readers: Iterable[MetricReader] = (),
         clock: Clock = SYSTEM_CLOCK,
         resource_attributes: Mapping[str, str] | None = None,
+        network: NetworkSettings | None = None,
     ) -> None:
         self.config = config
         self.store = SeriesStore(
+            max_series=config.max_series, stale_after_s=config.stale_after_s, clock=clock
+        )
+        self.network = network or NetworkSettings()
+        self.ports = PortSpans(span_s=config.interval_s, network=self.network,
+                               max_ports=config.max_series, stale_after_s=config.stale_after_s,
+                               clock=clock)  # fmt: skip
+        self.port_store = SeriesStore(
             max_series=config.max_series, stale_after_s=config.stale_after_s, clock=clock
         )
         self.event_counts = EventCounts(
@@ -170,14 +186,15 @@ class OtlpSink:
 
     def _register_instruments(self) -> None:
         meter = self.meter_provider.get_meter(SCOPE, __version__)
-        for spec in METRICS:
-            create = (
-                meter.create_observable_counter
-                if spec.kind == "counter"
-                else meter.create_observable_gauge
-            )
-            create(spec.name, callbacks=[self._observer(spec.name)], unit=spec.unit,
-                   description=spec.description)  # fmt: skip
+        for store, specs in ((self.store, METRICS), (self.port_store, NIC_METRICS)):
+            for spec in specs:
+                create = (
+                    meter.create_observable_counter
+                    if spec.kind == "counter"
+                    else meter.create_observable_gauge
+                )
+                create(spec.name, callbacks=[self._observer(store, spec.name)], unit=spec.unit,
+                       description=spec.description)  # fmt: skip
         for spec in EVENT_COUNTERS:
             meter.create_observable_counter(
                 spec.name, callbacks=[self._event_observer(spec.name)], unit=spec.unit,
@@ -189,6 +206,12 @@ class OtlpSink:
             unit="{series}",
             description="GPU-in-job series currently exported.",
         )
+        meter.create_observable_gauge(
+            "peerwatch.exporter.port_series.active",
+            callbacks=[lambda _o: [Observation(len(self.port_store))]],
+            unit="{series}",
+            description="Node-port series (NIC metrics) currently exported.",
+        )
         meter.create_observable_counter(
             "peerwatch.exporter.discarded",
             callbacks=[self._discarded],
@@ -196,9 +219,10 @@ class OtlpSink:
             description="Series, windows, points and events the exporter let go, by reason.",
         )
 
-    def _observer(self, name: str) -> Any:
+    @staticmethod
+    def _observer(store: SeriesStore, name: str) -> Any:
         def observe(_options: CallbackOptions) -> list[Observation]:
-            return [Observation(value, dict(attrs)) for value, attrs in self.store.observe(name)]
+            return [Observation(value, dict(attrs)) for value, attrs in store.observe(name)]
 
         return observe
 
@@ -213,13 +237,18 @@ class OtlpSink:
 
     def discarded(self) -> dict[str, int]:
         """What was let go so far, by reason (series evictions, failed exports, ...)."""
-        s = self.store.stats
+        s, p, n = self.store.stats, self.port_store.stats, self.ports.stats
         return {
             "series_ended": s.series_evicted_ended,
             "series_stale": s.series_evicted_stale,
             "series_cap": s.series_dropped_cap,
             "window_out_of_order": s.windows_out_of_order,
             "window_of_ended_job": s.windows_of_ended_jobs,
+            "port_series_stale": p.series_evicted_stale,
+            "port_series_cap": p.series_dropped_cap,
+            "port_reading_out_of_order": n.readings_out_of_order,
+            "port_state_cap": n.ports_dropped_cap,
+            "port_state_stale": n.ports_evicted_stale,
             "event_count_duplicate": self.event_counts.duplicates,
             "event_series_cap": self.event_counts.series_dropped_cap,
             "metric_export_failed": self._metric_exporter.points_failed
@@ -234,6 +263,11 @@ class OtlpSink:
             **self.discarded(),
             "series_active": len(self.store),
             "windows_applied": self.store.stats.windows_applied,
+            "port_series_active": len(self.port_store),
+            "port_readings": self.ports.stats.readings,
+            "port_spans": self.ports.stats.spans_closed,
+            "port_counter_resets": self.ports.stats.counter_resets,
+            "port_counter_saturations": self.ports.stats.counter_saturations,
             "events_emitted": self.events_emitted,
             "events_exported": self._log_exporter.exported,
             "events_dropped_queue_full": self.events_dropped_queue_full,
@@ -253,6 +287,11 @@ class OtlpSink:
                 self.store.apply_window(
                     series_key(record), int(record["window_start_ms"]), window_points(record)
                 )
+            elif schema_name == "NodeNicSample":
+                for closed in self.ports.add_sample(record):
+                    self.port_store.apply_window(
+                        closed.key, closed.window.start_ms, span_points(closed, self.network)
+                    )
             elif schema_name == "JobEvent":
                 self._job_event(record)
             else:
@@ -323,6 +362,7 @@ def otlp_sink(
     *,
     clock: Clock = SYSTEM_CLOCK,
     resource_attributes: Mapping[str, str] | None = None,
+    network: NetworkSettings | None = None,
 ) -> OtlpSink:
     """An :class:`OtlpSink` exporting to the collector at ``config.endpoint``.
 
@@ -336,4 +376,5 @@ def otlp_sink(
         log_exporter=log_exporter,
         clock=clock,
         resource_attributes=resource_attributes,
+        network=network,
     )

@@ -190,11 +190,34 @@ def timeline(events: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
 
 
 def advice_list(summary: Any) -> str:
-    """Plain advice, one item per flagged GPU (:func:`peerwatch.streams.core.advice.advice`)."""
-    from peerwatch.streams.core.advice import advice
+    """Plain advice, one item per flagged GPU (:func:`peerwatch.report.advice.advice`)."""
+    from peerwatch.report.advice import advice
 
     items = "".join(f"<li>{_e(advice(g), 600)}</li>" for g in summary.flagged)
     return f'<h3>What to do</h3><ul class="advice">{items}</ul>' if items else ""
+
+
+def network_table(lines: Sequence[Any]) -> str:
+    """The network line of a job (:class:`peerwatch.report.network.PortLine` s): one row per
+    port or leaf switch the stream named; empty without any."""
+    if not lines:
+        return ""
+    rows = "".join(
+        f'<tr class="port" data-node="{_e(x.node or "")}" data-port="{_e(x.port or "")}">'
+        f"<td>{_e(x.node or '')}</td><td>{_e(x.port or ('switch ' + str(x.switch)))}</td>"
+        f"<td>{_e(', '.join(x.statuses))}</td><td>{_e(', '.join(x.rules))}</td>"
+        f"<td>{_e({'DRAIN': 'drain recommended', 'ALERT': 'alert'}.get(x.action or '', ''))}</td>"
+        f'<td class="num">{"" if x.down_s is None else f"{x.down_s:.1f}"}</td>'
+        f'<td class="num">{"" if x.flaps is None else x.flaps}</td>'
+        f'<td class="num">{"" if x.errors_per_s is None else f"{x.errors_per_s:.2f}"}</td>'
+        f"<td>{_t(x.first_ms)}</td><td>{_e(x.reason)}</td></tr>"
+        for x in lines
+    )
+    return (
+        '<h3>Network</h3><table class="network"><tr><th>node</th><th>port</th><th>status</th>'
+        "<th>rules</th><th>recommended</th><th>down s</th><th>flaps</th><th>errors/s</th>"
+        f"<th>first (UTC)</th><th>reason</th></tr>{rows}</table>"
+    )
 
 
 def job_section(
@@ -228,6 +251,7 @@ def job_section(
         f'<span><i class="swatch" style="background:{HIGHLIGHT}"></i>flagged GPU</span> '
         "(hover for values; drag to zoom the time, double-click to reset)</p>"
         f'<div class="charts">{charts}</div>'
+        f"{network_table(summary.network) if summary is not None else ''}"
         f"<h3>Findings</h3>{findings_table(findings)}"
         f"<h3>Recommendations</h3>{recommendations_table(recs)}"
         f"<h3>Timeline</h3>{timeline(events)}</section>"
@@ -286,7 +310,7 @@ def _summary(
     events: Sequence[tuple[str, Mapping[str, Any]]],
 ) -> Any:
     """The job's summary (verdict, flagged GPUs), as ``peerwatch job`` makes it."""
-    from peerwatch.streams.core.job_summary import summarize_job
+    from peerwatch.report.job_summary import summarize_job
 
     return summarize_job(
         job_id, windows, findings, recs,
@@ -334,7 +358,7 @@ def render_job_report(
     verdict, the flagged GPUs with cause and evidence, the GPU table, then the incident report's
     section of that job (charts, findings, recommendations, timeline). Self-contained."""
     from peerwatch.job_view import shown_rows
-    from peerwatch.streams.core.advice import advice
+    from peerwatch.report.advice import advice
     from peerwatch.streams.core.slowdown import slowdown_text
 
     s = summary
@@ -378,6 +402,7 @@ def render_job_report(
         f"{_t(s.first_window_ms)} to {_t(s.last_window_ms)[11:]} UTC · {s.windows} GPU windows</p>"
         f'<p class="verdict {"bad" if s.flagged else "ok"}">{_e(s.verdict)}</p>'
         f"{flagged_table}"
+        f"{network_table(s.network)}"
         f"<h2>GPUs against their {len(s.rows)} peers (means over the job)</h2>"
         f"{gpu_table_html(s, shown_rows(s))}"
         f"{section}",

@@ -1,8 +1,9 @@
 """Bounded latest-value store behind the OTLP observable instruments.
 
-One *series* is one GPU in one job (``(job_id, node, gpu_index)``). For each series the store
-keeps the latest gauge values and the running totals of counters, keyed by metric name and full
-attribute set, so GPUs never overwrite each other. Memory and cardinality are bounded three ways:
+One *series* is one GPU in one job (``(job_id, node, gpu_index)``), or, in the store of the NIC
+metrics, one port of one node (``(node, port)``: no job, so never ended by a JobEvent). For each
+series the store keeps the latest gauge values and the running totals of counters, keyed by
+metric name and full attribute set, so GPUs never overwrite each other. Memory and cardinality are bounded three ways:
 
 * a ``JobEvent`` ENDED removes every series of the job (and late windows of an ended job are
   ignored until the job starts again: a requeue);
@@ -26,7 +27,7 @@ from peerwatch.exporters.otlp import (
     Attributes,
     EventCount,
     MetricPoint,
-    SeriesKey,
+    StoreKey,
 )
 
 _PointKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -82,7 +83,7 @@ class SeriesStore:
         self._clock = clock
         self._lock = threading.Lock()
         # Least recently updated first: eviction under the cap pops from the front.
-        self._series: OrderedDict[SeriesKey, _Series] = OrderedDict()
+        self._series: OrderedDict[StoreKey, _Series] = OrderedDict()
         self._ended: OrderedDict[str, None] = OrderedDict()
         self.stats = SeriesStats()
 
@@ -91,7 +92,7 @@ class SeriesStore:
             return len(self._series)
 
     def apply_window(
-        self, key: SeriesKey, window_start_ms: int, points: Iterable[MetricPoint]
+        self, key: StoreKey, window_start_ms: int, points: Iterable[MetricPoint]
     ) -> bool:
         """Apply one window's points to series ``key``. Returns False when it was ignored.
 
@@ -169,7 +170,7 @@ class SeriesStore:
                 if name == metric_name
             ]
 
-    def snapshot(self) -> Mapping[SeriesKey, int]:
+    def snapshot(self) -> Mapping[StoreKey, int]:
         """Live series and the start (ms) of their latest window, for tests and debugging."""
         with self._lock:
             return {k: s.window_start_ms for k, s in self._series.items()}

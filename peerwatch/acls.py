@@ -50,8 +50,9 @@ ROLES: dict[str, str] = {
 #: start with them).
 EXPORTER_GROUPS = "peerwatch-export"
 ARCHIVER_GROUPS = "peerwatch-archive"
-#: Topics the exporters read (exporters/consume.py EXPORTED_TOPICS and the Alertmanager exporter).
-EXPORTED = (JOB_WINDOWS, JOB_EVENTS, STRAGGLERS, RECOMMENDATIONS, HEALTH, ACTIONS)
+#: Topics the exporters read (exporters/consume.py EXPORTED_TOPICS + NIC_TOPICS and the
+#: Alertmanager exporter).
+EXPORTED = (JOB_WINDOWS, JOB_EVENTS, STRAGGLERS, RECOMMENDATIONS, HEALTH, ACTIONS, NIC_SAMPLES)
 STREAM_INPUTS = (SAMPLES, NIC_SAMPLES, JOB_EVENTS, NODE_EVENTS, HEALTH, STEP_TIMES)
 STREAM_OUTPUTS = (JOB_WINDOWS, STRAGGLERS, RECOMMENDATIONS, STREAM_SETTINGS, DEADLETTER)
 

@@ -40,6 +40,8 @@ class Flag:
     evidence: str
     cause: str
     window_end_ms: int
+    #: The NIC port a network finding names (it names no GPU); None for a GPU's finding.
+    port: str | None = None
     #: The GPU's flagging findings (the newest :data:`_FINDINGS_KEPT`), for its slowdown.
     findings: list[Mapping[str, Any]] = field(default_factory=list)
 
@@ -99,6 +101,7 @@ class DemoView:
             evidence=evidence_text(finding),
             cause=str(finding.get("cause") or "UNKNOWN").lower(),
             window_end_ms=int(finding.get("window_end_ms") or 0),
+            port=str(finding["port"]) if finding.get("port") else None,
         )
 
     def on_recommendation(self, rec: Mapping[str, Any]) -> None:
@@ -119,16 +122,16 @@ class DemoView:
                          str(job.get("nodes", 0)), user_text(job.get("user") or "-", 16),
                          user_text(job.get("name") or "-", 24), user_text(job.get("kind") or "-", 12))  # fmt: skip
         active = sum(f.status != "CLEARED" for f in self.flags.values())
-        flags = table("status", "node", "GPU", "job", "cause", "slowdown", "evidence",
-                      title=f"flagged GPUs ({active} now, {len(self.flags)} in all)")  # fmt: skip
+        flags = table("status", "node", "GPU/port", "job", "cause", "slowdown", "evidence",
+                      title=f"flagged GPUs and ports ({active} now, {len(self.flags)} in all)")  # fmt: skip
         for flag in sorted(self.flags.values(), key=lambda f: (f.node, f.gpu_index or -1)):
             flags.add_row(
                 Text(flag.status, style="green" if flag.status == "CLEARED" else "red"),
-                user_text(flag.node, 24), "-" if flag.gpu_index is None else str(flag.gpu_index),
+                user_text(flag.node, 24), _where(flag.gpu_index, flag.port),
                 user_text(flag.job_id, 20), user_text(flag.cause, 16),
                 flag.slowdown_text or "-", user_text(flag.evidence, 160),
             )  # fmt: skip
-        recs = table("action", "severity", "node", "GPUs", "cause", "slowdown",
+        recs = table("action", "severity", "node", "GPUs/port", "cause", "slowdown",
                      title=f"drain recommendations ({len(self.recommendations)}; the latest 12)")  # fmt: skip
         for rec in self.recommendations[-12:]:
             node = str(rec.get("node"))
@@ -136,7 +139,8 @@ class DemoView:
             slow = [f.slowdown_text for (n, g), f in self.flags.items() if n == node and g in gpus]
             recs.add_row(
                 user_text(rec.get("action"), 8), user_text(rec.get("severity"), 10),
-                user_text(node, 24), ",".join(map(str, gpus)) or "-",
+                user_text(node, 24),
+                user_text(rec["port"], 24) if rec.get("port") else ",".join(map(str, gpus)) or "-",
                 user_text(str(rec.get("cause") or "UNKNOWN").lower(), 16),
                 "; ".join(x for x in slow if x) or "-",
             )  # fmt: skip
@@ -157,7 +161,7 @@ class DemoView:
         for label in labels:
             if label.get("kind") != "fault" or label.get("expect") == "nothing":
                 continue
-            node, gpu = str(label.get("node")), label.get("gpu_index")
+            node, gpu, port = str(label.get("node")), label.get("gpu_index"), label.get("port")
             expected_nodes.add(node)
             flag = self.flags.get((node, gpu))  # flagged at some point (maybe cleared since)
             drains = [
@@ -170,9 +174,13 @@ class DemoView:
             ok &= found
             detail = flag.evidence if flag else (drains[0].get("reason") if drains else "")
             drain_note = f", DRAIN recommended ({drains[0].get('severity')})" if drains else ""
+            # A NIC fault's finding names its port (no GPU): say which port was named.
+            named = f" named port {flag.port}" if flag is not None and flag.port else ""
+            where = f"port {port}" if port else f"gpu{gpu}"
             lines.append(
-                f"  {verdict:6} {label.get('name')} on {node} gpu{gpu} (job {label.get('job_id')})"
-                f"{drain_note}: {display_text(detail, TEXT_MAX_CHARS)}"
+                f"  {verdict:6} {label.get('name')} on {node} {display_text(where)} "
+                f"(job {label.get('job_id')}){display_text(named)}{drain_note}: "
+                f"{display_text(detail, TEXT_MAX_CHARS)}"
             )
         extra = sorted(flagged_nodes - expected_nodes)
         for node in extra:
@@ -184,6 +192,13 @@ class DemoView:
             else "  result: NOT as expected (see above)"
         )
         return "\n".join(lines), ok
+
+
+def _where(gpu_index: int | None, port: str | None) -> Text:
+    """The GPU column of a flag: the GPU's index, or the port a network finding names."""
+    if gpu_index is not None:
+        return Text(str(gpu_index))
+    return user_text(port, 24) if port else Text("-")
 
 
 def evidence_text(finding: Mapping[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""What ``peerwatch job`` prints: a pure rendering of a :class:`~peerwatch.streams.core.job_summary.
+"""What ``peerwatch job`` prints: a pure rendering of a :class:`~peerwatch.report.job_summary.
 JobSummary` as rich renderables (tables that fit the terminal's width), with colours only when
 the console has them. Every field that comes from outside (job name, user, account, partition,
 node names, causes, evidence) goes through :func:`peerwatch.console.user_text`: escaped, capped
@@ -18,9 +18,10 @@ from rich.text import Text
 from peerwatch.console import render, table, user_text
 from peerwatch.display import TEXT_MAX_CHARS
 from peerwatch.producers.slurm.hostlist import hostlist_text
-from peerwatch.streams.core.advice import advice
-from peerwatch.streams.core.job_inputs import TABLE_SIGNALS
-from peerwatch.streams.core.job_summary import GpuRow, JobSummary
+from peerwatch.report.advice import advice
+from peerwatch.report.job_inputs import TABLE_SIGNALS
+from peerwatch.report.job_summary import GpuRow, JobSummary
+from peerwatch.report.network import line_text
 from peerwatch.streams.core.slowdown import slowdown_text
 
 #: Column headings and formats of the per-GPU table (short signal name -> heading, value format).
@@ -114,6 +115,17 @@ def _flagged_block(summary: JobSummary) -> list[Any]:
     return out
 
 
+def _network_block(summary: JobSummary) -> list[Any]:
+    """The ports (and leaf switches) of the job's nodes the stream named, worst first."""
+    out: list[Any] = [Text("Network: ports of the job's nodes the stream named", style="bold")]
+    for line in summary.network:
+        style = "red" if line.action == "DRAIN" or "HARD_ERROR" in line.statuses else "yellow"
+        out.append(Padding(user_text(line_text(line), TEXT_MAX_CHARS * 2, style=style),
+                           (0, 0, 0, 2), expand=False))  # fmt: skip
+    out.append(Text(""))
+    return out
+
+
 def renderables(summary: JobSummary, *, all_gpus: bool = False) -> list[Any]:
     """The whole ``peerwatch job`` output as rich renderables, top to bottom."""
     s = summary
@@ -140,6 +152,8 @@ def renderables(summary: JobSummary, *, all_gpus: bool = False) -> list[Any]:
     ]
     if s.flagged:
         out += _flagged_block(s)
+    if s.network:
+        out += _network_block(s)
     if s.rows:
         rows = shown_rows(s, all_gpus)
         scope = "all" if all_gpus or len(rows) == len(s.rows) else (

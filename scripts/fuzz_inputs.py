@@ -1502,7 +1502,7 @@ def fuzz_display(rng: Random, tmp: Path) -> None:
     from peerwatch.display import is_displayable
     from peerwatch.exporters.report import render_job_report, render_report
     from peerwatch.job_view import render_text
-    from peerwatch.streams.core.job_summary import summarize_job
+    from peerwatch.report.job_summary import summarize_job
 
     evil = [_hostile_text(rng) for _ in range(4)]
     t0 = 1_767_225_600_000

@@ -92,7 +92,8 @@ def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
 def agent_snapshot(agent: NodeAgent, delivery: Delivery | None) -> dict[str, Any]:
     """The agent's counters for its own telemetry (see peerwatch.exporters.self_metrics.AGENT)."""
     out: dict[str, Any] = {**dataclasses.asdict(agent.stats),
-                           "cpu_s": agent.stats.cpu_ms_total / 1000.0}  # fmt: skip
+                           "cpu_s": agent.stats.cpu_ms_total / 1000.0,
+                           "nic_cpu_s": agent.stats.nic_cpu_ms_total / 1000.0}  # fmt: skip
     if delivery is not None:
         out.update(dataclasses.asdict(delivery.stats))
         out["spool_depth"] = delivery.spooled_records

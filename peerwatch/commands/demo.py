@@ -56,11 +56,19 @@ class _Consumer(threading.Thread):
 
         from peerwatch.io.archive.writer import AvroFileSink
         from peerwatch.kafka_config import consumer_config
-        from peerwatch.topics import JOB_EVENTS, JOB_WINDOWS, RECOMMENDATIONS, STRAGGLERS
+        from peerwatch.topics import (
+            JOB_EVENTS,
+            JOB_WINDOWS,
+            NIC_SAMPLES,
+            RECOMMENDATIONS,
+            STRAGGLERS,
+        )
 
         self.consumer = Consumer(consumer_config(settings.kafka, f"{prefix}demo-view"))
+        # The NIC samples are archived only (the network line of `peerwatch job` reads the
+        # named ports' seconds down and error rates from them).
         specs = {"job": JOB_EVENTS, "finding": STRAGGLERS, "rec": RECOMMENDATIONS,
-                 "window": JOB_WINDOWS}  # fmt: skip
+                 "window": JOB_WINDOWS, "nic": NIC_SAMPLES}  # fmt: skip
         self.topics = {prefix + spec.name: kind for kind, spec in specs.items()}
         self.archived = {kind: spec.name for kind, spec in specs.items()}
         self.archive = AvroFileSink(
@@ -107,6 +115,8 @@ class _Consumer(threading.Thread):
                         self.archive.write(self.archived[kind], record, ts_ms)
                     except ValueError:  # an event time no archive hour holds: as the archiver
                         self.unarchived += 1
+                if kind == "nic":
+                    continue
                 if kind == "window":
                     with self.lock:
                         self.view.windows += 1

@@ -1,7 +1,7 @@
 """``peerwatch export otlp|stdout|alertmanager`` — publish the output topics as OTLP, JSON
 lines or Alertmanager alerts.
 
-``otlp``: GpuWindows become OTLP metrics, findings/recommendations/health results/drain actions
+``otlp``: GpuWindows and the NIC samples (per port) become OTLP metrics, findings/recommendations/health results/drain actions
 OTLP events, sent to a collector over gRPC (default ``http://127.0.0.1:4317``) or HTTP/protobuf
 (e.g. ``--protocol http --endpoint http://127.0.0.1:4318``). ``stdout``: the same mapping as JSON
 lines, for local debugging. ``alertmanager``: findings and drain recommendations as alerts
@@ -59,7 +59,7 @@ def _sink(args: argparse.Namespace, settings: Settings) -> Any:
         return StdoutSink()
     from peerwatch.exporters.otlp_sdk import otlp_sink
 
-    return otlp_sink(settings.export)
+    return otlp_sink(settings.export, network=settings.network)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -77,7 +77,11 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_of(args, _overrides(args))
     sink = _sink(args, settings)
     loop, consumer, deadletter = kafka_export_loop(
-        settings.kafka, sink, group_id=args.group_id, topic_prefix=settings.topic_prefix
+        settings.kafka,
+        sink,
+        group_id=args.group_id,
+        topic_prefix=settings.topic_prefix,
+        nic=args.target == "otlp",
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

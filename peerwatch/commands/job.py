@@ -115,7 +115,7 @@ def unknown_job(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peerwatch.streams.core.job_summary import summarize_job
+    from peerwatch.report.job_summary import summarize_job
 
     if args.admin_comment:
         from peerwatch.producers.slurm.job_comment import JOB_ID
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize_job(
         args.job_id, records.windows, records.findings, records.recommendations,
         records.job_events, records.node_events, records.actions,
-        z_threshold=settings_of(args).detector.z_threshold,
+        z_threshold=settings_of(args).detector.z_threshold, nic_ports=records.nic_ports,
     )  # fmt: skip
     if records.undecodable:
         summary.skipped["undecodable"] = records.undecodable

@@ -115,7 +115,9 @@ def counter_delta(
     if previous is None or current is None:
         return CounterDelta(None, None)
     top = saturation_value(name)
-    saturated = top is not None and current >= top
+    # Exactly at the top, not above it: a counter the HCA extends to 64 bits (the data, packet and
+    # wait counters) reads past 2**32 - 1 and counts on.
+    saturated = top is not None and current == top
     if current < previous:
         return CounterDelta(None, None, reset=True, saturated=saturated)
     if saturated:

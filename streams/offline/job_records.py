@@ -2,7 +2,9 @@
 
 Both sources give a :class:`JobRecords`: the job's events, GpuWindows, StragglerFindings, and the
 recommendations, drain actions and node events of its nodes, plus how many records could not be
-decoded (skipped, counted). The summary itself is :mod:`peerwatch.streams.core.job_summary`.
+decoded (skipped, counted). The summary itself is :mod:`peerwatch.report.job_summary`. The NIC
+samples of the nodes whose ports the stream named (cause NETWORK) are folded per port as they are
+read (:class:`peerwatch.report.network.PortTotals`: never held), for the network line.
 
 * Archive (``peerwatch archive``'s layout): the job's events are read first; the other topics
   only for the hours of the job's time span (all hours when its events are not archived).
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from peerwatch.topics import (
     ACTIONS,
     JOB_EVENTS,
     JOB_WINDOWS,
+    NIC_SAMPLES,
     NODE_EVENTS,
     RECOMMENDATIONS,
     STRAGGLERS,
@@ -47,6 +50,8 @@ class JobRecords:
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)
     node_events: list[dict[str, Any]] = field(default_factory=list)
+    #: The named ports' NIC samples over the job, folded: (node, port) -> its window.
+    nic_ports: dict[tuple[str, str], Any] = field(default_factory=dict)
     undecodable: int = 0
 
     def knows(self, job_id: str) -> bool:
@@ -121,7 +126,25 @@ def archive_job_records(
     for spec, name in by_node:
         rows = _read_topic(root, topic_prefix + spec.name, spec, lo, hi)
         setattr(out, name, [r for r in rows if str(r.get("node")) in nodes])
+    totals = _nic_totals(out, job_id)
+    if totals is not None:
+        for path in archive_files(root, topic_prefix + NIC_SAMPLES.name, lo, hi):
+            for record in read_file(path, _schema(NIC_SAMPLES)):
+                totals.add(record)
+        out.nic_ports = totals.windows()
     return out
+
+
+def _nic_totals(records: JobRecords, job_id: str) -> Any:
+    """A :class:`~peerwatch.report.network.PortTotals` for the nodes whose ports the stream
+    named for ``job_id``, over the job's span; None when it named none."""
+    from peerwatch.report.network import PortTotals, network_nodes
+
+    named = network_nodes(job_id, records.findings, records.recommendations)
+    if not named:
+        return None
+    start, end = records.span_ms(job_id)
+    return PortTotals(frozenset(named), start, end)
 
 
 def archive_has_samples(root: Path, topic_prefix: str = "") -> bool:
@@ -193,9 +216,10 @@ def _kafka_read(
     to_ms: int | None,
     slack_ms: int,
     timeout_s: float,
+    fold: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """The decoded records keyed by one of ``keys`` in ``topic`` from ``from_ms``; and how many
-    of them could not be decoded."""
+    of them could not be decoded. With ``fold`` each record goes there instead of the list."""
     from peerwatch.errors import CodecError
     from peerwatch.io.topic_reader import TopicEndNotReached, TopicRange, read_to_end
     from peerwatch.schemas.codec import decode_any
@@ -217,9 +241,14 @@ def _kafka_read(
             if msg.key() not in wanted_keys:
                 continue
             try:
-                out.append(decode_any(msg.value() or b"")[1])
+                record = decode_any(msg.value() or b"")[1]
             except CodecError:
                 bad += 1
+                continue
+            if fold is None:
+                out.append(record)
+            else:
+                fold(record)
     except TopicEndNotReached as exc:  # the cluster stopped answering: what was read is returned
         log.warning("%s: %s; the job view may be incomplete", topic, exc)
     return out, bad
@@ -245,9 +274,11 @@ def kafka_job_records(
     out = JobRecords()
     try:
 
-        def read(spec: TopicSpec, keys: Iterable[str], lo: int, hi: int | None) -> list[Any]:
+        def read(
+            spec: TopicSpec, keys: Iterable[str], lo: int, hi: int | None, fold: Any = None
+        ) -> list[Any]:
             rows, bad = _kafka_read(
-                consumer, topic_prefix + spec.name, keys, lo, hi, slack_ms, timeout_s
+                consumer, topic_prefix + spec.name, keys, lo, hi, slack_ms, timeout_s, fold
             )
             out.undecodable += bad
             return rows
@@ -262,6 +293,10 @@ def kafka_job_records(
         out.recommendations = read(RECOMMENDATIONS, nodes, lo, None)
         out.actions = read(ACTIONS, nodes, lo, None)
         out.node_events = read(NODE_EVENTS, nodes, lo, None)
+        totals = _nic_totals(out, job_id)
+        if totals is not None:
+            read(NIC_SAMPLES, totals.nodes, lo, end, totals.add)
+            out.nic_ports = totals.windows()
     finally:
         consumer.close()
     for name in ("windows", "findings", "recommendations", "actions", "node_events"):

@@ -323,6 +323,47 @@ def test_alerts_appear_group_by_job_and_resolve(
         assert "caught up after 6 records" in log()
 
 
+def test_network_alerts_carry_port_device_switch_and_cause_that_matchers_select(
+    stack: Stack, kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path
+) -> None:
+    """A port's finding, the node's port-down recommendation and a leaf switch's finding: the
+    labels Alertmanager holds, selected with its own label matchers (as a silence or a route
+    would select them)."""
+    records = Records(kafka_settings, topic_prefix)
+    t, job = now_ms(), "4201"
+    link = {**finding("CONFIRMED", job, "gpu00021", 0, t), "gpu_index": None,
+            "finding_id": f"{job}-net", "cause": "NETWORK", "port": "mlx5_2/1",
+            "reason": "port mlx5_2/1 errors 40/s against peers 0/s"}  # fmt: skip
+    records.finding(link)
+    records.finding({**finding("FLEET_WIDE", "fleet", "", 0, t), "node": None,
+                     "gpu_index": None, "finding_id": "sw", "cause": "NETWORK",
+                     "switch": "leaf07"})  # fmt: skip
+    records.recommendation({**recommendation("gpu00021", "DRAIN", job, [0, 1], t,
+                                             t + 3_600_000),
+                            "cause": "NETWORK", "port": "mlx5_2/1",
+                            "reason": "port mlx5_2/1 down 8 s"})  # fmt: skip
+
+    with exporter(stack, kafka_settings, topic_prefix, tmp_path / "export.log", 1.0) as log:
+
+        def diagnose() -> str:
+            return f"exporter log:\n{log()[-2500:]}\nalertmanager log:\n{stack.am.log_tail()}"
+
+        wait_for("3 alerts", lambda: len(stack.alerts()) == 3, diagnose)
+        port = stack.get("/api/v2/alerts?filter=port%3D%22mlx5_2%2F1%22")
+        assert {a["labels"]["alertname"] for a in port} == {"GpuStraggler", "NodeDrainRecommended"}
+        for a in port:
+            assert (a["labels"]["node"], a["labels"]["device"], a["labels"]["cause"]) == (
+                "gpu00021",
+                "mlx5_2",
+                "network",
+            )
+        [switch] = stack.get("/api/v2/alerts?filter=switch%3D%22leaf07%22")
+        assert switch["labels"]["alertname"] == "FleetWideShift"
+        assert switch["labels"]["cause"] == "network" and "node" not in switch["labels"]
+        assert "leaf switch leaf07" in switch["annotations"]["summary"]
+        assert len(stack.get("/api/v2/alerts?filter=cause%3D%22network%22")) == 3
+
+
 def test_restart_resends_the_same_alerts_and_notifies_nobody_again(
     stack: Stack, kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path
 ) -> None:

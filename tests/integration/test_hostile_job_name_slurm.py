@@ -13,7 +13,7 @@ from peerwatch.exporters.report import render_job_report
 from peerwatch.job_view import render_text
 from peerwatch.producers.slurm.parse import parse_squeue
 from peerwatch.producers.slurm.watcher import WatchState, diff
-from peerwatch.streams.core.job_summary import summarize_job
+from peerwatch.report.job_summary import summarize_job
 from tests.integration.slurm_fixture import SlurmCluster
 
 HOSTILE = (

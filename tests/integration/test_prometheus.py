@@ -7,8 +7,10 @@ The stream worker and a ``peerwatch agent`` (``--allow-no-gpu``) export their ow
 through the same collector (``[telemetry]``). Expected values come from the records on Kafka
 and the worker's counters file, never from constants.
 
-Scenario: 8 nodes x 8 GPUs, 10 s windows; job 3001 (32 GPUs) has an 8% SM-clock drop on
-gpu00001/5; job 3002 (32 GPUs) gets an XID 79 on gpu00006/2 (a hard recommendation).
+Scenario: 8 nodes x 8 GPUs and 2 NIC ports each, 10 s windows; job 3001 (32 GPUs) has an 8%
+SM-clock drop on gpu00001/5; job 3002 (32 GPUs) gets a symbol-error burst on gpu00007's port
+mlx5_1/1 and an XID 79 on gpu00006/2 (a hard recommendation). The NIC samples go through the
+OTLP exporter as per-port metrics.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import pytest
 from peerwatch.exporters.consume import kafka_export_loop
 from peerwatch.exporters.drain.state import ControllerState, StateStore
 from peerwatch.exporters.otlp import series_per_gpu_window
+from peerwatch.exporters.otlp_nic import series_per_port
 from peerwatch.exporters.otlp_sdk import otlp_sink
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.publish import STREAM_TOPICS
@@ -44,6 +47,7 @@ from peerwatch.topics import (
     ACTIONS,
     JOB_EVENTS,
     JOB_WINDOWS,
+    NIC_SAMPLES,
     RECOMMENDATIONS,
     STRAGGLERS,
     catalogue,
@@ -55,6 +59,7 @@ pytestmark = pytest.mark.timeout(1800)
 
 WINDOW_S, DURATION_S, INTERVAL_S = 10, 200, 2.0
 STRAGGLER, XID_GPU = ("gpu00001", 5), ("gpu00006", 2)
+NIC_PORT = ("gpu00007", "mlx5_1/1")
 SLOW_JOB, XID_JOB = "3001", "3002"
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
 
@@ -63,7 +68,7 @@ def scenario_doc(start_ms: int) -> dict[str, Any]:
     return {
         "fleet": {"nodes": 8, "gpus_per_node": 8, "interval_s": INTERVAL_S,
                   "duration_s": DURATION_S, "seed": 11, "start_ms": start_ms,
-                  "step_times": True},
+                  "step_times": True, "nics_per_node": 2},
         "jobs": [
             {"job_id": SLOW_JOB, "gpus": 32, "first_node": 0, "warmup_s": 0, "duration_s": 7200},
             {"job_id": XID_JOB, "gpus": 32, "first_node": 4, "warmup_s": 0, "duration_s": 7200},
@@ -73,6 +78,8 @@ def scenario_doc(start_ms: int) -> dict[str, Any]:
              "start_s": 20, "params": {"pct": 8}},
             {"name": "xid", "node": XID_GPU[0], "gpu_index": XID_GPU[1], "start_s": 120,
              "params": {"xid": 79}},
+            {"name": "nic_symbol_errors", "node": NIC_PORT[0], "start_s": 40, "end_s": 100,
+             "params": {"port": 1, "errors_per_s": 50}},
         ],
     }  # fmt: skip
 
@@ -81,6 +88,7 @@ def scenario_doc(start_ms: int) -> dict[str, Any]:
 class FleetRun:
     stack: PrometheusStack
     windows: list[dict[str, Any]]
+    nic_samples: list[dict[str, Any]]
     findings: list[dict[str, Any]]
     recommendations: list[dict[str, Any]]
     worker_counters: dict[str, Any]
@@ -169,7 +177,7 @@ def fleet_run(
     sink = otlp_sink(ExportSettings(endpoint=collector.http_endpoint, protocol="http",
                                     interval_s=1.0))  # fmt: skip
     loop, consumer, deadletter = kafka_export_loop(
-        kafka_settings, sink, group_id=f"{prefix}export", topic_prefix=prefix
+        kafka_settings, sink, group_id=f"{prefix}export", topic_prefix=prefix, nic=True
     )
     stop = threading.Event()
     thread = threading.Thread(target=loop.run, args=(stop,), kwargs={"poll_timeout_s": 0.2})
@@ -207,10 +215,12 @@ def fleet_run(
         )  # fmt: skip
         assert agent.returncode == 0, agent.stderr[-3000:]
         windows = _records(kafka_settings, prefix + JOB_WINDOWS.name)
+        nic_samples = _records(kafka_settings, prefix + NIC_SAMPLES.name)
         findings = _records(kafka_settings, prefix + STRAGGLERS.name)
         recommendations = _records(kafka_settings, prefix + RECOMMENDATIONS.name)
         # Everything on the output topics went through the exporter.
-        wait_stable(lambda: loop.stats.records, lambda n: n >= len(windows), 60.0, settle_s=3)
+        wait_stable(lambda: loop.stats.records, lambda n: n >= len(windows) + len(nic_samples),
+                    60.0, settle_s=3)  # fmt: skip
         assert sink.flush(), sink.stats()
         counters = wait_stable(worker.counters, lambda c: c.get("samples", 0) >= node_records,
                                30.0, settle_s=3)  # fmt: skip
@@ -225,6 +235,7 @@ def fleet_run(
         yield FleetRun(
             prometheus_stack,
             windows,
+            nic_samples,
             findings,
             recommendations,
             counters,
@@ -331,6 +342,50 @@ def test_findings_and_recommendations_are_counters(fleet_run: FleetRun) -> None:
     assert {(s["metric"]["host_name"], s["metric"]["peerwatch_recommendation_action"]):
             int(_value(s)) for s in result} == dict(recs)  # fmt: skip
     assert any(node == XID_GPU[0] for node, _ in recs)
+
+
+def test_per_port_nic_metrics_are_the_records_latest_span(fleet_run: FleetRun) -> None:
+    """One series per node and port; the last span (the last pair of readings: the agent ticks
+    every 2 s, the exporter closes a span every 1 s) read straight off the raw counters."""
+    readings: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
+    for sample in sorted(fleet_run.nic_samples, key=lambda s: s["ts_ms"]):
+        for reading in sample["ports"]:
+            readings.setdefault((sample["node"], reading["name"]), []).append(
+                (sample["ts_ms"], reading)
+            )
+    # The simulated nodes' ports, and the real agent's (this machine's /sys/class/net).
+    simulated = {k for k in readings if k[0].startswith("gpu")}
+    assert len(simulated) == 8 * 2 and NIC_PORT in simulated and len(readings) > len(simulated)
+    up = fleet_run.wait_query("peerwatch_nic_link_up_ratio", lambda r: len(r) == len(readings))
+    got_up = {(s["metric"]["host_name"], s["metric"]["network_interface_name"]): _value(s)
+              for s in up}  # fmt: skip
+    assert set(got_up) == set(readings)
+    assert {got_up[k] for k in simulated} == {1.0}
+    speed = fleet_run.query("peerwatch_nic_link_speed_Gbit_per_second")
+    assert {(s["metric"]["host_name"], s["metric"]["network_interface_name"]): _value(s)
+            for s in speed if s["metric"]["host_name"].startswith("gpu")} == {
+        k: readings[k][-1][1]["rate_gbps"] for k in simulated
+    }  # fmt: skip
+
+    def last_rate(key: tuple[str, str], counter: str) -> float:
+        (t0, r0), (t1, r1) = readings[key][-2:]
+        return (r1["counters"][counter] - r0["counters"][counter]) * 4 / ((t1 - t0) / 1000)
+
+    tx = fleet_run.query('peerwatch_nic_io_rate_bytes_per_second{network_io_direction="transmit"}')
+    got = {(s["metric"]["host_name"], s["metric"]["network_interface_name"]): _value(s) for s in tx}
+    for key in simulated:
+        assert math.isclose(got[key], last_rate(key, "port_xmit_data"), rel_tol=1e-9), key
+    # The symbol-error burst is over by the end; the stream named its port from the same
+    # records (a NETWORK finding or recommendation).
+    assert any(f.get("cause") == "NETWORK" and (f.get("node"), f.get("port")) == NIC_PORT
+               for f in fleet_run.findings + fleet_run.recommendations)  # fmt: skip
+    down = fleet_run.query('peerwatch_nic_link_down_time_seconds_total{host_name=~"gpu.*"}')
+    assert len(down) == len(simulated) and all(_value(s) == 0.0 for s in down)
+    # Bounded: one series per port and metric (io twice), and the exporter says how many.
+    per_port = fleet_run.query('count by (__name__) ({__name__=~"peerwatch_nic_.*"})')
+    assert sum(int(_value(s)) for s in per_port) <= series_per_port() * len(readings)
+    active = fleet_run.wait_query("peerwatch_exporter_port_series_active", lambda r: r)
+    assert [_value(s) for s in active] == [len(readings)]
 
 
 def test_series_stay_bounded_per_gpu_in_a_job(fleet_run: FleetRun) -> None:

@@ -113,7 +113,7 @@ def test_hostile_names_stay_text_in_the_browser(tmp_path: Path) -> None:
     (RLO) and set a terminal title: the browser shows them as escaped text, and the charts
     still draw (the script was not broken)."""
     from peerwatch.exporters.report import render_job_report
-    from peerwatch.streams.core.job_summary import summarize_job
+    from peerwatch.report.job_summary import summarize_job
 
     evil = '</script><img id="pwned" src=x>\u202eevil\x1b]0;t\x07'
     t0 = 1_767_225_600_000

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from peerwatch.streams.core.advice import advice
-from peerwatch.streams.core.job_summary import FlaggedGpu
+from peerwatch.report.advice import advice
+from peerwatch.report.job_summary import FlaggedGpu
 from peerwatch.streams.core.slowdown import slowdown, slowdown_text
 
 SLOW = FlaggedGpu(

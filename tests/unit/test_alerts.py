@@ -318,3 +318,57 @@ def test_settings_name_the_bad_field() -> None:
         with_overrides(Settings(), {"alertmanager.resend_s": 0})
     b = book_for(AlertmanagerSettings(resend_s=2.5))
     assert b.resend_ms == 2500 and b.finding_ttl_ms == 3_600_000
+
+
+# --- the network: port, device and switch labels --------------------------------------------
+
+
+def net_finding(t_ms: int, port: str, *, node: str = "gpu00003", **extra: Any) -> dict[str, Any]:
+    return finding("CONFIRMED", t_ms, node=node, gpu=None, cause="NETWORK", port=port,
+                   features=[{"feature": "net_errors", "value": 40.0, "peer_median": 0.0,
+                              "mad": 1.0, "z": 40.0}], **extra)  # fmt: skip
+
+
+def test_a_network_finding_names_its_port_and_device_and_each_port_is_its_own_alert() -> None:
+    b = book()
+    b.apply("StragglerFinding", net_finding(T0, "mlx5_0/1"))
+    b.apply("StragglerFinding", net_finding(T0, "mlx5_1/1"))
+    b.apply("StragglerFinding", net_finding(T0 + MIN, "mlx5_0/1"))  # a heartbeat: refreshes
+    by_port = {dict(a.labels)["port"]: a for a in b.alerts.values()}
+    assert set(by_port) == {"mlx5_0/1", "mlx5_1/1"} and b.stats.opened == 2
+    assert dict(by_port["mlx5_0/1"].labels) == {
+        "alertname": GPU_STRAGGLER, "severity": "warning", "job_id": "1001", "node": "gpu00003",
+        "cause": "network", "port": "mlx5_0/1", "device": "mlx5_0",
+    }  # fmt: skip
+    ann = by_port["mlx5_0/1"].annotations
+    assert ann["summary"].startswith("port mlx5_0/1 of gpu00003 runs slow")
+    assert ann["runbook"] == RUNBOOK["NETWORK"]
+
+
+def test_a_leaf_switch_finding_is_labelled_with_the_switch_and_each_switch_apart() -> None:
+    b = book()
+    for switch in ("leaf03", "leaf04"):
+        b.apply("StragglerFinding", finding("FLEET_WIDE", T0, job="fleet", node="", gpu=None,
+                                            cause="NETWORK", switch=switch))  # fmt: skip
+    labels = sorted(dict(a.labels)["switch"] for a in b.alerts.values())
+    assert labels == ["leaf03", "leaf04"]
+    a = next(a for a in b.alerts.values() if dict(a.labels)["switch"] == "leaf03")
+    assert "port" not in dict(a.labels) and dict(a.labels)["cause"] == "network"
+    assert a.annotations["summary"].startswith("leaf switch leaf03: a symptom shared")
+
+
+def test_a_network_recommendation_carries_port_and_device() -> None:
+    b = book()
+    r = {**rec(T0, expires_ms=T0 + 10 * MIN), "cause": "NETWORK", "port": "eth0",
+         "reason": "port eth0 down 8 s"}  # fmt: skip
+    b.apply("DrainRecommendation", r)
+    labels = dict(only(b).labels)
+    assert (labels["port"], labels["device"], labels["cause"]) == ("eth0", "eth0", "network")
+    assert "switch" not in labels
+
+
+def test_the_label_values_of_a_hostile_port_name_are_cleaned() -> None:
+    b = book()
+    b.apply("StragglerFinding", net_finding(T0, "mlx5_0/1\x1b[31m" + "x" * 300))
+    labels = dict(only(b).labels)
+    assert "\x1b" not in labels["port"] and len(labels["port"]) <= 128

@@ -99,3 +99,22 @@ def test_flags_and_recommendations_show_one_slowdown_per_gpu() -> None:
     assert view.flags[("n1", 3)].slowdown_text == "7.1% slow (SM clock)"
     assert text.count("7.1% slow (SM clock)") == 2  # the flag and the recommendation
     assert "6.1%" not in text and "8.1%" not in text
+
+
+def test_a_network_fault_is_found_and_named_by_node_and_port() -> None:
+    view = DemoView()
+    link = {**finding("n4", 0, "HARD_ERROR", hard_rules=["port_down", "link_downed"]),
+            "gpu_index": None, "cause": "NETWORK", "port": "mlx5_3/1",
+            "reason": "link mlx5_3/1: port_down, link_downed"}  # fmt: skip
+    view.on_finding(link)
+    view.on_recommendation({"node": "n4", "action": "DRAIN", "severity": "CRITICAL",
+                            "reason": "link mlx5_3/1: port_down", "cause": "NETWORK",
+                            "port": "mlx5_3/1", "gpu_indices": []})  # fmt: skip
+    label = {"kind": "fault", "name": "nic_port_down", "node": "n4", "gpu_index": None,
+             "port": "mlx5_3/1", "job_id": "1002", "expect": "drain"}  # fmt: skip
+    text, ok = view.summary([label])
+    assert ok, text
+    assert ("FOUND  nic_port_down on n4 port mlx5_3/1 (job 1002) named port mlx5_3/1, DRAIN "
+            "recommended (CRITICAL): hard: port_down, link_downed") in text  # fmt: skip
+    screen = view.render(width=160)
+    assert "mlx5_3/1" in screen and "network" in screen

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from peerwatch.display import is_displayable
 from peerwatch.job_view import render_text, shown_rows
-from peerwatch.streams.core.job_summary import summarize_job
+from peerwatch.report.job_summary import summarize_job
 
 T0 = 1_767_225_600_000
 W = 30_000

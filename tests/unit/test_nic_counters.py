@@ -47,6 +47,15 @@ def test_a_counter_at_its_width_maximum_is_saturated_with_no_rate(name: str, bit
     assert stuck.saturated and stuck.delta is None
 
 
+@pytest.mark.parametrize("name", ["port_xmit_data", "port_rcv_data", "port_xmit_wait"])
+def test_a_64_bit_extended_counter_past_the_32_bit_top_keeps_its_rate(name: str) -> None:
+    # HCAs with extended counters show these as 64 bits: past 2**32 - 1 they count on (only a
+    # reading exactly at the top is taken as saturated).
+    before = (1 << 32) + 1_000
+    d = counter_delta(name, before, before + 500, 1.0)
+    assert not d.saturated and d.delta == 500 * (4 if name.endswith("_data") else 1)
+
+
 def test_netdev_and_hw_counters_never_saturate() -> None:
     assert saturation_value("rx_crc_errors") is None
     assert saturation_value("local_ack_timeout_err") is None

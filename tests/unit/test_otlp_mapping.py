@@ -174,6 +174,24 @@ def test_events_for_each_output_schema(records: dict[str, Any]) -> None:
     assert event_for("GpuWindow", records["GpuWindow"]) is None
 
 
+def test_network_events_name_the_port_and_the_switch(records: dict[str, Any]) -> None:
+    link = {**records["StragglerFinding"], "gpu_index": None, "status": "HARD_ERROR",
+            "cause": "NETWORK", "port": "mlx5_3/1", "switch": None}  # fmt: skip
+    event = event_for("StragglerFinding", link)
+    assert event is not None and event.attributes["network.interface.name"] == "mlx5_3/1"
+    assert "peerwatch.switch" not in event.attributes and "gpu.index" not in event.attributes
+    leaf = {**link, "node": None, "port": None, "switch": "leaf07", "status": "FLEET_WIDE"}
+    event = event_for("StragglerFinding", leaf)
+    assert event is not None and event.attributes["peerwatch.switch"] == "leaf07"
+    assert "network.interface.name" not in event.attributes
+    rec = {**records["DrainRecommendation"], "cause": "NETWORK", "port": "eth0"}
+    event = event_for("DrainRecommendation", rec)
+    assert event is not None and event.attributes["network.interface.name"] == "eth0"
+    # A GPU's finding names no port.
+    plain = event_for("StragglerFinding", records["StragglerFinding"])
+    assert plain is not None and "network.interface.name" not in plain.attributes
+
+
 # --- SDK wiring ---------------------------------------------------------------------------------
 
 

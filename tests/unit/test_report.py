@@ -201,7 +201,7 @@ def test_each_job_section_opens_with_its_verdict(dom: Dom) -> None:
 
 def test_job_page_has_verdict_flagged_gpus_table_and_the_jobs_section() -> None:
     from peerwatch.exporters.report import render_job_report
-    from peerwatch.streams.core.job_summary import summarize_job
+    from peerwatch.report.job_summary import summarize_job
 
     jobs = [e for s, e in EVENTS if s == "job-events"]
     summary = summarize_job("42", WINDOWS, [FINDING], [REC], jobs)

@@ -84,7 +84,8 @@ def test_a_failing_snapshot_is_counted_and_exports_nothing() -> None:
 
 def test_agent_snapshot_names_every_agent_key() -> None:
     class Agent:
-        stats = AgentStats(records=7, ticks=8, cpu_ms_total=1500.0)
+        stats = AgentStats(records=7, ticks=8, cpu_ms_total=1500.0, nic_records=5, nic_errors=1,
+                           nic_read_errors=3, nic_cpu_ms_total=250.0)  # fmt: skip
 
     class Delivery:
         from peerwatch.producers.delivery import DeliveryStats
@@ -98,6 +99,9 @@ def test_agent_snapshot_names_every_agent_key() -> None:
     got = observations(AGENT, snap)
     assert got["peerwatch.agent.cpu.time"] == 1.5 and got["peerwatch.agent.breaker.open"] == 1.0
     assert got["peerwatch.agent.spool.depth"] == 2 and got["peerwatch.agent.records"] == 7
+    assert (got["peerwatch.agent.nic.records"], got["peerwatch.agent.nic.errors"],
+            got["peerwatch.agent.nic.read_errors"], got["peerwatch.agent.nic.cpu.time"]) == (
+        5, 1, 3, 0.25)  # fmt: skip
 
 
 def test_telemetry_is_off_without_an_endpoint() -> None:

@@ -36,6 +36,7 @@ def _schema(name: str) -> Any:
 
 
 SCHEMAS = {stream: _schema(name) for stream, name in SCHEMA_FOR.items()}
+SCHEMAS["nic-samples"] = _schema("NodeNicSample")  # fleets with NICs (the demo's)
 
 #: Every fault and confounder on a 16-node fleet with a random workload, step times on.
 EVERYTHING: dict[str, Any] = {
@@ -301,7 +302,9 @@ def test_demo_scenario_labels() -> None:
         ("sm_clock_drop", "gpu00005", "1001", "drain"),
         ("thermal_throttle", "gpu00040", "1002", "straggler"),
         ("xid", "gpu00050", "1003", "drain"),
+        ("nic_port_down", "gpu00036", "1002", "drain"),  # a port of an allocated node, 20 s
     ]
+    assert labels[3]["port"] == "mlx5_3/1"
 
 
 def test_a_silent_agent_sends_nothing_while_its_gpus_run_on() -> None:

@@ -44,7 +44,11 @@ def test_shipped_examples_parse() -> None:
         assert sc.fleet.nodes >= 1
     demo = load_scenario(SCENARIOS / "demo.json")
     assert (demo.fleet.nodes, demo.fleet.gpus_per_node) == (64, 8)
-    assert [f.name for f in demo.faults] == ["sm_clock_drop", "thermal_throttle", "xid"]
+    assert [f.name for f in demo.faults] == ["sm_clock_drop", "thermal_throttle", "xid",
+                                             "nic_port_down"]  # fmt: skip
+    # The network fault: a port of an allocated node (job 1002) down past NCCL's ~7 s timeout.
+    assert demo.fleet.nics_per_node == 8 and demo.faults[3].params == {"port": 3}
+    assert demo.faults[3].node in demo.jobs[1].nodes
     assert demo.faults[0].node == 5 and demo.faults[0].params == {"pct": 8}
     assert demo.jobs[0].nodes == tuple(range(32))
 

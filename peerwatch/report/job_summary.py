@@ -12,6 +12,9 @@ command reads the records from Kafka or an archive and renders the result.
   finding, how long it was slow (its windows scored at or above ``z_threshold``) and by how much
   (its slowdown, :mod:`peerwatch.streams.core.slowdown`: the one figure every view shows), and what happened to its node (drained, drain recommended,
   alerted).
+* The network line (:mod:`peerwatch.report.network`): each port (or leaf switch) of the job's
+  nodes the stream named with cause NETWORK, what was recommended, and, where the caller folded
+  the nodes' NIC samples, its seconds down, flaps and error rate over the job.
 * A one-line verdict for the job's owner.
 
 Every input is hostile: a record of the wrong shape is skipped and counted in ``skipped`` by
@@ -21,10 +24,11 @@ reason, never raised.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from peerwatch.streams.core.job_inputs import (
+from peerwatch.producers.nic.window import PortWindow
+from peerwatch.report.job_inputs import (
     TABLE_SIGNALS,
     Skips,
     Window,
@@ -34,6 +38,7 @@ from peerwatch.streams.core.job_inputs import (
     records_with_node,
     windows_of,
 )
+from peerwatch.report.network import PortLine, line_text, network_ports
 from peerwatch.streams.core.robust import median, quantile
 from peerwatch.streams.core.slowdown import (
     duration_text,
@@ -114,6 +119,7 @@ class JobSummary:
     flagged: list[FlaggedGpu] = field(default_factory=list)
     job_findings: dict[str, int] = field(default_factory=dict)
     recommendations: list[dict[str, Any]] = field(default_factory=list)
+    network: list[PortLine] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
     verdict: str = ""
 
@@ -340,7 +346,9 @@ def verdict(summary: JobSummary) -> str:
     """The one line for the job's owner (see the module doc)."""
     if not summary.flagged:
         if not summary.windows and not summary.job_findings:
-            return f"job {summary.job_id}: no GPU windows or findings found for this job"
+            if not summary.network:
+                return f"job {summary.job_id}: no GPU windows or findings found for this job"
+            return f"job {summary.job_id}: no GPU windows found" + _network_clause(summary)
         span = ""
         if summary.first_window_ms is not None and summary.last_window_ms is not None:
             span = (
@@ -351,7 +359,7 @@ def verdict(summary: JobSummary) -> str:
         if shared:
             kinds = ", ".join(f"{n} {k}" for k, n in sorted(summary.job_findings.items()))
             text += f"; {shared} job-level finding(s) ({kinds}): a shared cause, no GPU blamed"
-        return text
+        return text + _network_clause(summary)
     g = summary.flagged[0]
     if g.status == "HARD_ERROR":
         what = f"GPU {g.gpu_index} on {g.node} hit a hard error ({', '.join(g.hard_rules)})"
@@ -365,7 +373,16 @@ def verdict(summary: JobSummary) -> str:
     text = "; ".join(parts)
     if len(summary.flagged) > 1:
         text += f" (+{len(summary.flagged) - 1} more flagged GPU(s))"
-    return text
+    return text + _network_clause(summary)
+
+
+def _network_clause(summary: JobSummary) -> str:
+    """``; network: <the worst port's line> (+N more)`` when the stream named a port."""
+    if not summary.network:
+        return ""
+    text = f"; network: {line_text(replace(summary.network[0], reason=''))}"
+    more = len(summary.network) - 1
+    return text + (f" (+{more} more port(s))" if more else "")
 
 
 def summarize_job(
@@ -378,10 +395,13 @@ def summarize_job(
     actions: Iterable[Any] = (),
     *,
     z_threshold: float = 3.5,
+    nic_ports: Mapping[tuple[str, str], PortWindow] | None = None,
 ) -> JobSummary:
     """The summary of job ``job_id`` from any mix of records (other jobs' are ignored; bad ones
     are counted in ``skipped``). ``z_threshold``: the detector's (a window scored at or above
-    it counts as slow). Raises nothing for bad input."""
+    it counts as slow). ``nic_ports``: the job's NIC samples folded per port
+    (:meth:`peerwatch.report.network.PortTotals.windows`), for the network line's figures.
+    Raises nothing for bad input."""
     job_id = str(job_id)
     skips = Skips()
     summary = JobSummary(job_id)
@@ -400,6 +420,7 @@ def summarize_job(
         if job_id in [str(j) for j in array(r.get("job_ids"))]
     ]
     summary.recommendations = [dict(r) for r in recs]
+    summary.network = network_ports(job_id, fs, recs, nic_ports, skips=skips)
     summary.flagged = _flagged(
         job_id, fs, ws, recs,
         records_with_node("node event", node_events, skips), records_with_node("drain action", actions, skips),

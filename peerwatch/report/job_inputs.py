@@ -1,4 +1,4 @@
-"""The inputs of :mod:`~peerwatch.streams.core.job_summary`, checked: every record is hostile
+"""The inputs of :mod:`~peerwatch.report.job_summary`, checked: every record is hostile
 (from Kafka, an archive, a replay). A record of the wrong shape is skipped and counted by reason
 in :class:`Skips`, never raised; the ones kept have the fields the summary reads, typed.
 """

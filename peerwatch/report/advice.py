@@ -4,7 +4,7 @@ jobstats: what happened, what was done about it, what the owner can do.
 "GPU 3 on gpu00005 ran 8.0% slow (SM clock) for 18 min: its node was drained; resubmit with
 --exclude=gpu00005, or nothing to do if the job was requeued."
 
-A pure function of a :class:`~peerwatch.streams.core.job_summary.FlaggedGpu`; the numbers are
+A pure function of a :class:`~peerwatch.report.job_summary.FlaggedGpu`; the numbers are
 the ones the verdict gives (the slowdown of :mod:`peerwatch.streams.core.slowdown`).
 """
 
