@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import re
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -90,7 +91,22 @@ def kafka_settings(kafka_bootstrap: str) -> KafkaSettings:
 @pytest.fixture
 def topic_prefix() -> str:
     """A unique prefix so each test's topics and groups never see another test's records."""
-    return f"t{uuid.uuid4().hex[:10]}."
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    _OUR_PREFIXES.add(prefix)
+    return prefix
+
+
+#: The prefixes :func:`topic_prefix` gave out in this process, and the shape of any such prefix:
+#: another pytest process on the same broker (an engineer's run beside CI's) makes topics under
+#: prefixes of the same shape, which the cleanup below must leave alone.
+_OUR_PREFIXES: set[str] = set()
+_PREFIX_SHAPE = re.compile(r"^t[0-9a-f]{10}\.")
+
+
+def _ours(topic: str) -> bool:
+    """Whether this process may delete ``topic``: not under another process's test prefix."""
+    shape = _PREFIX_SHAPE.match(topic)
+    return shape is None or shape.group(0) in _OUR_PREFIXES
 
 
 def _topic_names(bootstrap: str) -> set[str] | None:
@@ -115,7 +131,7 @@ def _drop_the_modules_topics() -> Iterator[None]:
     if not bootstrap or before is None:
         return
     after = _topic_names(bootstrap)
-    made = sorted(t for t in (after or set()) - before if not t.startswith("__"))
+    made = sorted(t for t in (after or set()) - before if not t.startswith("__") and _ours(t))
     if made:
         from confluent_kafka.admin import AdminClient
 
