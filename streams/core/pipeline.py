@@ -42,11 +42,13 @@ from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.job_stage import JobReleaser, Release
 from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.network_jobs import JobNetwork
 from peerwatch.streams.core.network_stage import NetworkStage
 from peerwatch.streams.core.policy import apply as policy_apply
 from peerwatch.streams.core.policy_state import DrainPolicyState
 from peerwatch.streams.core.settings import PolicySettings, StageSettings
 from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
+from peerwatch.streams.core.topology import Topology
 from peerwatch.streams.core.windows import (
     SAMPLE_SPEC,
     BatchResult,
@@ -101,13 +103,18 @@ class Pipeline:
     """All four stages in one process (see the module docstring)."""
 
     def __init__(
-        self, settings: StageSettings, emit_windows: bool = True, max_batch: int = MAX_BATCH
+        self,
+        settings: StageSettings,
+        emit_windows: bool = True,
+        max_batch: int = MAX_BATCH,
+        topology: Topology | None = None,
     ) -> None:
         """``settings``: the live worker's settings objects (the tree's ``[stream]``,
         ``[detector]`` and ``[policy]`` tables; :class:`peerwatch.settings.Settings` is one).
         ``emit_windows``: yield every scored GpuWindow (WINDOW outputs); a replay that keeps
         only findings and recommendations turns it off. ``max_batch``: most sample records
-        handed to the aggregator at once."""
+        handed to the aggregator at once. ``topology``: the leaf switches, for the network's
+        switch grouping (None: none known)."""
         self.settings = settings
         self.max_batch = max_batch
         stream = settings.stream
@@ -142,7 +149,10 @@ class Pipeline:
             settings.detector,
             readings_ms=2 * settings.detector.window_ms
             + int((stream.lateness_s + stream.job_grace_s) * 1000),
+            topology=topology,
         )
+        # Stage 3's side of the network: each job's ports compared at its window's release.
+        self.net_jobs = JobNetwork(settings.network, settings.detector)
         self._next_silence_ms = -_FAR_FUTURE_MS
         self._max_sample_ms = -_FAR_FUTURE_MS
         self._open_nodes: dict[str, tuple[str, int]] = {}
@@ -378,6 +388,7 @@ class Pipeline:
         self.jobs.prune(watermark_ms, self.settings.stream.allocation_retention_s * 1000)
         self.hard.prune(watermark_ms - self.settings.stream.allocation_retention_s * 1000)
         self.network.prune(watermark_ms - self.settings.stream.allocation_retention_s * 1000)
+        self.net_jobs.prune(watermark_ms - self.settings.stream.allocation_retention_s * 1000)
 
     def _allocations_changed(self) -> None:
         """Hook: the allocation table changed (events applied or pruned)."""
@@ -390,6 +401,9 @@ class Pipeline:
         gets its ratio when released)."""
         fleet_watch = self.jobs.fleet(0)
         fleet_watch.add_closed(0, closed)
+        ports, switch_findings = self.network.closed(closed)  # stage 2's, before the batches
+        for jp in ports:
+            self.net_jobs.add(jp)
         for b in self.aggregator.group(closed):
             self.jobs.add(b, src=0)
         out: list[Output] = []
@@ -412,16 +426,17 @@ class Pipeline:
                 for copy in copies:
                     out += self._recommend(copy)
             out += self._network_window(r)
-        return out + fleet
+        switches = [Output(FINDING, str(f["job_id"]), dict(f), self._stream_ms)
+                    for f in switch_findings]  # fmt: skip
+        return switches + out + fleet
 
     def _network_window(self, r: Release) -> list[Output]:
         """The job's network compared across its nodes at a released window (findings out and
         through the policy: each names a node and a port, no GPU)."""
-        job_id = r.context.job_id
-        job_wide = r.result.job_wide  # the GPU detector's verdict for this window
+        job_id, res = r.context.job_id, r.result
         end_ms = r.window_start_ms + self.settings.detector.window_ms
-        found = self.network.job_window(
-            job_id, r.window_start_ms, end_ms, self.allocations.nodes_of(job_id), job_wide
+        found = self.net_jobs.release(
+            job_id, r.window_start_ms, end_ms, res.job_wide, res.job_sm, res.job_step_ms
         )
         out: list[Output] = []
         for f in found:
@@ -454,6 +469,7 @@ class Pipeline:
             **self.silence.counters(),
             **self.jobs.fleet(0).counters(),
             **self.network.counters(),
+            "network_peer_findings": self.net_jobs.peers.findings,
             "step_times": self.step_times,
         }
 

@@ -199,3 +199,16 @@ def test_a_whole_job_standing_out_is_its_own_traffic_not_the_switch() -> None:
     jobs: dict[str, str | None] = {f"gpu{i:03d}": "A" if i <= 4 else "B" for i in range(1, 41)}
     all_to_all = {f"gpu{i:03d}" for i in range(1, 5)}  # job A entire, under leaf01
     assert SwitchWatch(TOPO).window(5000, fleet_window(all_to_all, jobs), jobs) == []
+
+
+def test_lighter_traffic_of_another_job_is_no_switch_symptom() -> None:
+    """Jobs differ in traffic: two nodes of a lighter job under one leaf stand out against the
+    fleet on throughput only, which says nothing about their switch (the fleet comparison
+    counted net_rx/net_tx as symptoms before, and named leaf01)."""
+    jobs: dict[str, str | None] = {f"gpu{i:03d}": "A" if i in (1, 2) else "B" for i in range(1, 41)}
+    window = fleet_window(set(), jobs)
+    for n in ("gpu001", "gpu002"):
+        rates = {**window[n][0].rates_per_s, "port_xmit_data": 2e9, "port_rcv_data": 2e9}
+        window[n] = [PortWindow("mlx5_0/1", 0, 5000, 5, rates, 0.0, 0.0, 0, (), (), 400.0)]
+    jobs["gpu003"] = "A"  # job A has a node that does not stand out: not "its own traffic"
+    assert SwitchWatch(TOPO).window(5000, window, jobs) == []
