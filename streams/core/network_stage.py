@@ -34,10 +34,18 @@ from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.link_watch import LinkWatch
 from peerwatch.streams.core.model import is_idle_job
 from peerwatch.streams.core.network_jobs import JobPorts, nodes_by_job
-from peerwatch.streams.core.settings import DetectorSettings, NetworkSettings
+from peerwatch.streams.core.settings import DetectorSettings, NetworkSettings, StageSettings
 from peerwatch.streams.core.switch_watch import SwitchWatch
 from peerwatch.streams.core.topology import Topology
 from peerwatch.streams.core.windows import ClosedWindows
+
+
+def readings_ms(settings: StageSettings) -> int:
+    """How long (ms) stage 2 keeps each node's NIC readings behind its newest one: two windows,
+    the lateness and the job grace (a window is summarised when it closes, after its lateness;
+    the grace covers a node's readings arriving late in a slow batch)."""
+    stream = settings.stream
+    return 2 * settings.detector.window_ms + int((stream.lateness_s + stream.job_grace_s) * 1000)
 
 
 class NetworkStage:
@@ -111,37 +119,46 @@ class NetworkStage:
         self, closed: Sequence[ClosedWindows]
     ) -> tuple[list[JobPorts], list[StragglerFinding]]:
         """The window starts stage 2 just closed (the aggregator's ``pop_ready``): per (job,
-        window), its nodes' ports summarised over the window (jobs with NIC readings from at
-        least ``network.peer_min_nodes`` of their nodes; idle GPUs' pseudo-jobs left out),
-        each node a switch episode explains marked; and the leaf-switch findings of those
-        windows (:class:`SwitchWatch` over every summarised node, across jobs, once per window
-        start). Returns (ports in (start, job) order, switch findings)."""
+        window), the ports of its nodes in ``closed`` summarised over the window (nodes with NIC
+        readings; idle GPUs' pseudo-jobs left out; a job spread over several samples partitions
+        gets one per partition, stage 3 merges them), each node a switch episode explains
+        marked; and the leaf-switch findings (:class:`SwitchWatch` over every node this stage
+        holds readings of, across jobs, at the first close of each window start). Returns
+        (ports in (start, job) order, switch findings)."""
         ports: list[JobPorts] = []
         found: list[StragglerFinding] = []
         if not self.readings:
             return ports, found
         for part in closed:
             start, end = part.start_ms, part.end_ms
-            jobs = {j: n for j, n in nodes_by_job(part).items() if not is_idle_job(j)}
-            windows = {
-                n: ws
-                for nodes in jobs.values()
-                for n in nodes
-                if n in self.readings and (ws := self.port_windows(n, start, end))
-            }
-            if start > self.switch_judged_ms and windows:
+            windows: dict[str, list[PortWindow]] = {}
+            if start > self.switch_judged_ms:
                 self.switch_judged_ms = start
-                node_job = {n: j for j, nodes in jobs.items() for n in nodes if n in windows}
-                found += self.switches.window(end, windows, node_job)
-            for job_id, nodes in sorted(jobs.items()):
-                have = {n: tuple(windows[n]) for n in nodes if n in windows}
-                if len(have) < self.links.settings.peer_min_nodes:
+                windows = {n: self.port_windows(n, start, end) for n in sorted(self.readings)}
+                owners = {n: self._owner(n, start) for n in windows}
+                found += self.switches.window(end, windows, owners)
+            for job_id, nodes in nodes_by_job(part).items():
+                if is_idle_job(job_id):
+                    continue
+                have = {
+                    n: tuple(ws)
+                    for n in nodes
+                    if n in self.readings
+                    and (ws := windows[n] if n in windows else self.port_windows(n, start, end))
+                }
+                if not have:
                     continue
                 switched = {
                     n: sw for n in have if (sw := self.switches.explains(n, end)) is not None
                 }
                 ports.append(JobPorts(job_id, start, end, have, switched))
         return ports, found
+
+    def _owner(self, node: str, ts_ms: int) -> str | None:
+        """The job owning a GPU of ``node`` at ``ts_ms`` (the smallest id when several do; None:
+        idle)."""
+        owners = self.links.allocations.segment(node, ts_ms)[0]
+        return min(owners.values()) if owners else None
 
     def prune(self, before_ms: int) -> int:
         """Forget ports whose last reading is older than ``before_ms`` (ms), and switch symptoms

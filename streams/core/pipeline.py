@@ -43,7 +43,7 @@ from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.job_stage import JobReleaser, Release
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.network_jobs import JobNetwork
-from peerwatch.streams.core.network_stage import NetworkStage
+from peerwatch.streams.core.network_stage import NetworkStage, readings_ms
 from peerwatch.streams.core.policy import apply as policy_apply
 from peerwatch.streams.core.policy_state import DrainPolicyState
 from peerwatch.streams.core.settings import PolicySettings, StageSettings
@@ -147,8 +147,7 @@ class Pipeline:
             self.allocations,
             settings.network,
             settings.detector,
-            readings_ms=2 * settings.detector.window_ms
-            + int((stream.lateness_s + stream.job_grace_s) * 1000),
+            readings_ms=readings_ms(settings),
             topology=topology,
         )
         # Stage 3's side of the network: each job's ports compared at its window's release.

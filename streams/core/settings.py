@@ -630,6 +630,12 @@ class NetworkSettings:
         lo=1,
         hi=86400,
     )
+    topology: str = setting(
+        "",
+        "the leaf-switch layout for the switch grouping: empty (none), 'scontrol' (`scontrol "
+        "show topology` when the worker starts) or the path of a topology.conf or of saved "
+        "`scontrol show topology` output",
+    )
     switch_min_nodes: int = setting(
         2,
         "nodes under one leaf switch with the same symptom that make one switch finding",

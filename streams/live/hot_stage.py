@@ -66,9 +66,11 @@ from peerwatch.streams.core.clock_offset import ClockOffsets
 from peerwatch.streams.core.fleet import censuses_closed
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
-from peerwatch.streams.core.network_stage import NetworkStage
+from peerwatch.streams.core.network_jobs import job_ports_json
+from peerwatch.streams.core.network_stage import NetworkStage, readings_ms
 from peerwatch.streams.core.pipeline import PRUNE_EVERY_MS
 from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
+from peerwatch.streams.core.topology import live_topology
 from peerwatch.streams.core.windows import SAMPLE_SPEC, VALUE_LIMIT, WindowAggregator
 from peerwatch.streams.live.hot_progress import PartitionProgress
 from peerwatch.streams.live.window_batches import WindowBatchCodec
@@ -192,9 +194,15 @@ class HotStage:
         self._watched_key: tuple[int, frozenset[int]] | None = None
         self.alloc = AllocationTable(self.retention_ms)
         self.parts: dict[int, _Partition] = {}
-        #: The network's link rules over the NIC samples (the same object replay feeds).
-        #: Link rules only: the job comparison runs where stage 3 is, not here (no readings).
-        self.network = NetworkStage(self.alloc, settings.network, settings.detector, readings_ms=0)
+        #: The network over the NIC samples (the same object replay feeds): link rules on
+        #: arrival, each job's ports per closed window (to stage 3), the leaf-switch grouping.
+        self.network = NetworkStage(
+            self.alloc, settings.network, settings.detector, readings_ms=readings_ms(settings),
+            topology=live_topology(settings.network.topology),
+        )  # fmt: skip
+        #: (key, value) of the network messages of the windows closed in this batch: sent
+        #: before the batch's window batches (_send_closed)
+        self._net_out: list[tuple[bytes, bytes]] = []
         self.nic_codec = AvroCodec("NodeNicSample")
         self._nic: Any = None  # the NIC samples consumer (None: no NIC topic)
         #: NIC partition -> next offset to commit (committed with the samples, after a flush).
@@ -298,10 +306,10 @@ class HotStage:
         try:
             while not self._stop.is_set():
                 messages = self._consumer.consume(self.batch_max, timeout=self.batch_within_s)
+                self._process_nic()  # first: the NIC readings of the windows the samples close
                 if messages:
                     self._sync_job_events()
                     self._process(messages)
-                self._process_nic()
                 self._measure_lag()
                 self._check_silence()
                 self._heartbeat_when_idle()
@@ -456,7 +464,11 @@ class HotStage:
     def _send_closed(self) -> None:
         """Send what the batch closed: one message per job and window (every partition's
         windows of it), then one heartbeat per stage-3 partition for every source that closed
-        windows, after their window batches (same producer, same partition: in order)."""
+        windows, after their window batches (same producer, same partition: in order). Each
+        job's network message of a window goes before its window batches (same key)."""
+        for key, value in self._net_out:
+            self._send(self.topics.batches, key, value)
+        self._net_out.clear()
         for (job_id, start, end), (parts, closed_wall_ms) in self._out.items():
             try:
                 values = self.batch_codec.encode_batches(job_id, start, end, parts,
@@ -567,6 +579,7 @@ class HotStage:
         for start, end, seen in censuses_closed(ready, cap_frac):
             self._census.append({"kind": "census", "src": p, "start": start, "end": end,
                                  "census": {n: c.to_json() for n, c in seen.items()}})  # fmt: skip
+        self._network_closed(ready)
         for b in agg.group(ready):  # sent after the whole batch, one message per job and window
             key = (b.job_id, b.window_start_ms, b.window_end_ms)
             parts = self._out[key][0] if key in self._out else {}
@@ -680,6 +693,18 @@ class HotStage:
             self._publish_finding(f)
         if not self.parts:  # no samples partition: no samples commit to ride on
             self._commit_nic()
+
+    def _network_closed(self, ready: list[Any]) -> None:
+        """The closed windows' network: each job's ports queued for stage 3
+        (:meth:`_send_closed`), the leaf-switch findings out at once (no node: the findings
+        topic only)."""
+        ports, found = self.network.closed(ready)
+        for f in found:
+            self.counters.hard_findings += 1
+            self._publish_finding(f)
+        self._net_out += [
+            (jp.job_id.encode(), json.dumps(job_ports_json(jp)).encode()) for jp in ports
+        ]
 
     def _commit_nic(self) -> None:
         """Commit the NIC offsets read (after a flush: their findings are out first)."""

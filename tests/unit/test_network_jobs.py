@@ -109,4 +109,3 @@ def test_congestion_under_one_leaf_is_one_finding_naming_the_switch_and_no_node(
     ]
     assert found[0]["hard_rules"] in (["net_cnp"], ["net_wait"])
     assert 0 <= found[0]["detected_ms"] - onset <= 15_000
-
