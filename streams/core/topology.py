@@ -192,12 +192,12 @@ def load_topology(source: str, commands: SlurmCommands | None = None) -> Topolog
     return parse_topology(raw.decode("utf-8", errors="replace"))
 
 
-def live_topology(source: str) -> Topology:
+def live_topology(source: str, commands: SlurmCommands | None = None) -> Topology:
     """:func:`load_topology` for a worker: a ``scontrol`` that fails is logged and the worker
     goes on without a layout (no switch finding); the problems of skipped lines are logged.
     Raises ConfigError for a file that cannot be read."""
     try:
-        topology = load_topology(source)
+        topology = load_topology(source, commands)
     except SlurmCommandError as exc:
         log.warning("network.topology: no switch layout (%s); no switch findings", exc)
         return Topology()
