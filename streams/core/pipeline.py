@@ -48,7 +48,7 @@ from peerwatch.streams.core.policy import apply as policy_apply
 from peerwatch.streams.core.policy_state import DrainPolicyState
 from peerwatch.streams.core.settings import PolicySettings, StageSettings
 from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
-from peerwatch.streams.core.topology import Topology
+from peerwatch.streams.core.topology import Topology, live_topology
 from peerwatch.streams.core.windows import (
     SAMPLE_SPEC,
     BatchResult,
@@ -114,7 +114,8 @@ class Pipeline:
         ``emit_windows``: yield every scored GpuWindow (WINDOW outputs); a replay that keeps
         only findings and recommendations turns it off. ``max_batch``: most sample records
         handed to the aggregator at once. ``topology``: the leaf switches, for the network's
-        switch grouping (None: none known)."""
+        switch grouping (None: ``network.topology``'s, as a live worker reads it at start).
+        Raises ConfigError when ``network.topology`` names a file that cannot be read."""
         self.settings = settings
         self.max_batch = max_batch
         stream = settings.stream
@@ -148,7 +149,7 @@ class Pipeline:
             settings.network,
             settings.detector,
             readings_ms=readings_ms(settings),
-            topology=topology,
+            topology=live_topology(settings.network.topology) if topology is None else topology,
         )
         # Stage 3's side of the network: each job's ports compared at its window's release.
         self.net_jobs = JobNetwork(settings.network, settings.detector)

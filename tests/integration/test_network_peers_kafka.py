@@ -1,6 +1,7 @@
 """A node whose link degrades inside a 32-node job, named with cause NETWORK by a real
-``peerwatch stream`` worker (subprocess) on a real broker, and by a replay of the broker's topics
-(issue 38 item 4, the live wiring of the network comparison).
+``peerwatch stream`` worker (subprocess) on a real broker, by a replay of the broker's topics and
+by ``peerwatch replay --archive`` over what the archiver kept (issue 38 item 4, the live wiring
+of the network comparison).
 
 The simulator's 32-node job (256 GPUs, 2 InfiniBand ports a node) trains normally for 60 s, then
 node gpu00017's NIC retransmits on ``mlx5_0/1``: every rank waits on it, SM activity falls job-wide
@@ -9,13 +10,15 @@ node's ports per closed window and sends them, as ``network`` messages on the wi
 topic, ahead of the job's window batches; stage 3 opens the gate (the job slowed against its own
 recent past) and names the node and port. The ticks are published a few at a time behind the
 first minute, as agents publish them, so each window's NIC samples are read before the samples
-that close it. The offline pipeline over the same records, and over the broker's topics read back
-(:func:`~peerwatch.streams.offline.replay_kafka.kafka_records`), must name the same node and port
-with the same finding bytes (live = replay).
+that close it. The offline pipeline over the same records, over the broker's topics read back
+(:func:`~peerwatch.streams.offline.replay_kafka.kafka_records`) and ``peerwatch replay --archive``
+(the split replay: the NIC samples and the comparison in its stages process) must name the same
+node and port with the same finding bytes (live = replay).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
@@ -29,7 +32,9 @@ from peerwatch.streams.offline.replay import TimeRange
 from peerwatch.streams.offline.replay_kafka import kafka_records
 from peerwatch.streams.tools.bench_run import produce_raw, wait_stable
 from peerwatch.topics import STRAGGLERS
+from tests.integration.archive_helpers import peerwatch_env, run, start
 from tests.integration.test_hard_silence_kafka import build, decoded
+from tests.integration.test_replay import stop
 from tests.integration.test_stream_app import (
     INTERVAL_S,
     LATENESS_S,
@@ -78,9 +83,42 @@ def test_a_degraded_link_in_a_32_node_job_is_named_live_and_replay_says_the_same
     assert named[0]["detected_ms"] - onset_ms <= 15_000
 
     prefix = fresh_topics(kafka_settings)
-    with new_worker(
-        kafka_settings, prefix, tmp_path, "netpeers", f"app-{uuid.uuid4().hex[:6]}"
-    ) as w:
+    root, env = tmp_path / "archive", peerwatch_env(kafka_settings, prefix)
+    archiver = start(["archive", "--dir", str(root), "--group-id", f"{prefix}archive",
+                      "--flush-interval-s", "0.5"], env, tmp_path / "archive.log")  # fmt: skip
+    try:
+        live, log = run_worker(kafka_settings, prefix, tmp_path, sc)
+        time.sleep(3)  # the archiver's flush interval, several times over
+    finally:
+        stop(archiver)
+    assert [(f["node"], f["port"], f["status"], f["gpu_index"]) for f in live] == [
+        (NODE, PORT, "CONFIRMED", None)
+    ], log
+    assert sorted(CODEC.encode(f) for f in live) == want  # live = offline, byte for byte
+    # live = replay of the broker's topics
+    span = TimeRange(sc.start_ms, sc.start_ms + DURATION_S * 1000)
+    replayed, bad = kafka_records(kafka_settings, span, prefix)
+    assert bad == 0
+    assert offline(replayed) == want
+    # live = the archive replayed (the split replay: NIC samples and comparison in its stages
+    # process); replay closes the windows the worker left open, none names a link
+    out = tmp_path / "replay.jsonl"
+    run(["replay", "--archive", str(root), "--from", str(span.from_ms), "--to", str(span.to_ms),
+         "--window-s", str(WINDOW_S), "--lateness-s", str(LATENESS_S), "--no-progress",
+         "--findings", str(out)], env)  # fmt: skip
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    archived = sorted(CODEC.encode({k: v for k, v in x.items() if k != "kind"}) for x in lines
+                      if x["kind"] == "finding" and x["cause"] == "NETWORK")  # fmt: skip
+    assert archived == want
+
+
+def run_worker(
+    kafka_settings: KafkaSettings, prefix: str, tmp_path: Path, sc: Any
+) -> tuple[list[dict[str, Any]], str]:
+    """The scenario through a new worker, published as agents publish it: its NETWORK findings
+    (once there is one and nothing more comes) and its log."""
+    app = f"app-{uuid.uuid4().hex[:6]}"
+    with new_worker(kafka_settings, prefix, tmp_path, "netpeers", app) as w:
         first = sc.start_ms + (ONSET_S - 20) * 1000
         produce_raw(kafka_settings, sc.raw(prefix, until_ms=first))
         before = sum(s == "samples" and t < first for t, s, _, _ in sc.records)
@@ -98,14 +136,4 @@ def test_a_degraded_link_in_a_32_node_job_is_named_live_and_replay_says_the_same
                     if f["cause"] == "NETWORK"]  # fmt: skip
 
         live = wait_stable(network, lambda fs: bool(fs), RUN_TIMEOUT_S, settle_s=3)
-        log = w.log_tail()
-    assert [(f["node"], f["port"], f["status"], f["gpu_index"]) for f in live] == [
-        (NODE, PORT, "CONFIRMED", None)
-    ], log
-    assert sorted(CODEC.encode(f) for f in live) == want  # live = offline, byte for byte
-    # live = replay of the broker's topics
-    replayed, bad = kafka_records(
-        kafka_settings, TimeRange(sc.start_ms, sc.start_ms + DURATION_S * 1000), prefix
-    )
-    assert bad == 0
-    assert offline(replayed) == want
+        return live, w.log_tail()
