@@ -144,7 +144,9 @@ class JobNetwork:
     def add(self, jp: JobPorts) -> bool:
         """One source's ports of a job's window (a node given again replaces its ports); False
         when that window was released already (a re-sent message: nothing kept)."""
-        if jp.start_ms <= self.peers.last_window.get(jp.job_id, -1):
+        pace = self.paces.get(jp.job_id)
+        released = -1 if pace is None or pace.last_start_ms is None else pace.last_start_ms
+        if jp.start_ms <= max(released, self.peers.last_window.get(jp.job_id, -1)):
             return False
         nodes, switched = self.held.setdefault((jp.job_id, jp.start_ms), ({}, {}))
         nodes.update(jp.nodes)

@@ -129,6 +129,8 @@ def test_ports_of_a_released_window_are_refused_and_stale_ones_pruned() -> None:
     net = JobNetwork()
     run(net, [0.8] * 3)
     assert net.add(ports(1)) is False
+    net.release("j1", 3 * W, 4 * W, False, 0.8, None)  # released before its ports came
+    assert net.add(ports(3)) is False and ("j1", 3 * W) not in net.held
     assert net.add(ports(7)) is True
     net.prune(10 * W)
     assert net.held == {} and net.paces == {}
