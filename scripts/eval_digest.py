@@ -26,7 +26,7 @@ from peerwatch.streams.tools.eval_suites import suite
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", default="quick", choices=("quick", "full", "soak"))
+    p.add_argument("--suite", default="quick", choices=("quick", "full", "soak", "network"))
     p.add_argument("--only", default="", help="only scenarios whose name contains this")
     p.add_argument("--out", type=Path, help="write every output as JSON lines here")
     args = p.parse_args(argv)

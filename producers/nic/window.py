@@ -42,6 +42,15 @@ class PortWindow:
 
 def _counter_rate(name: str, points: Sequence[tuple[int, int]]) -> tuple[float | None, bool, bool]:
     """(rate per second, reset seen, saturated seen) of one counter's ``(ts_ms, value)``."""
+    values, times = [v for _, v in points], [t for t, _ in points]
+    if len(values) > 1 and values == sorted(values) and times == sorted(set(times)):
+        # No reset and times strictly rising (most windows): the pairs' deltas add up to the
+        # one delta over the whole span, exactly (integers), and a pair is saturated only if
+        # the last value is. The same result as the loop below, a fraction of its cost.
+        whole = counter_delta(name, values[0], values[-1], 0.0)
+        if whole.delta is None:
+            return None, False, whole.saturated
+        return whole.delta / ((points[-1][0] - points[0][0]) / 1000), False, False
     reset = saturated = False
     total = 0
     span_ms = 0
