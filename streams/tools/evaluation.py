@@ -454,13 +454,19 @@ class ScenarioResult:
     counters: dict[str, int]
 
 
+def scenario_pipeline(fleet: Fleet, settings: StageSettings) -> Pipeline:
+    """The pipeline a simulated fleet runs through: the live settings, and the fleet's switch
+    layout (its ``topology.conf``, parsed as a worker parses one)."""
+    spec = fleet.spec
+    layout = topology_conf(spec.nodes, spec.nodes_per_leaf, spec.node_name)
+    return Pipeline(settings, topology=parse_topology(layout))
+
+
 def run_scenario(scenario: EvalScenario, settings: StageSettings) -> ScenarioResult:
     """Simulate ``scenario``, run the pipeline over it and score the outputs."""
     t0 = time.perf_counter()
     fleet = Fleet(parse_scenario(scenario.doc))
-    spec = fleet.spec
-    layout = topology_conf(spec.nodes, spec.nodes_per_leaf, spec.node_name)
-    pipeline = Pipeline(settings, topology=parse_topology(layout))
+    pipeline = scenario_pipeline(fleet, settings)
     findings: list[tuple[dict[str, Any], int]] = []
     recs: list[tuple[dict[str, Any], int]] = []
     records = (r for batch in fleet.ticks() for r in batch)
