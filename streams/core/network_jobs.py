@@ -20,6 +20,7 @@ Pure; state is plain data (:meth:`JobNetwork.snapshot` / :meth:`JobNetwork.resto
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,10 @@ MAX_NODES = 100_000
 MAX_PORTS = 64
 #: What a node or switch name may be in a message (Slurm's node names; hostile beyond).
 MAX_NAME = 128
+#: A job's window goes to stage 3 in messages of at most about this size (whole nodes each),
+#: as its window batches do: well under Kafka's default 1 MB record limit. A node of 8 ports is
+#: about 6 kB, so a message holds some 80 nodes.
+MAX_MESSAGE_BYTES = 512 * 1024
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,32 @@ def job_ports_json(jp: JobPorts) -> dict[str, Any]:
         "nodes": {n: [port_window_json(p) for p in ports] for n, ports in sorted(jp.nodes.items())},
         "switched": dict(sorted(jp.switched.items())),
     }
+
+
+def job_ports_messages(jp: JobPorts, max_bytes: int = MAX_MESSAGE_BYTES) -> list[bytes]:
+    """:func:`job_ports_json` as UTF-8 JSON messages of at most about ``max_bytes`` each: the
+    nodes split in node order (a node's ports whole; stage 3 merges a window's messages by
+    node), so a big job's window stays under Kafka's record limit (1 MB by default)."""
+    out: list[bytes] = []
+    chunk: dict[str, tuple[PortWindow, ...]] = {}
+    size = 0
+    for node in sorted(jp.nodes):
+        ports = jp.nodes[node]
+        cost = len(json.dumps([port_window_json(p) for p in ports])) + len(node) + 8
+        if chunk and size + cost > max_bytes:
+            out.append(_message(jp, chunk))
+            chunk, size = {}, 0
+        chunk[node] = ports
+        size += cost
+    if chunk or not out:
+        out.append(_message(jp, chunk))
+    return out
+
+
+def _message(jp: JobPorts, nodes: Mapping[str, tuple[PortWindow, ...]]) -> bytes:
+    switched = {n: s for n, s in jp.switched.items() if n in nodes}
+    part = JobPorts(jp.job_id, jp.start_ms, jp.end_ms, nodes, switched)
+    return json.dumps(job_ports_json(part)).encode()
 
 
 def _name(value: Any, what: str) -> str:
@@ -194,21 +225,23 @@ class JobNetwork:
         return len(gone)
 
     def snapshot(self, job_id: str) -> dict[str, Any]:
-        """One job's memory as plain JSON data (:meth:`restore` takes it back)."""
+        """One job's memory as plain JSON data (:meth:`restore` takes it back): its pace, its
+        last compared window and the ports in an episode or with a flagged window in their
+        span (a clean port's memory is the same as none: it starts afresh). The ports held for
+        windows not yet released are not in it (a window's worth of data, large for a big job):
+        a restart between a window's ports and its release loses that window's comparison."""
         ports = self.peers.jobs.get(job_id, {})
-        held = sorted(
-            ((s, v) for (j, s), v in self.held.items() if j == job_id), key=lambda h: h[0]
-        )
         pace = self.paces.get(job_id)
-        window_ms = self.peers.detector.window_ms
         return {
-            "peers": {k: state.to_dict() for k, state in ports.items()},
+            "peers": {
+                k: state.to_dict()
+                for k, state in sorted(ports.items())
+                if state.status is not None
+                or state.episode_start_ms is not None
+                or any(state.history)
+            },
             "last_window": self.peers.last_window.get(job_id),
             "pace": None if pace is None else pace.to_dict(),
-            "held": [
-                job_ports_json(JobPorts(job_id, s, s + window_ms, nodes, switched))
-                for s, (nodes, switched) in held
-            ],
         }
 
     def restore(self, job_id: str, data: Mapping[str, Any]) -> None:
@@ -218,5 +251,3 @@ class JobNetwork:
         self.peers.restore_job(job_id, data["peers"], data["last_window"])
         if data["pace"] is not None:
             self.paces[job_id] = JobPace.from_dict(data["pace"])
-        for message in data["held"]:
-            self.add(job_ports_of_json(message))

@@ -66,7 +66,7 @@ from peerwatch.streams.core.clock_offset import ClockOffsets
 from peerwatch.streams.core.fleet import censuses_closed
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
-from peerwatch.streams.core.network_jobs import job_ports_json
+from peerwatch.streams.core.network_jobs import job_ports_messages
 from peerwatch.streams.core.network_stage import NetworkStage, readings_ms
 from peerwatch.streams.core.pipeline import PRUNE_EVERY_MS
 from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
@@ -702,9 +702,7 @@ class HotStage:
         for f in found:
             self.counters.hard_findings += 1
             self._publish_finding(f)
-        self._net_out += [
-            (jp.job_id.encode(), json.dumps(job_ports_json(jp)).encode()) for jp in ports
-        ]
+        self._net_out += [(jp.job_id.encode(), m) for jp in ports for m in job_ports_messages(jp)]
 
     def _commit_nic(self) -> None:
         """Commit the NIC offsets read (after a flush: their findings are out first)."""

@@ -9,8 +9,9 @@ window, on the same topic and key, so they are held here when the window is rele
 that does not parse is hostile input: :func:`~peerwatch.streams.core.network_jobs.job_ports_of_json`
 raises, and the agent dead-letters it (the handler's record errors). Each job's memory (held
 ports, its pace, the ports' persistence) is kept under ``~network|<job>`` in the job table after
-every change, and read back at the job's first use in this process (after a restart or a
-rebalance); a damaged one is counted (``state_damaged``) and dropped.
+every comparison, and read back at the job's first use in this process (after a restart or a
+rebalance); a damaged one is counted (``state_damaged``) and dropped. The ports held for a window
+not yet released are memory only (:meth:`JobNetwork.snapshot`).
 """
 
 from __future__ import annotations
@@ -71,15 +72,13 @@ class LiveJobNetwork:
         self.job_table[self._key(job_id)] = self.network.snapshot(job_id)
 
     def add(self, message: Mapping[str, Any]) -> bool:
-        """One ``network`` message (decoded JSON). Raises KeyError, TypeError or ValueError for
-        a message that is not a valid one (the caller dead-letters it); returns False when its
-        window was released already (nothing kept)."""
+        """One ``network`` message (decoded JSON), held in memory until its window's release.
+        Raises KeyError, TypeError or ValueError for a message that is not a valid one (the
+        caller dead-letters it); returns False when its window was released already (nothing
+        kept)."""
         jp = job_ports_of_json(message)
         self._restore(jp.job_id)
-        if not self.network.add(jp):
-            return False
-        self._save(jp.job_id)
-        return True
+        return self.network.add(jp)
 
     def release(self, r: Release, window_ms: int) -> list[StragglerFinding]:
         """One released job window: the NETWORK findings it makes (the job's memory saved)."""

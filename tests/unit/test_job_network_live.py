@@ -13,7 +13,13 @@ import pytest
 from peerwatch.streams.core.detector import DetectionResult
 from peerwatch.streams.core.job_stage import Release
 from peerwatch.streams.core.model import JobContext
-from peerwatch.streams.core.network_jobs import JobNetwork, JobPorts, job_ports_json
+from peerwatch.streams.core.network_jobs import (
+    JobNetwork,
+    JobPorts,
+    job_ports_json,
+    job_ports_messages,
+    job_ports_of_json,
+)
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.handlers import RECORD_ERRORS
 from peerwatch.streams.live.job_network import NETWORK_KEY, LiveJobNetwork
@@ -104,6 +110,7 @@ def test_a_hostile_network_message_is_refused_with_a_record_error(value: dict[st
 
 def test_the_jobs_handler_holds_a_network_message_for_its_window() -> None:
     handler, job_table, _ = jobs_handler()
-    assert handler.handle("b", 0, b"j1", json.dumps(message(3)).encode()) == []
-    assert (("j1", 3 * W) in handler.network.network.held
-            and NETWORK_KEY.format(job="j1").encode() in job_table)  # fmt: skip
+    sent = job_ports_messages(job_ports_of_json(message(3)))  # as the hot stage sends them
+    assert [handler.handle("b", 0, b"j1", m) for m in sent] == [[]]
+    # held in memory until the window's release; the job table is written at the comparison
+    assert ("j1", 3 * W) in handler.network.network.held and job_table == {}

@@ -3,6 +3,7 @@ GPU detector's job-wide verdict, opens it; JobNetwork (stage 3) names a slow lin
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -137,16 +138,23 @@ def test_ports_of_a_released_window_are_refused_and_stale_ones_pruned() -> None:
 
 
 def test_a_restored_job_network_names_what_an_uninterrupted_one_names() -> None:
-    whole = JobNetwork()
-    expected = run(whole, [0.8] * 5 + [0.5] * 5, n17=WAITING)
+    """Cut between the first flagged window and the one that confirms: the saved memory (the
+    pace, the port's flagged history) carries the episode over."""
+
+    def go(net: JobNetwork, first: int, last: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for k in range(first, last):
+            net.add(ports(k, **({"n17": WAITING} if k >= 5 else {})))
+            out += net.release("j1", k * W, (k + 1) * W, False, 0.8 if k < 5 else 0.5, None)
+        return out
+
+    expected = go(JobNetwork(), 0, 10)
     first = JobNetwork()
-    head = run(first, [0.8] * 5 + [0.5] * 1, n17=WAITING)
-    first.add(ports(6, n17=WAITING))  # held, not yet released, when the state is saved
+    head = go(first, 0, 6)
     second = JobNetwork()
-    second.restore("j1", first.snapshot("j1"))
-    tail = []
-    for k in range(6, 10):
-        if k > 6:
-            second.add(ports(k, n17=WAITING))
-        tail += second.release("j1", k * W, (k + 1) * W, False, 0.5, None)
-    assert head + tail == expected and named(expected) == [("n17", "mlx5_0/1", "CONFIRMED")]
+    second.restore("j1", json.loads(json.dumps(first.snapshot("j1"))))
+    assert head == [] and go(second, 6, 10) == expected
+    assert named(expected) == [("n17", "mlx5_0/1", "CONFIRMED")]
+    assert expected[0]["window_start_ms"] == 6 * W
+    # a clean port's memory is not saved (it is the same as none): only n17's is
+    assert list(first.snapshot("j1")["peers"]) == ["n17/mlx5_0/1"]

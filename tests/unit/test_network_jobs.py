@@ -14,7 +14,12 @@ from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.nic import topology_conf
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.settings import Settings
-from peerwatch.streams.core.network_jobs import JobPorts, job_ports_json, job_ports_of_json
+from peerwatch.streams.core.network_jobs import (
+    JobPorts,
+    job_ports_json,
+    job_ports_messages,
+    job_ports_of_json,
+)
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
 from peerwatch.streams.core.topology import parse_topology
 
@@ -74,6 +79,22 @@ def test_a_hostile_message_is_refused_naming_what_is_wrong(
 ) -> None:
     with pytest.raises(error):
         job_ports_of_json(message)
+
+
+def test_a_big_job_s_window_is_split_into_messages_under_the_limit_whole_nodes_each() -> None:
+    pw = ports().nodes["gpu00001"][0]
+    nodes = {f"gpu{i:05d}": (pw, PortWindow("mlx5_1/1", 5000, 10_000, 5, {}, 0.0, 0.0, 0, (), (),
+                                            None)) for i in range(500)}  # fmt: skip
+    jp = JobPorts("7501", 5000, 10_000, nodes, {"gpu00007": "leaf0", "gpu00400": "leaf9"})
+    sent = job_ports_messages(jp, max_bytes=64 * 1024)
+    assert len(sent) > 1 and all(len(m) <= 64 * 1024 + 2048 for m in sent)
+    got = [job_ports_of_json(json.loads(m)) for m in sent]
+    assert {n: p for g in got for n, p in g.nodes.items()} == nodes
+    assert {n: s for g in got for n, s in g.switched.items()} == jp.switched
+    assert all(set(g.switched) <= set(g.nodes) for g in got)
+    assert job_ports_messages(JobPorts("1", 0, 5000, {})) == [
+        json.dumps(job_ports_json(JobPorts("1", 0, 5000, {}))).encode()
+    ]
 
 
 def test_a_port_given_twice_is_refused() -> None:
