@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"overrides: {' '.join(args.set)}")
         print(format_report(results, total, checks, width=make_console().width))
         if unmeasured:
-            print(f"not measured by this subset: {'; '.join(unmeasured)}")
+            print(f"not measured by these scenarios: {'; '.join(unmeasured)}")
         print()
         print("alerts by kind, per 100 node-days of fleet time:")
         print(format_census([(r.name, r.score.alerts) for r in results], total.alerts))
