@@ -20,13 +20,13 @@ from pathlib import Path
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.settings import Settings
-from peerwatch.streams.core.pipeline import Pipeline
 from peerwatch.streams.tools.eval_suites import suite
+from peerwatch.streams.tools.evaluation import scenario_pipeline
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", default="quick", choices=("quick", "full", "soak"))
+    p.add_argument("--suite", default="quick", choices=("quick", "full", "soak", "network"))
     p.add_argument("--only", default="", help="only scenarios whose name contains this")
     p.add_argument("--out", type=Path, help="write every output as JSON lines here")
     args = p.parse_args(argv)
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             digest = hashlib.sha256()
             counts: dict[str, int] = {}
             records = (r for batch in fleet.ticks() for r in batch)
-            for out in Pipeline(Settings()).run(records):
+            for out in scenario_pipeline(fleet, Settings()).run(records):
                 text = json.dumps([out.kind, out.value], sort_keys=True)
                 digest.update(text.encode() + b"\n")
                 counts[out.kind] = counts.get(out.kind, 0) + 1

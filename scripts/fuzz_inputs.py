@@ -658,8 +658,39 @@ def kafka_corpus() -> dict[str, list[tuple[bytes | None, bytes]]]:
             message, _ = batches.decode_batch(value)
             message["parts"] = {str(src): ws for src, ws in message["parts"].items()}
             corpus["window-batches-json"].append((key, json.dumps(message).encode()))
+    corpus["network"] = _network_messages()
     _KAFKA_CORPUS.update(corpus)
     return corpus
+
+
+def _network_messages() -> list[tuple[bytes | None, bytes]]:
+    """The hot stage's ``network`` messages (each job's ports over a window, JSON) of a
+    simulated 8-node job with 2 ports a node, a minute long."""
+    from peerwatch.producers.sim.fleet import Fleet
+    from peerwatch.producers.sim.scenario import parse_scenario
+    from peerwatch.schemas.columns import tables_from_records
+    from peerwatch.streams.core.allocation import AllocationTable
+    from peerwatch.streams.core.network_jobs import job_ports_json
+    from peerwatch.streams.core.network_stage import NetworkStage
+    from peerwatch.streams.core.windows import SAMPLE_SPEC, WindowAggregator
+
+    fleet = Fleet(parse_scenario({
+        "fleet": {"nodes": 8, "gpus_per_node": 2, "duration_s": 60, "nics_per_node": 2},
+        "jobs": [{"job_id": "7", "gpus": 16, "first_node": 0, "duration_s": 7200}],
+    }))  # fmt: skip
+    alloc = AllocationTable()
+    network, agg = NetworkStage(alloc), WindowAggregator(alloc, 5, 2)
+    samples = []
+    for rec in (r for tick in fleet.ticks() for r in tick):
+        if rec.stream == "job-events":
+            alloc.apply_event(rec.value)
+        elif rec.stream == "nic-samples":
+            network.add_nic([rec.value])
+        elif rec.stream == "samples":
+            samples.append(rec.value)
+    agg.add_columns(tables_from_records(SAMPLE_SPEC, samples, agg.strings))
+    ports, _ = network.closed(agg.pop_all())
+    return [(jp.job_id.encode(), json.dumps(job_ports_json(jp)).encode()) for jp in ports]
 
 
 def _hot_stage(
@@ -698,7 +729,7 @@ def _messages(rng: Random, kinds: list[tuple[str, str]], n: int) -> list[tuple[F
         key, value = rng.choice(corpus[kind])
         hkey, key_ok = _hostile_key(rng, key)
         hvalue, value_ok = _hostile_value(
-            rng, value, kind not in ("window-batches-json", "node-findings")
+            rng, value, kind not in ("window-batches-json", "node-findings", "network")
         )
         msg = FakeMessage(topic, rng.randrange(2), 1000 + i, hkey, hvalue, _hostile_headers(rng))
         out.append((msg, key_ok and value_ok))
@@ -774,7 +805,8 @@ def _kafka_jobs(rng: Random, tmp: Path) -> None:
                           pending, job_events_topic="je", step_times_topic="st",
                           retention_ms=3600_000, counters=counters)  # fmt: skip
     kinds = [("JobEvent", "je"), ("StepTime", "st"), ("window-batches", "b"),
-             ("window-batches", "b"), ("window-batches", "b"), ("window-batches-json", "b")]  # fmt: skip
+             ("window-batches", "b"), ("window-batches", "b"), ("window-batches-json", "b"),
+             ("network", "b")]  # fmt: skip
     corpus = kafka_corpus()
     msgs = [
         (FakeMessage("je", 0, i, k, v), True) for i, (k, v) in enumerate(corpus["JobEvent"][:6])

@@ -10,6 +10,7 @@ window gives no rate (``saturated``).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,15 @@ class PortWindow:
 
 def _counter_rate(name: str, points: Sequence[tuple[int, int]]) -> tuple[float | None, bool, bool]:
     """(rate per second, reset seen, saturated seen) of one counter's ``(ts_ms, value)``."""
+    values, times = [v for _, v in points], [t for t, _ in points]
+    if len(values) > 1 and values == sorted(values) and times == sorted(set(times)):
+        # No reset and times strictly rising (most windows): the pairs' deltas add up to the
+        # one delta over the whole span, exactly (integers), and a pair is saturated only if
+        # the last value is. The same result as the loop below, a fraction of its cost.
+        whole = counter_delta(name, values[0], values[-1], 0.0)
+        if whole.delta is None:
+            return None, False, whole.saturated
+        return whole.delta / ((points[-1][0] - points[0][0]) / 1000), False, False
     reset = saturated = False
     total = 0
     span_ms = 0
@@ -92,4 +102,75 @@ def port_window(
     return PortWindow(
         name, start_ms, end_ms, len(inside), rates, link.down_s, link.unknown_s, link.flaps,
         tuple(resets), tuple(saturated), min(link_rates, default=None),
+    )  # fmt: skip
+
+
+#: Most counters one port window may carry in a message (mlx5 has about 60; hostile beyond).
+MAX_RATES = 256
+
+
+def _number(value: Any, what: str) -> float:
+    """A finite JSON number (not a bool). Raises TypeError/ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} is not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} is not finite")
+    return float(value)
+
+
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > MAX_RATES:
+        raise TypeError(f"{what} is not a list of at most {MAX_RATES} names")
+    if not all(isinstance(v, str) and 0 < len(v) <= 64 for v in value):
+        raise ValueError(f"{what} holds a name that is not a short string")
+    return tuple(value)
+
+
+def port_window_json(pw: PortWindow) -> dict[str, Any]:
+    """A :class:`PortWindow` as plain JSON types (:func:`port_window_of_json` reads it back)."""
+    return {
+        "name": pw.name, "start_ms": pw.start_ms, "end_ms": pw.end_ms, "readings": pw.readings,
+        "rates_per_s": dict(sorted(pw.rates_per_s.items())), "down_s": pw.down_s,
+        "unknown_s": pw.unknown_s, "flaps": pw.flaps, "resets": list(pw.resets),
+        "saturated": list(pw.saturated), "min_rate_gbps": pw.min_rate_gbps,
+    }  # fmt: skip
+
+
+def port_window_of_json(data: Any) -> PortWindow:
+    """A :class:`PortWindow` from :func:`port_window_json`'s form, received from another stage:
+    hostile input, checked field by field (a short name, ``0 <= start_ms <= end_ms < 2**53``,
+    finite non-negative numbers, at most :data:`MAX_RATES` counters). Raises TypeError or
+    ValueError naming the field."""
+    if not isinstance(data, Mapping):
+        raise TypeError("port window is not an object")
+    name = data["name"]
+    if not isinstance(name, str) or not 0 < len(name) <= 64:
+        raise ValueError("port window name is not a short string")
+    start, end, readings = data["start_ms"], data["end_ms"], data["readings"]
+    for what, v in (("start_ms", start), ("end_ms", end), ("readings", readings)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**53:
+            raise ValueError(f"port window {what} is not an integer in [0, 2**53)")
+    if end < start:
+        raise ValueError("port window end_ms before start_ms")
+    rates = data["rates_per_s"]
+    if not isinstance(rates, Mapping) or len(rates) > MAX_RATES:
+        raise TypeError(f"port window rates_per_s is not an object of at most {MAX_RATES}")
+    checked: dict[str, float] = {}
+    for counter, rate in rates.items():
+        if not isinstance(counter, str) or not 0 < len(counter) <= 64:
+            raise ValueError("port window counter name is not a short string")
+        checked[counter] = _number(rate, f"rate of {counter}")
+        if checked[counter] < 0:
+            raise ValueError(f"port window rate of {counter} is negative")
+    flaps = data["flaps"]
+    if isinstance(flaps, bool) or not isinstance(flaps, int) or not 0 <= flaps < 2**31:
+        raise ValueError("port window flaps is not a small non-negative integer")
+    down, unknown = _number(data["down_s"], "down_s"), _number(data["unknown_s"], "unknown_s")
+    if down < 0 or unknown < 0:
+        raise ValueError("port window down_s or unknown_s is negative")
+    rate_gbps = data["min_rate_gbps"]
+    return PortWindow(
+        name, start, end, readings, checked, down, unknown, flaps,
+        _names(data["resets"], "resets"), _names(data["saturated"], "saturated"),
+        None if rate_gbps is None else _number(rate_gbps, "min_rate_gbps"),
     )  # fmt: skip

@@ -35,7 +35,7 @@ for ``down_s`` seconds, then restart with counters at 0 and a new agent run).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +97,18 @@ def leaf_nodes(node: int, nodes_per_leaf: int, n_nodes: int) -> frozenset[int]:
     """The nodes under the leaf switch of ``node`` (consecutive blocks of ``nodes_per_leaf``)."""
     first = node // nodes_per_leaf * nodes_per_leaf
     return frozenset(range(first, min(first + nodes_per_leaf, n_nodes)))
+
+
+def topology_conf(n_nodes: int, nodes_per_leaf: int, node_name: Callable[[int], str]) -> str:
+    """The simulated fleet's switch layout as a Slurm ``topology.conf`` (one leaf switch
+    ``leaf<k>`` per block of ``nodes_per_leaf`` nodes, a ``spine`` above them), the text the
+    stream parses as it parses a real one (:func:`~peerwatch.streams.core.topology.parse_topology`)."""
+    leaves = [
+        f"SwitchName=leaf{k} Nodes={','.join(node_name(n) for n in sorted(leaf_nodes(first, nodes_per_leaf, n_nodes)))}"
+        for k, first in enumerate(range(0, n_nodes, nodes_per_leaf))
+    ]
+    spine = f"SwitchName=spine Switches=leaf[0-{len(leaves) - 1}]" if leaves else ""
+    return "\n".join([*leaves, spine]) + "\n"
 
 
 class NicModel:

@@ -48,7 +48,7 @@ from peerwatch.streams.core.model import (
     require,
 )
 from peerwatch.streams.core.peers import GpuVerdict, PeerComparison, baseline_verdict
-from peerwatch.streams.core.robust import median
+from peerwatch.streams.core.robust import array_median, median
 from peerwatch.streams.core.settings import DetectorSettings
 from peerwatch.streams.core.window_columns import FLOAT_FIELDS, WindowColumns, of_windows
 
@@ -92,6 +92,10 @@ class DetectionResult:
     findings: list[StragglerFinding] = field(default_factory=list)
     gated: str | None = None
     job_wide: bool = False
+    #: the job's median SM activity and step time (ms) over its reporting GPUs (None: none has
+    #: it): what the network comparison's gate reads (:mod:`~peerwatch.streams.core.network_gate`)
+    job_sm: float | None = None
+    job_step_ms: float | None = None
     recorded_xids: list[RecordedXid] = field(default_factory=list)
     skipped: str | None = None
 
@@ -163,6 +167,7 @@ def detect_job_window(
 
     gate = _gate(job, ordered, columns, groups, state, settings)
     result.gated = gate
+    result.job_sm, result.job_step_ms = (_finite_median(columns, n) for n in ("sm_frac", "step_ms"))
     scores: dict[str, float | None] = {}
     gpu_gate: dict[str, str] = {}
     if gate is None:
@@ -419,6 +424,13 @@ def _job_median(present: list[float]) -> float | None:
     """The job's median of one window field over the reporting GPUs that have it (None: none
     has it)."""
     return median(present) if present else None
+
+
+def _finite_median(columns: WindowColumns, name: str) -> float | None:
+    """The median of one field over the reporting GPUs' finite values (None: none)."""
+    values = columns.column(name).values[columns.reports]
+    values = values[np.isfinite(values)]
+    return array_median(values) if len(values) else None
 
 
 def _moved(before: float | None, now: float | None, limit: float) -> bool:

@@ -8,9 +8,10 @@ rail: ``mlx5_0/1`` with ``mlx5_0/1``) on the job's other nodes, by robust z with
 (:func:`~peerwatch.streams.core.robust.robust_stats`) and a material-effect gate, as the GPU
 features are. A port that stands out in windows covering ``network.confirm_s`` seconds within
 the last ``network.confirm_span_s`` is named, once per episode, by a CONFIRMED finding with
-cause ``NETWORK`` naming node and port, but only while the GPU detector's verdict for the job is
-the job-wide abstain (the job is slow as a whole); when no port stands out, nothing is published
-and the job-wide verdict stays. A finding names no GPU: the policy alerts on it, never drains
+cause ``NETWORK`` naming node and port, but only while the gate is open: the job is slow as a
+whole (:mod:`~peerwatch.streams.core.network_gate`: against its own recent past, or the GPU
+detector's job-wide verdict); when no port stands out, nothing is published and the GPU
+verdict stays. A finding names no GPU: the policy alerts on it, never drains
 (a job-wide slowdown never drains a node).
 
 Features (bad direction in brackets): ``net_errors`` link/receive error counters per second
@@ -27,8 +28,9 @@ by its own ``to_dict``); :meth:`NetworkPeers.snapshot` / :meth:`NetworkPeers.res
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from peerwatch.producers.nic.window import PortWindow
 from peerwatch.schemas.records import FeatureEvidence, StragglerFinding
@@ -171,8 +173,7 @@ class NetworkPeers:
     """Per-job network peer comparison with persistence in seconds.
 
     Call :meth:`window` once per closed window of each job, in window order, with the job's
-    nodes' port windows and whether the GPU detector's verdict for the job is the job-wide
-    abstain. :meth:`end_job` forgets a job.
+    nodes' port windows and whether the gate is open (the job slowed as a whole). :meth:`end_job` forgets a job.
     """
 
     def __init__(
@@ -193,10 +194,15 @@ class NetworkPeers:
         start_ms: int,
         end_ms: int,
         nodes: Mapping[str, Sequence[PortWindow]],
-        job_wide: bool,
+        gate: bool,
+        explained: Collection[str] = (),
     ) -> list[StragglerFinding]:
         """One window of one job; returns the NETWORK findings it makes (sorted by node, port).
 
+        ``gate``: the job is slowed as a whole in this window
+        (:mod:`~peerwatch.streams.core.network_gate`); a port is named only while it is open.
+        ``explained``: nodes whose symptom an open leaf-switch episode explains (compared, never
+        flagged: the switch finding names the cause).
         A window at or before the job's last one (a redelivery) changes nothing and returns [].
         Ports of fewer than ``peer_min_nodes`` nodes are not judged. When more than half of a
         port's group stands out, no node is named (a shared cause: the leaf switch or the job's
@@ -216,7 +222,7 @@ class NetworkPeers:
             if v.score is None:
                 continue
             shared = flagged_per_port[v.port] * 2 > group_per_port[v.port]
-            flagged = bool(v.flags) and not shared
+            flagged = bool(v.flags) and not shared and v.node not in explained
             state = states.setdefault(f"{v.node}/{v.port}", GpuDetectorState())
             state.last_seen_ms = end_ms
             state.history = ([*state.history, 1 if flagged else 0])[-self.n :]
@@ -228,7 +234,7 @@ class NetworkPeers:
                     state.reset_episode()
                 continue
             state.clean_streak = 0
-            if state.status is None and sum(state.history) >= self.k and job_wide:
+            if state.status is None and sum(state.history) >= self.k and gate:
                 state.status = CONFIRMED
                 out.append(self._finding(job_id, start_ms, end_ms, v, state, group_per_port))
         self.findings += len(out)
@@ -245,7 +251,7 @@ class NetworkPeers:
     ) -> StragglerFinding:
         top = max(v.evidence, key=lambda e: abs(e["z"]))
         reason = (
-            f"network: port {v.port} of {v.node} stands out in a job-wide slowdown "
+            f"network: port {v.port} of {v.node} stands out while the job is slowed "
             f"({', '.join(v.flags)}; {top['feature']} {top['value']:.3g} vs median "
             f"{top['peer_median']:.3g}, z {top['z']:.1f})"
         )
@@ -291,6 +297,15 @@ class NetworkPeers:
         for job_id in old:
             self.end_job(job_id)
         return len(old)
+
+    def restore_job(self, job_id: str, ports: Mapping[str, Any], last_window: int | None) -> None:
+        """Replace one job's memory (its ports' states as :meth:`snapshot` gives them under
+        ``jobs``, and its last window start; the caller's own store)."""
+        self.end_job(job_id)
+        if ports:
+            self.jobs[job_id] = {str(k): GpuDetectorState.from_dict(s) for k, s in ports.items()}
+        if last_window is not None:
+            self.last_window[job_id] = int(last_window)
 
     def snapshot(self) -> dict[str, object]:
         """Plain JSON data (:meth:`restore` takes it back)."""

@@ -8,13 +8,16 @@ out on the findings topic and through the drain policy. The rules themselves are
 :mod:`~peerwatch.streams.core.network_rules`); this object owns the composition, so a new network
 input or rule is wired here once, never in a runner.
 
-At each closed window of a job, stage 3 calls :meth:`NetworkStage.job_window` with the job's
-nodes and whether the GPU detector's verdict is the job-wide abstain: each node's ports are
-summarised over the window (:func:`~peerwatch.producers.nic.window.port_window`, from the
-readings kept since ``add_nic``) and compared across the job's nodes by
-:class:`~peerwatch.streams.core.network_peers.NetworkPeers` (a node whose link stands out in a
-job-wide slowdown is named, cause ``NETWORK``). Readings are kept per node for
-``readings_ms`` behind the node's newest one (enough for a window still to be released).
+At the window starts stage 2 closes, :meth:`NetworkStage.closed` summarises each job's nodes'
+ports over the window (:func:`~peerwatch.producers.nic.window.port_window`, from the readings kept
+since ``add_nic``, for ``readings_ms`` behind each node's newest one) into
+:class:`~peerwatch.streams.core.network_jobs.JobPorts`, which travel to stage 3 with the job's
+windows (there :class:`~peerwatch.streams.core.network_jobs.JobNetwork` compares them at the
+window's release), and runs the leaf-switch grouping
+(:class:`~peerwatch.streams.core.switch_watch.SwitchWatch`) here, where every node's ports of
+every job are at hand: several nodes under one leaf with the same symptom, across jobs, make one
+finding naming the switch (alert only), and their nodes are marked in the JobPorts so stage 3
+names none of them.
 
 State is plain data (:meth:`snapshot` / :meth:`restore`); :meth:`prune` forgets ports silent for
 longer than a horizon.
@@ -22,15 +25,27 @@ longer than a horizon.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from peerwatch.producers.nic.window import PortWindow, port_window
 from peerwatch.schemas.records import StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.link_watch import LinkWatch
-from peerwatch.streams.core.network_peers import NetworkPeers
-from peerwatch.streams.core.settings import DetectorSettings, NetworkSettings
+from peerwatch.streams.core.model import is_idle_job
+from peerwatch.streams.core.network_jobs import JobPorts, nodes_by_job
+from peerwatch.streams.core.settings import DetectorSettings, NetworkSettings, StageSettings
+from peerwatch.streams.core.switch_watch import SwitchWatch
+from peerwatch.streams.core.topology import Topology
+from peerwatch.streams.core.windows import ClosedWindows
+
+
+def readings_ms(settings: StageSettings) -> int:
+    """How long (ms) stage 2 keeps each node's NIC readings behind its newest one: two windows,
+    the lateness and the job grace (a window is summarised when it closes, after its lateness;
+    the grace covers a node's readings arriving late in a slow batch)."""
+    stream = settings.stream
+    return 2 * settings.detector.window_ms + int((stream.lateness_s + stream.job_grace_s) * 1000)
 
 
 class NetworkStage:
@@ -42,12 +57,16 @@ class NetworkStage:
         network: NetworkSettings | None = None,
         detector: DetectorSettings | None = None,
         readings_ms: int = 120_000,
+        topology: Topology | None = None,
     ) -> None:
         """``readings_ms``: how long (ms of event time, behind each node's newest reading) the
-        per-port readings stay for :meth:`job_window` (at least a window, its lateness and the
-        job grace; 0: none kept, :meth:`job_window` compares nothing)."""
+        per-port readings stay for :meth:`closed` (at least two windows and the lateness; 0:
+        none kept, :meth:`closed` summarises nothing). ``topology``: the leaf switches (None:
+        none known, no switch finding)."""
         self.links = LinkWatch(allocations, network, detector)
-        self.peers = NetworkPeers(network, detector)
+        self.switches = SwitchWatch(topology or Topology(), network, detector)
+        #: the latest window start the switch watch judged
+        self.switch_judged_ms = -(1 << 62)
         self.readings_ms = readings_ms
         #: node -> port -> [(ts_ms, NicPortReading)] in time order; node -> sampling interval ms
         self.readings: dict[str, dict[str, list[tuple[int, Mapping[str, Any]]]]] = {}
@@ -96,23 +115,55 @@ class NetworkStage:
             for name, series in sorted(self.readings.get(node, {}).items())
         ]
 
-    def job_window(
-        self, job_id: str, start_ms: int, end_ms: int, nodes: Iterable[str], job_wide: bool
-    ) -> list[StragglerFinding]:
-        """One closed window of one job (in window order; a window released again changes
-        nothing): its nodes' ports compared; returns the NETWORK findings (CONFIRMED, naming
-        node and port, no GPU). ``job_wide``: the GPU detector's verdict for the job is the
-        job-wide abstain after this window."""
-        windows = {n: self.port_windows(n, start_ms, end_ms) for n in sorted(set(nodes))}
-        having = {n: w for n, w in windows.items() if w}
-        if not having:  # no NIC samples from the job's nodes: nothing to compare
-            return []
-        return self.peers.window(job_id, start_ms, end_ms, having, job_wide)
+    def closed(
+        self, closed: Sequence[ClosedWindows]
+    ) -> tuple[list[JobPorts], list[StragglerFinding]]:
+        """The window starts stage 2 just closed (the aggregator's ``pop_ready``): per (job,
+        window), the ports of its nodes in ``closed`` summarised over the window (nodes with NIC
+        readings; idle GPUs' pseudo-jobs left out; a job spread over several samples partitions
+        gets one per partition, stage 3 merges them), each node a switch episode explains
+        marked; and the leaf-switch findings (:class:`SwitchWatch` over every node this stage
+        holds readings of, across jobs, at the first close of each window start). Returns
+        (ports in (start, job) order, switch findings)."""
+        ports: list[JobPorts] = []
+        found: list[StragglerFinding] = []
+        if not self.readings:
+            return ports, found
+        for part in closed:
+            start, end = part.start_ms, part.end_ms
+            windows: dict[str, list[PortWindow]] = {}
+            if start > self.switch_judged_ms:
+                self.switch_judged_ms = start
+                windows = {n: self.port_windows(n, start, end) for n in sorted(self.readings)}
+                owners = {n: self._owner(n, start) for n in windows}
+                found += self.switches.window(end, windows, owners)
+            for job_id, nodes in nodes_by_job(part).items():
+                if is_idle_job(job_id):
+                    continue
+                have = {
+                    n: tuple(ws)
+                    for n in nodes
+                    if n in self.readings
+                    and (ws := windows[n] if n in windows else self.port_windows(n, start, end))
+                }
+                if not have:
+                    continue
+                switched = {
+                    n: sw for n in have if (sw := self.switches.explains(n, end)) is not None
+                }
+                ports.append(JobPorts(job_id, start, end, have, switched))
+        return ports, found
+
+    def _owner(self, node: str, ts_ms: int) -> str | None:
+        """The job owning a GPU of ``node`` at ``ts_ms`` (the smallest id when several do; None:
+        idle)."""
+        owners = self.links.allocations.segment(node, ts_ms)[0]
+        return min(owners.values()) if owners else None
 
     def prune(self, before_ms: int) -> int:
-        """Forget ports whose last reading is older than ``before_ms`` (ms), and jobs whose last
-        window started before it; returns how many ports."""
-        self.peers.prune(before_ms)
+        """Forget ports whose last reading is older than ``before_ms`` (ms), and switch symptoms
+        older than it; returns how many ports."""
+        self.switches.prune(before_ms)
         for node in [n for n, ports in self.readings.items()
                      if max(s[-1][0] for s in ports.values()) < before_ms]:  # fmt: skip
             del self.readings[node]
@@ -123,7 +174,8 @@ class NetworkStage:
         """The state as plain JSON types (:meth:`restore` takes it back)."""
         return {
             "links": self.links.snapshot(),
-            "peers": self.peers.snapshot(),
+            "switches": self.switches.snapshot(),
+            "switch_judged_ms": self.switch_judged_ms,
             "readings": {
                 n: {p: [[t, dict(r)] for t, r in s] for p, s in ports.items()}
                 for n, ports in sorted(self.readings.items())
@@ -135,7 +187,8 @@ class NetworkStage:
         """Replace the state with a :meth:`snapshot`. Raises KeyError/TypeError/ValueError on a
         malformed snapshot (the runner's own store, not hostile input)."""
         self.links.restore(data["links"])
-        self.peers.restore(data["peers"])
+        self.switches.restore(data["switches"])
+        self.switch_judged_ms = int(data["switch_judged_ms"])
         self.readings = {
             str(n): {str(p): [(int(t), r) for t, r in s] for p, s in ports.items()}
             for n, ports in data["readings"].items()
@@ -143,6 +196,10 @@ class NetworkStage:
         self.interval_ms = {str(n): int(v) for n, v in data["interval_ms"].items()}
 
     def counters(self) -> dict[str, int]:
-        """NIC samples looked at, bad input skipped, link findings (LinkWatch's counters) and
-        the job network comparison's findings."""
-        return {**self.links.counters(), "network_peer_findings": self.peers.findings}
+        """NIC samples looked at, bad input skipped, link findings (LinkWatch's counters), the
+        switch findings and the symptoms of nodes the topology does not place."""
+        return {
+            **self.links.counters(),
+            "switch_findings": self.switches.findings,
+            "switch_unplaced": self.switches.unplaced,
+        }

@@ -42,11 +42,13 @@ from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.job_stage import JobReleaser, Release
 from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.network_jobs import JobNetwork, JobPorts
 from peerwatch.streams.core.network_stage import NetworkStage
 from peerwatch.streams.core.policy_stage import PolicyStage
 from peerwatch.streams.core.sample_stage import Census, SampleStage, StepResult
 from peerwatch.streams.core.settings import StageSettings
 from peerwatch.streams.core.silence import SilenceWatch
+from peerwatch.streams.core.topology import Topology, live_topology
 from peerwatch.streams.core.windows import SAMPLE_SPEC, ClosedWindows, WindowAggregator
 
 WINDOW = "window"
@@ -78,18 +80,26 @@ class Pipeline:
     """The four stages in one process (see the module docstring)."""
 
     def __init__(
-        self, settings: StageSettings, emit_windows: bool = True, max_batch: int = MAX_BATCH
+        self,
+        settings: StageSettings,
+        emit_windows: bool = True,
+        max_batch: int = MAX_BATCH,
+        topology: Topology | None = None,
     ) -> None:
         """``settings``: the live worker's settings objects (the tree's ``[stream]``,
         ``[detector]``, ``[network]`` and ``[policy]`` tables; :class:`peerwatch.settings.Settings`
         is one). ``emit_windows``: yield every scored GpuWindow (WINDOW outputs); a replay that
         keeps only findings and recommendations turns it off. ``max_batch``: most sample
-        records handed to stage 2 between two drains."""
+        records handed to stage 2 between two drains. ``topology``: the leaf switches, for the
+        network's switch grouping (None: ``network.topology``'s, as a live worker reads it at
+        start). Raises ConfigError when ``network.topology`` names a file that cannot be read."""
         self.settings = settings
         self.max_batch = max_batch
         self.emit_windows = emit_windows
         stream = settings.stream
-        self.stage = SampleStage(settings)
+        if topology is None:
+            topology = live_topology(settings.network.topology)
+        self.stage = SampleStage(settings, topology=topology)
         self.jobs = JobReleaser(
             settings.detector,
             self.stage.allocations,
@@ -98,12 +108,16 @@ class Pipeline:
             scored_windows=emit_windows,
         )
         self.policy = PolicyStage(settings.policy)
+        # Stage 3's side of the network: each job's ports compared at its window's release.
+        self.net_jobs = JobNetwork(settings.network, settings.detector)
         self.step_times = 0
         self._batch: list[Mapping[str, Any]] = []
         self._pending = 0  # samples handed to stage 2 since the last drain
         self._refused: list[tuple[str, dict[str, Any]]] = []  # their late and invalid ones
         self._closed: list[ClosedWindows] = []  # the windows they closed, with censuses
         self._censuses: list[Census] = []
+        self._ports: list[JobPorts] = []  # and their jobs' ports, switch findings
+        self._switches: list[StragglerFinding] = []
         self._pruned_ms: int | None = None  # stage 2 pruned at this watermark since the drain
         self._max_sample_ms = -_FAR_FUTURE_MS
         self._stream_ms = -_FAR_FUTURE_MS
@@ -195,8 +209,8 @@ class Pipeline:
     def finish(self) -> list[Output]:
         """End of input: close every open window and release every held job window."""
         out = self._drain()
-        closed, censuses = self.stage.finish()
-        return out + self._detect(closed, censuses, _FAR_FUTURE_MS)
+        closed, censuses, ports, switches = self.stage.finish()
+        return out + self._detect(closed, censuses, ports, switches, _FAR_FUTURE_MS)
 
     # -- stage 2 --------------------------------------------------------------------------------
     def _flush_batch(self) -> list[Output]:
@@ -226,6 +240,8 @@ class Pipeline:
             self._refused += [(kind, sample_of(r)) for r in rows.tolist()]
         self._closed += result.closed
         self._censuses += result.censuses
+        self._ports += result.ports
+        self._switches += result.switches
         if result.pruned_ms is not None:
             self._pruned_ms = result.pruned_ms
 
@@ -274,28 +290,38 @@ class Pipeline:
         watermark = agg.watermark_ms
         if watermark is None:
             return out
-        closed, censuses = self._closed, self._censuses
-        self._closed, self._censuses = [], []
-        out += self._detect(closed, censuses, watermark)
+        closed, censuses, ports, switches = self._closed, self._censuses, self._ports, self._switches
+        self._closed, self._censuses, self._ports, self._switches = [], [], [], []
+        out += self._detect(closed, censuses, ports, switches, watermark)
         self._prune_jobs()
         return out
 
     def _prune_jobs(self) -> None:
         """Stage 3's state pruned where stage 2 pruned its own (once a minute of event time)."""
         if self._pruned_ms is not None:
-            self.jobs.prune(self._pruned_ms, self.settings.stream.allocation_retention_s * 1000)
+            retention_ms = self.settings.stream.allocation_retention_s * 1000
+            self.jobs.prune(self._pruned_ms, retention_ms)
+            self.net_jobs.prune(self._pruned_ms - retention_ms)
             self._pruned_ms = None
 
     # -- stages 3 and 4 -------------------------------------------------------------------------
     def _detect(
-        self, closed: list[ClosedWindows], censuses: list[Census], watermark_ms: int
+        self,
+        closed: list[ClosedWindows],
+        censuses: list[Census],
+        ports: list[JobPorts],
+        switches: list[StragglerFinding],
+        watermark_ms: int,
     ) -> list[Output]:
         """Stage 3 on closed windows: one source (every node), its watermark stage 2's. The
         fleet watch gets the windows' censuses (as live, where every samples partition sends
-        its own), then the windows become dicts per job; the heartbeat judges the fleet first
-        (a window of a partition in a fleet shift gets its ratio when released)."""
+        its own), each job's ports go before its windows (as live), then the windows become
+        dicts per job; the heartbeat judges the fleet first (a window of a partition in a fleet
+        shift gets its ratio when released). The switch findings go out first."""
         for start, end, seen in censuses:
             self.jobs.census(0, start, end, seen)
+        for jp in ports:
+            self.net_jobs.add(jp)
         for b in self.aggregator.group(closed):
             self.jobs.add(b, src=0)
         out: list[Output] = []
@@ -318,16 +344,16 @@ class Pipeline:
                 for copy in copies:
                     out += self._recommend(copy)
             out += self._network_window(r)
-        return out + fleet
+        switched = [Output(FINDING, str(f["job_id"]), dict(f), self._stream_ms) for f in switches]
+        return switched + out + fleet
 
     def _network_window(self, r: Release) -> list[Output]:
         """The job's network compared across its nodes at a released window (findings out and
         through the policy: each names a node and a port, no GPU)."""
-        job_id = r.context.job_id
-        job_wide = r.result.job_wide  # the GPU detector's verdict for this window
+        job_id, res = r.context.job_id, r.result
         end_ms = r.window_start_ms + self.settings.detector.window_ms
-        found = self.network.job_window(
-            job_id, r.window_start_ms, end_ms, self.allocations.nodes_of(job_id), job_wide
+        found = self.net_jobs.release(
+            job_id, r.window_start_ms, end_ms, res.job_wide, res.job_sm, res.job_step_ms
         )
         out: list[Output] = []
         for f in found:
@@ -362,10 +388,12 @@ class Pipeline:
         )
 
     def counters(self) -> dict[str, int]:
-        """Stage 2's counters, the fleet watch's and the step-time records seen."""
+        """Stage 2's counters, the fleet watch's, the job network comparison's findings and the
+        step-time records seen."""
         return {
             **self.stage.counters(),
             **self.jobs.fleet(0).counters(),
+            "network_peer_findings": self.net_jobs.peers.findings,
             "step_times": self.step_times,
         }
 

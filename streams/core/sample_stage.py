@@ -19,7 +19,8 @@ It owns, for one worker or one replay:
   (:func:`~peerwatch.streams.core.fleet.censuses_closed`: stage 3's fleet watch merges every
   source's, one decision for the fleet, live and offline alike);
 * the :class:`~peerwatch.streams.core.network_stage.NetworkStage` (NIC samples: link rules on
-  arrival, the per-port readings kept for stage 3's job comparison);
+  arrival; at each close, every job's ports summarised over the closed windows for stage 3's
+  job comparison, and the leaf-switch grouping across jobs);
 * every cadence: windows close after each step at the aggregator's watermark
   (:meth:`SampleStage.due_ms` says the event time of the next close or silence check, where a
   runner that cuts its input gets outputs at the event time a live worker has them), state is
@@ -38,9 +39,12 @@ from peerwatch.schemas.records import StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.fleet import SourceCensus, censuses_closed
 from peerwatch.streams.core.hard_watch import HardWatch
+from peerwatch.streams.core.network_jobs import JobPorts
 from peerwatch.streams.core.network_stage import NetworkStage
+from peerwatch.streams.core.network_stage import readings_ms as nic_readings_ms
 from peerwatch.streams.core.settings import StageSettings
 from peerwatch.streams.core.silence import SilenceClock, SilenceWatch
+from peerwatch.streams.core.topology import Topology
 from peerwatch.streams.core.windows import ClosedWindows, WindowAggregator
 
 _FAR_PAST_MS = -(1 << 62)
@@ -65,6 +69,10 @@ class StepResult(NamedTuple):
     closed: list[ClosedWindows]
     #: the source's fleet census of each window start in ``closed``
     censuses: list[Census]
+    #: each job's ports over the windows in ``closed`` (stage 3 compares them at release)
+    ports: list[JobPorts]
+    #: leaf-switch findings of the windows in ``closed`` (no node: the findings topic only)
+    switches: list[StragglerFinding]
     #: the source's watermark after the step (ms; None: no valid sample yet)
     watermark_ms: int | None
     #: the newest valid sample time of the step (ms, the silence clock's; None: none valid)
@@ -90,12 +98,15 @@ class SampleStage:
         *,
         readings_ms: int | None = None,
         partition_of: Callable[[str], int] | None = None,
+        topology: Topology | None = None,
     ) -> None:
         """``settings``: the tree's ``[stream]``, ``[detector]``, ``[network]`` tables.
-        ``readings_ms``: how long the NIC readings are kept for stage 3 (ms; None: two
-        windows, the lateness and the job grace; 0: none). ``partition_of``: the source of a
-        node (live: the producers' partitioner), so the silence watch looks only at the nodes
-        of the sources held (None: every allocated node)."""
+        ``readings_ms``: how long the NIC readings are kept for the per-window port summaries
+        (ms; None: :func:`~peerwatch.streams.core.network_stage.readings_ms`; 0: none kept,
+        none summarised). ``partition_of``: the source of a node (live: the producers'
+        partitioner), so the silence watch looks only at the nodes of the sources held (None:
+        every allocated node). ``topology``: the leaf switches (the runner reads them:
+        :func:`~peerwatch.streams.core.topology.live_topology`; None: no switch grouping)."""
         stream, detector = settings.stream, settings.detector
         self.settings = settings
         self.retention_ms = stream.allocation_retention_s * 1000
@@ -110,12 +121,12 @@ class SampleStage:
             held=True,
         )
         self.silence_clock = SilenceClock(max(1, int(stream.silent_check_s * 1000)))
-        if readings_ms is None:
-            readings_ms = 2 * detector.window_ms + int(
-                (stream.lateness_s + stream.job_grace_s) * 1000
-            )
         self.network = NetworkStage(
-            self.allocations, settings.network, detector, readings_ms=readings_ms
+            self.allocations,
+            settings.network,
+            detector,
+            readings_ms=nic_readings_ms(settings) if readings_ms is None else readings_ms,
+            topology=topology,
         )
         self.partition_of = partition_of
         self.last_prune_ms = _FAR_PAST_MS
@@ -178,13 +189,19 @@ class SampleStage:
         watermark = agg.watermark_ms
         closed = agg.pop_ready(watermark) if watermark is not None else []
         censuses = censuses_closed(closed, self.settings.detector.fleet_cap_frac) if closed else []
-        return StepResult(hard, result.late, result.invalid, closed, censuses, watermark, newest,
-                          self._prune())  # fmt: skip
+        ports, switches = self.network.closed(closed) if closed else ([], [])
+        return StepResult(hard, result.late, result.invalid, closed, censuses, ports, switches,
+                          watermark, newest, self._prune())  # fmt: skip
 
-    def finish(self, src: int = 0) -> tuple[list[ClosedWindows], list[Census]]:
-        """End of input of source ``src``: every open window closed, with its censuses."""
+    def finish(
+        self, src: int = 0
+    ) -> tuple[list[ClosedWindows], list[Census], list[JobPorts], list[StragglerFinding]]:
+        """End of input of source ``src``: every open window closed, with its censuses, its
+        jobs' ports and its switch findings."""
         closed = self.aggregator(src).pop_all()
-        return closed, censuses_closed(closed, self.settings.detector.fleet_cap_frac)
+        ports, switches = self.network.closed(closed)
+        return (closed, censuses_closed(closed, self.settings.detector.fleet_cap_frac), ports,
+                switches)  # fmt: skip
 
     # -- cadences ---------------------------------------------------------------------------------
     def next_close_ms(self, src: int = 0) -> int:

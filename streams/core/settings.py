@@ -611,6 +611,31 @@ class NetworkSettings:
         lo=0.001,
         hi=86400,
     )
+    slow_rel: float = setting(
+        0.10,
+        "gate: a job window is slowed when the job's median SM activity is this share below "
+        "(or its median step time this share above) the median of its recent normal windows",
+        lo=0.001,
+        hi=0.99,
+    )
+    pace_windows: int = setting(
+        12,
+        "gate: the job's own reference is the median of this many recent normal windows",
+        lo=3,
+        hi=10000,
+    )
+    pace_memory_s: float = setting(
+        600.0,
+        "gate: a slowdown lasting longer than this becomes the job's new normal",
+        lo=1,
+        hi=86400,
+    )
+    topology: str = setting(
+        "",
+        "the leaf-switch layout for the switch grouping: empty (none), 'scontrol' (`scontrol "
+        "show topology` when the worker starts) or the path of a topology.conf or of saved "
+        "`scontrol show topology` output",
+    )
     switch_min_nodes: int = setting(
         2,
         "nodes under one leaf switch with the same symptom that make one switch finding",

@@ -30,6 +30,11 @@ from peerwatch.streams.core.settings import DetectorSettings, NetworkSettings
 from peerwatch.streams.core.topology import Topology
 
 _FAR_PAST = -(1 << 62)
+#: The peer features that count as a switch symptom across the fleet: the bad ones a switch
+#: causes on every port below it (waiting, congestion notifications, errors, retransmits).
+#: Throughput is left out: jobs differ in traffic, so an idle or lighter job's nodes would
+#: stand out against the fleet with nothing wrong.
+SWITCH_FEATURES = frozenset({"net_wait", "net_cnp", "net_errors", "net_retrans"})
 
 
 def symptoms_of(finding: Mapping[str, Any]) -> list[str]:
@@ -116,7 +121,8 @@ class SwitchWatch:
     ) -> list[StragglerFinding]:
         """One window of every reporting node's ports (``nodes``; ``jobs``: node -> its job or
         None) compared across the fleet (:func:`~peerwatch.streams.core.network_peers.compare_ports`,
-        the same port on every node): a flagged node is a symptom of its leaf switch (observed at
+        the same port on every node; only :data:`SWITCH_FEATURES`): a flagged node is a symptom
+        of its leaf switch (observed at
         ``end_ms``) unless its whole job stands out with it (every reporting node of the job
         flagged: the job's own traffic, such as an all-to-all phase, not the switch). Congestion
         that covers half of a job, which the job's own comparison cannot see, shows here."""
@@ -124,7 +130,8 @@ class SwitchWatch:
         flags: dict[str, list[tuple[str, str]]] = {}
         for v in verdicts:
             for feature in v.flags:
-                flags.setdefault(v.node, []).append((feature, v.port))
+                if feature in SWITCH_FEATURES:
+                    flags.setdefault(v.node, []).append((feature, v.port))
         members: dict[str, set[str]] = {}
         for node, job in jobs.items():
             if job is not None and node in nodes:

@@ -18,19 +18,25 @@ raises.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from peerwatch.errors import ConfigError, SlurmCommandError
 from peerwatch.producers.slurm.command import SlurmCommands
 from peerwatch.producers.slurm.errors import SlurmParseError
 from peerwatch.producers.slurm.hostlist import expand
+
+log = logging.getLogger(__name__)
 
 #: A switch name we accept (Slurm's own names are identifiers; anything else is refused).
 NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 #: The longest line read (longer lines are cut by Slurm or hostile).
 MAX_LINE = 1 << 16
 MAX_SWITCHES = 100_000
+#: The largest topology file read (100,000 switch lines of a few hundred bytes fit).
+MAX_FILE_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,40 @@ def parse_topology(text: str) -> Topology:
                 continue
             leaf_of[node] = sw.name
     return Topology(switches, leaf_of, tuple(problems))
+
+
+def load_topology(source: str, commands: SlurmCommands | None = None) -> Topology:
+    """The layout ``network.topology`` names: ``""`` none (an empty :class:`Topology`),
+    ``"scontrol"`` from :func:`read_topology` (``commands``, default the ``$PATH`` ones), else the
+    file at that path (a ``topology.conf`` or saved ``scontrol show topology`` output, at most
+    :data:`MAX_FILE_BYTES`). Raises ConfigError naming ``network.topology`` for a file that
+    cannot be read, SlurmCommandError when ``scontrol`` fails."""
+    if not source:
+        return Topology()
+    if source == "scontrol":
+        return read_topology(commands or SlurmCommands())
+    try:
+        with open(source, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError("network.topology", f"cannot read {source!r}: {exc.strerror}") from exc
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError("network.topology", f"{source!r} is larger than {MAX_FILE_BYTES} bytes")
+    return parse_topology(raw.decode("utf-8", errors="replace"))
+
+
+def live_topology(source: str, commands: SlurmCommands | None = None) -> Topology:
+    """:func:`load_topology` for a worker: a ``scontrol`` that fails is logged and the worker
+    goes on without a layout (no switch finding); the problems of skipped lines are logged.
+    Raises ConfigError for a file that cannot be read."""
+    try:
+        topology = load_topology(source, commands)
+    except SlurmCommandError as exc:
+        log.warning("network.topology: no switch layout (%s); no switch findings", exc)
+        return Topology()
+    for problem in topology.problems[:10]:
+        log.warning("network.topology: %s", problem)
+    return topology
 
 
 def read_topology(commands: SlurmCommands) -> Topology:

@@ -45,6 +45,7 @@ from peerwatch.settings import Settings, expand
 from peerwatch.signing import signer_of
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.job_stage import JobReleaser
+from peerwatch.streams.core.network_jobs import JobNetwork
 from peerwatch.streams.core.policy_stage import PolicyStage
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler, PolicyHandler
@@ -240,6 +241,7 @@ def build_app(settings: Settings) -> faust.App:
         stage3, job_meta, job_table, pending_table,
         job_events_topic=job_events_t.get_topic_name(), step_times_topic=step_times_name,
         retention_ms=cfg.allocation_retention_s * 1000, counters=counters,
+        network=JobNetwork(settings.network, settings.detector),
     )  # fmt: skip
     out_topics = {"stragglers": stragglers_out, "findings": findings_t}
     # Scored windows leave through librdkafka, flushed before each commit (see window_output).

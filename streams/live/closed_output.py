@@ -1,6 +1,7 @@
 """The hot stage's channel to stage 3: closed windows, censuses and heartbeats, per batch.
 
-What a batch of samples closed leaves after the whole batch, on ``<id>-window-batches``: one
+What a batch of samples closed leaves after the whole batch, on ``<id>-window-batches``: each
+job's ``network`` messages of each window (its nodes' ports, before its windows, same key), one
 message per job and window (every samples partition's windows of it; a big job's window in
 several messages, whole sources each), keyed by job; then each source's fleet census of each
 window start it closed, to every stage-3 partition (whose fleet watches merge every source's:
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from peerwatch.errors import CodecError
+from peerwatch.streams.core.network_jobs import JobPorts, job_ports_messages
 from peerwatch.streams.core.sample_stage import Census
 from peerwatch.streams.core.windows import ClosedWindows, WindowAggregator
 from peerwatch.streams.live.delivery import OutputDelivery
@@ -36,6 +38,9 @@ class ClosedOutput:
         #: (job, window start, end) -> (samples partition -> the windows it closed in this
         #: batch, wall ms when the last of them closed it): one message each, after the batch.
         self._out: dict[tuple[str, int, int], tuple[dict[int, list[Any]], float]] = {}
+        #: (key, value) of the network messages of the windows closed in this batch: sent
+        #: before the batch's window batches
+        self._net_out: list[tuple[bytes, bytes]] = []
         #: Fleet censuses of the window starts closed in this batch.
         self._census: list[dict[str, Any]] = []
         #: Samples partition -> its new closed-until (ms), sent after the batch.
@@ -48,10 +53,12 @@ class ClosedOutput:
         agg: WindowAggregator,
         closed: list[ClosedWindows],
         censuses: list[Census],
+        ports: list[JobPorts],
         closed_wall_ms: float,
     ) -> None:
         """What source ``src`` closed in this batch (``agg``: its aggregator, which makes the
-        window records)."""
+        window records; ``ports``: each job's ports over those windows)."""
+        self._net_out += [(jp.job_id.encode(), m) for jp in ports for m in job_ports_messages(jp)]
         for start, end, seen in censuses:
             self._census.append({"kind": "census", "src": src, "start": start, "end": end,
                                  "census": {n: c.to_json() for n, c in seen.items()}})  # fmt: skip
@@ -65,6 +72,9 @@ class ClosedOutput:
              ) -> None:  # fmt: skip
         """Send what the batch closed, then a heartbeat when a source's closed-until moved
         (see :meth:`heartbeat`)."""
+        for key, value in self._net_out:  # a job's ports before its windows (same key)
+            self.delivery.send(self.topic, key, value)
+        self._net_out.clear()
         for (job_id, start, end), (parts, closed_wall_ms) in self._out.items():
             try:
                 values = self.batch_codec.encode_batches(job_id, start, end, parts,

@@ -27,8 +27,10 @@ from peerwatch.streams.core.job_stage import (
     batches_of_message,
 )
 from peerwatch.streams.core.model import InvalidRecordError
+from peerwatch.streams.core.network_jobs import NETWORK_KIND, JobNetwork
 from peerwatch.streams.core.policy_stage import PolicyStage
 from peerwatch.streams.core.policy_state import NodePolicyState
+from peerwatch.streams.live.job_network import LiveJobNetwork
 from peerwatch.streams.live.window_batches import GpuIdent, WindowBatchCodec, is_window_batch
 
 log = logging.getLogger(__name__)
@@ -148,7 +150,9 @@ class JobsHandler:
         retention_ms: int,
         counters: Any,
         monotonic_s: Callable[[], float] = time.monotonic,
+        network: JobNetwork | None = None,
     ) -> None:
+        """``network``: stage 3's network comparison (default: one with default settings)."""
         self.stage3 = releaser
         self.job_meta = job_meta
         self.job_table = job_table
@@ -158,6 +162,8 @@ class JobsHandler:
         self.retention_ms = retention_ms
         self.counters = counters
         self.monotonic_s = monotonic_s
+        #: The jobs' network compared at each released window (network messages held first).
+        self.network = LiveJobNetwork(network or JobNetwork(), job_table, counters)
         self.codecs = {n: AvroCodec(n) for n in ("JobEvent", "StepTime", "GpuWindow",
                                                  "StragglerFinding")}  # fmt: skip
         self._pending_scan_s = 0.0  # monotonic s of the next walk of the pending table
@@ -177,6 +183,7 @@ class JobsHandler:
         in the table. Each job is restored from the tables at its next message; the next
         heartbeat walks the pending table for jobs that get no batch."""
         self.stage3.forget()
+        self.network.forget()
         self.heads.clear()
         self.closed_wall.clear()
         self._pending_scan_s = 0.0
@@ -312,6 +319,9 @@ class JobsHandler:
             self.fleet(partition)
             self.stage3.census(int(b["src"]), int(b["start"]), int(b["end"]), seen, partition)
             return []
+        if b.get("kind") == NETWORK_KIND:  # a job's ports over a window, before its batches
+            self.network.add(b)
+            return []
         if b.get("kind") == "watermark":
             # Jobs with windows pending from before a restart (or a rebalance) and no batch
             # since: the table is walked every few seconds, not at every heartbeat (there are
@@ -326,6 +336,7 @@ class JobsHandler:
                 if low_ms is not None:
                     self.job_meta.prune(low_ms)
                     self.stage3.prune(low_ms, self.retention_ms)
+                    self.network.prune(low_ms - self.retention_ms)
                 for gone in [k for k in self.heads if k not in self.stage3.sources]:
                     del self.heads[gone]
             judged_before = self.fleet(partition).last_start_ms
@@ -396,6 +407,10 @@ class JobsHandler:
                 value = self.codecs["StragglerFinding"].encode(f)
                 out.append(Output("stragglers", key, value, closed_ms))
                 out.extend(Output("findings", str(c["node"]).encode(), c) for c in copies)
+            for f in self.network.release(r, self.stage3.settings.window_ms):
+                self.counters.findings += 1
+                out.append(Output("stragglers", key, self.codecs["StragglerFinding"].encode(f)))
+                out.append(Output("findings", str(f["node"]).encode(), dict(f)))
         return out
 
 

@@ -52,6 +52,7 @@ from peerwatch.schemas.columns import MessageColumns, select_rows
 from peerwatch.settings import Settings
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.sample_stage import SampleStage
+from peerwatch.streams.core.topology import live_topology
 from peerwatch.streams.core.windows import SAMPLE_SPEC
 from peerwatch.streams.live.closed_output import ClosedOutput
 from peerwatch.streams.live.delivery import OutputDelivery
@@ -125,8 +126,10 @@ class HotStage:
         self.topics = topics
         self.counters = counters
         self.batch_max, self.batch_within_s = stream.batch_max, stream.batch_within_s
-        #: Stage 2. Link rules only: the job comparison runs where stage 3 is (no readings).
-        self.stage = SampleStage(settings, readings_ms=0, partition_of=partition_of)
+        #: Stage 2 (with the network: link rules on arrival, each job's ports per closed window
+        #: for stage 3, the leaf-switch grouping over the nodes of this worker's NIC partitions).
+        self.stage = SampleStage(settings, partition_of=partition_of,
+                                 topology=live_topology(settings.network.topology))  # fmt: skip
         self.columns = MessageColumns("NodeGpuSample", SAMPLE_SPEC)
         self.finding_codec = AvroCodec("StragglerFinding")
         #: A partition with nothing to read that received nothing for this long (wall s) does
@@ -191,10 +194,10 @@ class HotStage:
         try:
             while not self._stop.is_set():
                 messages = self._consumer.consume(self.batch_max, timeout=self.batch_within_s)
+                self._process_nic()  # first: the NIC readings of the windows the samples close
                 if messages:
                     self.jobs.sync()
                     self._process(messages)
-                self._process_nic()
                 self.clocks.measure_lag(self._consumer, self.topics.samples, self.parts)
                 self._check_silence()
                 self.output.heartbeat_when_idle(self._closed_until(), self._idle_marks)
@@ -279,7 +282,7 @@ class HotStage:
         result = self.stage.step(tables, p)
         closed_wall_ms = time.time() * 1000.0
         self.counters.unattributed += agg.unattributed - unattributed_before
-        for f in result.hard:
+        for f in (*result.hard, *result.switches):  # switch findings name no node
             self.counters.hard_findings += 1
             self._publish_finding(f)
         part.heard(result.newest_ms)
@@ -288,7 +291,7 @@ class HotStage:
             self.delivery.dead(batch[rows[r]], "late", "sample for a window already closed")
         for r in result.invalid.tolist():
             self.delivery.dead(batch[rows[r]], "invalid", "sample time outside [0, 2**53) ms")
-        self.output.add(p, agg, result.closed, result.censuses, closed_wall_ms)
+        self.output.add(p, agg, result.closed, result.censuses, result.ports, closed_wall_ms)
         if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
             part.progress.closed(agg.closed_until_ms)
             part.dirty = True

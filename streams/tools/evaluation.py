@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from peerwatch.producers.sim import Fleet, parse_scenario
+from peerwatch.producers.sim.nic import NIC_FAULTS, topology_conf
 from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
 from peerwatch.streams.core.settings import StageSettings
+from peerwatch.streams.core.topology import parse_topology
 from peerwatch.streams.tools.eval_suites import EvalScenario
 from peerwatch.streams.tools.soak import MAX_GPU_ALERTS_PER_100_NODE_DAYS, AlertCensus, census
 
@@ -69,6 +71,10 @@ class Score:
     by_kind: dict[str, list[int]] = field(default_factory=dict)
     #: The same for NIC labels expecting a ``network`` or ``switch`` finding (issue 38).
     network_by_kind: dict[str, list[int]] = field(default_factory=dict)
+    #: Every NIC fault label expecting something (a drain, a network or switch finding), per
+    #: kind: [labels, recalled]; and onset -> detected_ms of each one's first finding, ms.
+    nic_by_kind: dict[str, list[int]] = field(default_factory=dict)
+    nic_latency_ms: list[int] = field(default_factory=list)
     missed: list[dict[str, Any]] = field(default_factory=list)
     false_drain_records: list[dict[str, Any]] = field(default_factory=list)
     #: Recommendations by what they cost on-call, per fleet time (see the soak suite).
@@ -93,10 +99,12 @@ class Score:
         self.rec_latency_ms += other.rec_latency_ms
         self.silent_latency_ms += other.silent_latency_ms
         self.confirm_latency_ms += other.confirm_latency_ms
+        self.nic_latency_ms += other.nic_latency_ms
         for k, values in other.detect_by_kind.items():
             self.detect_by_kind.setdefault(k, []).extend(values)
         for mine_by, theirs in ((self.by_kind, other.by_kind),
-                                (self.network_by_kind, other.network_by_kind)):  # fmt: skip
+                                (self.network_by_kind, other.network_by_kind),
+                                (self.nic_by_kind, other.nic_by_kind)):  # fmt: skip
             for k, (n, hit) in theirs.items():
                 mine = mine_by.setdefault(k, [0, 0])
                 mine[0] += n
@@ -115,6 +123,17 @@ class Score:
         return self.episodes_explained / self.episodes if self.episodes else None
 
     def to_dict(self) -> dict[str, Any]:
+        nic = (
+            {
+                "nic_recall_by_kind": {
+                    k: {"labels": v[0], "recalled": v[1]}
+                    for k, v in sorted(self.nic_by_kind.items())
+                },
+                "onset_to_nic_finding_s": latency_summary(self.nic_latency_ms),
+            }
+            if self.nic_by_kind
+            else {}
+        )
         return {
             "recall": self.recall,
             "precision": self.precision,
@@ -149,6 +168,7 @@ class Score:
             "silent_findings": self.silent_findings,
             "silent_findings_explained": self.silent_findings_explained,
             "onset_to_silent_s": latency_summary(self.silent_latency_ms),
+            **nic,
         }
 
 
@@ -212,6 +232,7 @@ def score(
     for lb in labels:
         expect, name = lb["expect"], lb["name"]
         start, end = int(lb["start_ms"]), int(lb["end_ms"])
+        missed, detected_n = len(out.missed), len(out.detect_by_kind.get(kind_of(lb), ()))
         if expect == "straggler" or (expect == "drain" and name in CLOCK_FAULTS):
             out.straggler_labels += 1
             hits = [
@@ -272,6 +293,11 @@ def score(
                 out.hard_labels += 1
                 if any(int(r["ts_ms"]) - start <= window_ms + interval_ms for r, _ in drains):
                     out.hard_in_window += 1
+        if lb["kind"] == "fault" and name in NIC_FAULTS and expect != "nothing":
+            entry = out.nic_by_kind.setdefault(kind_of(lb), [0, 0])
+            entry[0] += 1
+            entry[1] += len(out.missed) == missed
+            out.nic_latency_ms += out.detect_by_kind.get(kind_of(lb), [])[detected_n:][:1]
     score_silence(labels, [f for f, _ in findings], slack_ms, out)
     seen: set[tuple[Any, ...]] = set()
     for f, _ in findings:
@@ -428,11 +454,19 @@ class ScenarioResult:
     counters: dict[str, int]
 
 
+def scenario_pipeline(fleet: Fleet, settings: StageSettings) -> Pipeline:
+    """The pipeline a simulated fleet runs through: the live settings, and the fleet's switch
+    layout (its ``topology.conf``, parsed as a worker parses one)."""
+    spec = fleet.spec
+    layout = topology_conf(spec.nodes, spec.nodes_per_leaf, spec.node_name)
+    return Pipeline(settings, topology=parse_topology(layout))
+
+
 def run_scenario(scenario: EvalScenario, settings: StageSettings) -> ScenarioResult:
     """Simulate ``scenario``, run the pipeline over it and score the outputs."""
     t0 = time.perf_counter()
     fleet = Fleet(parse_scenario(scenario.doc))
-    pipeline = Pipeline(settings)
+    pipeline = scenario_pipeline(fleet, settings)
     findings: list[tuple[dict[str, Any], int]] = []
     recs: list[tuple[dict[str, Any], int]] = []
     records = (r for batch in fleet.ticks() for r in batch)
@@ -501,6 +535,15 @@ def targets(total: Score, window_s: int) -> list[Target]:
         Target("median onset->CONFIRMED (s)", confirmed, "<= 60",
                confirmed is not None and confirmed <= 60.0),
     ]  # fmt: skip
+    if total.nic_by_kind:
+        worst = min(hit / n for n, hit in total.nic_by_kind.values())
+        nic_med = latency_summary(total.nic_latency_ms)["median"]
+        out += [
+            Target("NIC faults: recall of the worst fault kind (drain or NETWORK finding)",
+                   worst, ">= 0.99", worst >= 0.99),
+            Target("NIC faults: median onset->first finding (s)", nic_med, "<= 15",
+                   nic_med is not None and nic_med <= 15.0),
+        ]  # fmt: skip
     if total.network_by_kind:
         n = sum(v[0] for v in total.network_by_kind.values())
         named = sum(v[1] for v in total.network_by_kind.values()) / n

@@ -206,3 +206,25 @@ def test_network_labels_are_recalled_per_kind_by_a_network_finding_naming_node_a
     assert (s.straggler_labels, s.drain_labels, s.recall) == (0, 0, None)
     (named,) = [t for t in targets(s, 5) if t.name.startswith("NIC faults named")]
     assert (named.value, named.passed) == (1 / 3, False)
+    # every NIC fault kind's recall and the first finding's latency (issue 38 "Done when")
+    assert s.nic_by_kind == {"nic_retransmit": [1, 1], "nic_half_rate": [1, 0],
+                             "switch_congestion": [1, 0]}  # fmt: skip
+    assert s.nic_latency_ms == [50 * S]
+    checks = {t.name: t for t in targets(s, 5)}
+    worst = checks["NIC faults: recall of the worst fault kind (drain or NETWORK finding)"]
+    assert (worst.value, worst.passed) == (0.0, False)
+    first = checks["NIC faults: median onset->first finding (s)"]
+    assert (first.value, first.passed) == (50.0, False)
+
+
+def test_nic_drain_labels_count_in_their_kind_s_recall_and_a_label_expecting_nothing_not() -> None:
+    flap = {**label("nic_port_flap", "a", None, 100, 400, "drain"), "port": "mlx5_1/1"}
+    small = {**label("nic_symbol_errors", "b", None, 100, 400, "nothing"), "port": "mlx5_0/1"}
+    hard = {**finding("HARD_ERROR", "a", None, 100), "cause": "NETWORK", "port": "mlx5_1/1",
+            "detected_ms": 101 * S}  # fmt: skip
+    drain = {"action": "DRAIN", "node": "a", "ts_ms": 101 * S, "reason": "hard error"}
+    s = score([flap, small], [(hard, 101 * S)], [(drain, 101 * S)], W)
+    assert s.nic_by_kind == {"nic_port_flap": [1, 1]}
+    assert s.nic_latency_ms == [1 * S]
+    assert "nic_recall_by_kind" in s.to_dict()
+    assert "nic_recall_by_kind" not in score([], [], [], W).to_dict()  # other suites: as before

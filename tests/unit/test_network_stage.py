@@ -33,7 +33,7 @@ def test_a_port_down_10_s_is_found_and_drained_offline_naming_node_and_port() ->
     records, fleet = port_down()
     start_ms = fleet.labels()[0]["start_ms"]
     out = list(Pipeline(Settings()).run(records))
-    links = [o for o in out if o.kind == FINDING and o.value.get("port") is not None]
+    links = [o for o in out if o.kind == FINDING and o.value["status"] == "HARD_ERROR"]
     assert [(o.value["node"], o.value["port"], o.value["hard_rules"], o.value["cause"])
             for o in links] == [("gpu00003", "mlx5_1/1", ["link_downed"], "NETWORK"),
                                 ("gpu00003", "mlx5_1/1", ["port_down"], "NETWORK")]  # fmt: skip
@@ -42,8 +42,14 @@ def test_a_port_down_10_s_is_found_and_drained_offline_naming_node_and_port() ->
     assert all(o.stream_ms == o.value["detected_ms"] for o in links)  # out at its sample's time
     recs = [o for o in out if o.kind == RECOMMENDATION and o.value["node"] == "gpu00003"]
     assert recs and recs[0].stream_ms <= passing + 5000
-    # the link_downed rise at the first down sample already drains; the port_down adds none
-    assert [r.value["action"] for r in recs] == ["DRAIN"]
+    # the link_downed rise at the first down sample already drains; the port_down adds none;
+    # the stalled job (every rank waits) opens the gate and the job's own comparison names the
+    # same port too (down 5 s of the window against 0): an alert, never a second drain
+    peer = [o.value for o in out if o.kind == FINDING and o.value["status"] == "CONFIRMED"]
+    assert [(f["node"], f["port"], f["features"][0]["feature"]) for f in peer] == [
+        ("gpu00003", "mlx5_1/1", "net_down")
+    ]
+    assert [r.value["action"] for r in recs] == ["DRAIN", "ALERT"]
     assert (recs[0].value["port"], recs[0].value["cause"]) == ("mlx5_1/1", "NETWORK")
     assert recs[0].value["evidence"][0]["finding_id"] == links[0].value["finding_id"]
     assert Pipeline(Settings()).counters()["link_samples"] == 0

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from peerwatch.producers.nic.counters import (
     IB_COUNTER_BITS,
@@ -11,7 +15,7 @@ from peerwatch.producers.nic.counters import (
     downtime,
     saturation_value,
 )
-from peerwatch.producers.nic.window import port_window
+from peerwatch.producers.nic.window import _counter_rate, port_window
 
 
 def test_a_rising_counter_gives_its_delta_and_rate_per_second() -> None:
@@ -159,3 +163,25 @@ def test_port_window_downtime_and_a_lower_link_rate() -> None:
     w = port_window("p", readings, 0, 4000, max_gap_ms=2000)
     assert (w.down_s, w.flaps, w.min_rate_gbps, w.readings) == (2.0, 1, 200.0, 4)
     assert w.unknown_s == 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 2**17)), min_size=0, max_size=8),
+    st.sampled_from(["symbol_error", "port_xmit_data", "port_rcv_errors", "out_of_sequence"]),
+)
+def test_a_window_s_counter_rate_is_the_sum_of_its_pairs(
+    points: list[tuple[int, int]], name: str
+) -> None:
+    """The fast path (no reset: one delta over the span) gives what adding the pairs gives."""
+    total = span = 0
+    reset = saturated = False
+    for (t0, v0), (t1, v1) in itertools.pairwise(points):
+        d = counter_delta(name, v0, v1, (t1 - t0) / 1000)
+        reset |= d.reset
+        saturated |= d.saturated
+        if d.delta is not None:
+            total += d.delta
+            span += t1 - t0
+    want = (None if saturated or span <= 0 else total / (span / 1000), reset, saturated)
+    assert _counter_rate(name, points) == want

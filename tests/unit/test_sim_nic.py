@@ -148,7 +148,7 @@ def peer_findings(records: list[tuple[str, str, dict[str, Any]]]) -> list[dict[s
             nodes.setdefault(node, []).append(
                 port_window(port, readings, start, start + 5000, 2000)
             )
-        out += peers.window("1", start, start + 5000, nodes, job_wide=True)
+        out += peers.window("1", start, start + 5000, nodes, gate=True)
     return out
 
 

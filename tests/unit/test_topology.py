@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +12,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from peerwatch.errors import ConfigError
 from peerwatch.producers.nic.window import PortWindow
 from peerwatch.producers.slurm.command import CommandResult, SlurmCommands
 from peerwatch.schemas.codec import codec_for
 from peerwatch.streams.core.policy import DrainPolicyState, apply
 from peerwatch.streams.core.settings import NetworkSettings
 from peerwatch.streams.core.switch_watch import SwitchWatch, symptoms_of
-from peerwatch.streams.core.topology import parse_topology, read_topology
+from peerwatch.streams.core.topology import (
+    Topology,
+    live_topology,
+    load_topology,
+    parse_topology,
+    read_topology,
+)
 
 DATA = Path(__file__).parents[1] / "data" / "slurm" / "topology"
 
@@ -199,3 +207,40 @@ def test_a_whole_job_standing_out_is_its_own_traffic_not_the_switch() -> None:
     jobs: dict[str, str | None] = {f"gpu{i:03d}": "A" if i <= 4 else "B" for i in range(1, 41)}
     all_to_all = {f"gpu{i:03d}" for i in range(1, 5)}  # job A entire, under leaf01
     assert SwitchWatch(TOPO).window(5000, fleet_window(all_to_all, jobs), jobs) == []
+
+
+def test_lighter_traffic_of_another_job_is_no_switch_symptom() -> None:
+    """Jobs differ in traffic: two nodes of a lighter job under one leaf stand out against the
+    fleet on throughput only, which says nothing about their switch (the fleet comparison
+    counted net_rx/net_tx as symptoms before, and named leaf01)."""
+    jobs: dict[str, str | None] = {f"gpu{i:03d}": "A" if i in (1, 2) else "B" for i in range(1, 41)}
+    window = fleet_window(set(), jobs)
+    for n in ("gpu001", "gpu002"):
+        rates = {**window[n][0].rates_per_s, "port_xmit_data": 2e9, "port_rcv_data": 2e9}
+        window[n] = [PortWindow("mlx5_0/1", 0, 5000, 5, rates, 0.0, 0.0, 0, (), (), 400.0)]
+    jobs["gpu003"] = "A"  # job A has a node that does not stand out: not "its own traffic"
+    assert SwitchWatch(TOPO).window(5000, window, jobs) == []
+
+
+def test_network_topology_names_none_a_file_or_scontrol(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert load_topology("") == Topology()
+    conf = tmp_path / "topology.conf"
+    conf.write_text((DATA / "topology.conf").read_text())
+    assert load_topology(str(conf)).leaf_of == TOPO.leaf_of
+
+    def runner(argv: Any, timeout_s: float) -> CommandResult:
+        return CommandResult(0, (DATA / "scontrol-show-topology.txt").read_text(), "")
+
+    assert load_topology("scontrol", SlurmCommands(runner=runner)).leaf_of == TOPO.leaf_of
+    with pytest.raises(ConfigError, match=r"^network\.topology: cannot read"):
+        load_topology(str(tmp_path / "missing.conf"))
+
+    # a worker whose scontrol fails goes on without a layout (logged)
+    def failing(argv: Any, timeout_s: float) -> CommandResult:
+        return CommandResult(1, "", "slurm_load_topo error: Unable to contact slurm controller")
+
+    with caplog.at_level(logging.WARNING):
+        assert live_topology("scontrol", SlurmCommands(runner=failing)) == Topology()
+    assert "no switch layout" in caplog.text
