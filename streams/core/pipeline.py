@@ -388,7 +388,7 @@ class Pipeline:
         live, where every samples partition sends its own), then the windows become dicts per
         job; the heartbeat judges the fleet first (a window of a partition in a fleet shift
         gets its ratio when released)."""
-        fleet_watch = self.jobs.fleet(0)
+        fleet_watch = self.jobs.fleet()
         fleet_watch.add_closed(0, closed)
         for b in self.aggregator.group(closed):
             self.jobs.add(b, src=0)
@@ -452,7 +452,7 @@ class Pipeline:
             **self.aggregator.counters(),
             **self.hard.counters(),
             **self.silence.counters(),
-            **self.jobs.fleet(0).counters(),
+            **self.jobs.fleet().counters(),
             **self.network.counters(),
             "step_times": self.step_times,
         }

@@ -31,8 +31,8 @@ Avro on the public findings topic (key job) and, when they name a node, JSON on 
 :class:`~peerwatch.streams.core.silence.SilenceClock` says, as replay does: at each multiple of
 ``silent_check_s`` of event time that every assigned partition reached (see
 :meth:`HotStage.silence_due` for partitions that hold no node or went quiet). Fleet context is
-stage 3's: each partition's census of the window starts it closes goes, with the heartbeats, to
-every stage-3 channel (:mod:`~peerwatch.streams.core.fleet`).
+stage 3's: each partition's census of the window starts it closes goes to the stage-3 channel
+whose fleet watch judges, before the heartbeats (:mod:`~peerwatch.streams.core.fleet`).
 
 Undecodable samples go to the dead-letter topic (reason ``undecodable``), late ones (reason
 ``late``), with their original bytes. If this thread fails, the worker is stopped (SIGTERM to
@@ -63,7 +63,7 @@ from peerwatch.settings import Settings
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.clock_offset import ClockOffsets
-from peerwatch.streams.core.fleet import censuses_closed
+from peerwatch.streams.core.fleet import FLEET_CHANNEL, censuses_closed
 from peerwatch.streams.core.hard_watch import HardWatch
 from peerwatch.streams.core.model import InvalidRecordError
 from peerwatch.streams.core.network_stage import NetworkStage
@@ -467,10 +467,9 @@ class HotStage:
             for value in values:  # a big job's window: several messages, whole sources each
                 self._send(self.topics.batches, job_id.encode(), value)
         self._out.clear()
-        for census in self._census:
+        for census in self._census:  # to the channel whose fleet watch judges (one decision)
             value = json.dumps(census).encode()
-            for q in range(self.topics.job_partitions):
-                self._send(self.topics.batches, b"~census", value, partition=q)
+            self._send(self.topics.batches, b"~census", value, partition=FLEET_CHANNEL)
         self._census.clear()
         if self._marks:
             self._heartbeat()
@@ -562,7 +561,7 @@ class HotStage:
         watermark = agg.watermark_ms
         ready = agg.pop_ready(watermark) if watermark is not None else []
         # Fleet context: this source's census of each window start it closed, on the columns,
-        # to every stage-3 channel (whose fleet watches merge every source's: one decision).
+        # to the stage-3 channel whose fleet watch merges every source's (one decision).
         cap_frac = self.settings.detector.fleet_cap_frac
         for start, end, seen in censuses_closed(ready, cap_frac):
             self._census.append({"kind": "census", "src": p, "start": start, "end": end,
