@@ -48,7 +48,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,7 +203,7 @@ class HotStage:
         self._marks: dict[int, int] = {}
         #: (job, window start, end) -> (samples partition -> the windows it closed in this
         #: batch, wall ms when the last of them closed it): one message each, after the batch.
-        self._out: dict[tuple[str, int, int], tuple[dict[int, list[Any]], float]] = {}
+        self._out: dict[tuple[str, int, int], tuple[dict[int, Sequence[Any]], float]] = {}
         self.batch_codec = WindowBatchCodec()
         #: Fleet censuses of the window starts closed in this batch (sent after the batch's
         #: windows, before its heartbeats, on every stage-3 channel).
@@ -569,7 +569,7 @@ class HotStage:
         for b in agg.group(ready):  # sent after the whole batch, one message per job and window
             key = (b.job_id, b.window_start_ms, b.window_end_ms)
             parts = self._out[key][0] if key in self._out else {}
-            parts[p] = list(b.windows)
+            parts[p] = b.windows  # the aggregator's lazy windows: encoded from their columns
             self._out[key] = (parts, closed_wall_ms)
         if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
             part.progress.closed(agg.closed_until_ms)
