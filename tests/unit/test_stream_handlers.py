@@ -497,6 +497,33 @@ def test_the_fleet_is_judged_once_and_its_verdict_releases_the_other_channels() 
     assert json.loads(json.dumps(job_table[b"~fleet|2"]))["until"] == 2 * wms  # kept
 
 
+def test_a_channels_fleet_verdicts_survive_a_rebalance_in_the_job_table() -> None:
+    """After a rebalance (forget) a channel that does not judge gets its verdicts back from the
+    job table: a window of a judged start is released at once, with its ratio; damaged
+    verdicts are dropped and counted (the channel waits for the next verdict)."""
+    import json
+
+    from windowgen import window
+
+    handler, job_table, _ = jobs_handler(channels=2)
+    wms = handler.stage3.settings.window_ms
+    verdict = {"kind": "fleet", "until": 2 * wms, "shifted": {str(wms): {"gpu": 0.8}}}
+    assert handler.handle("b", 1, b"~fleet", json.dumps(verdict).encode()) == []
+    handler.forget()
+    msg = {"kind": "windows", "job_id": "9", "window_start_ms": wms, "window_end_ms": 2 * wms,
+           "parts": {"0": [window("9", 0, wms, node="gpu00001", window_end_ms=2 * wms,
+                                  partition="gpu")]}}  # fmt: skip
+    handler.handle("b", 1, b"9", json.dumps(msg).encode())
+    mark = {"kind": "watermark", "marks": {"0": 1 << 40}}
+    out = handler.handle("b", 1, b"~watermark", json.dumps(mark).encode())
+    (scored,) = [o for o in out if o.topic == "windows"]
+    assert AvroCodec("GpuWindow").decode(scored.value)["fleet_clk_ratio"] == 0.8
+    job_table[b"~fleet|1"] = {"until": "damaged", "shifted": {}}
+    handler.forget()
+    assert handler.fleet(1).judged_until_ms is None
+    assert handler.counters.state_damaged == 1 and b"~fleet|1" not in job_table
+
+
 @pytest.mark.parametrize(
     "verdict",
     [{"until": "x", "shifted": {}}, {"until": 1}, {"until": 1, "shifted": {"a": {}}},
