@@ -651,7 +651,9 @@ def kafka_corpus() -> dict[str, list[tuple[bytes | None, bytes]]]:
         (p.key, p.value) for p in producer.sent if p.topic == "b" and p.value
     ]
     # the fleet watch's verdicts, as its channel sends them to the others (handlers._judged)
-    starts = sorted({json.loads(v)["start"] for k, v in corpus["window-batches"] if k == b"~census"})
+    starts = sorted(
+        {json.loads(v)["start"] for k, v in corpus["window-batches"] if k == b"~census"}
+    )
     corpus["window-batches"] += [
         (b"~fleet", json.dumps({"kind": "fleet", "until": s + 5000,
                                 "shifted": {str(s): {"": 0.93}} if i % 2 else {}}).encode())
