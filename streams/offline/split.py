@@ -174,7 +174,7 @@ class BackPipeline(Pipeline):
     def counters(self) -> dict[str, int]:
         """The front's stage-2 counters (after finish), the silence and fleet watches' (they
         run here) and the step times seen here."""
-        return {**self.front_counters, **self.silence.counters(), **self.jobs.fleet(0).counters(),
+        return {**self.front_counters, **self.silence.counters(), **self.jobs.fleet().counters(),
                 "step_times": self.step_times}  # fmt: skip
 
 
