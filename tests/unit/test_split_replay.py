@@ -52,3 +52,11 @@ def test_split_replay_equals_one_process_with_nodes_reporting_late(tmp_path: Pat
         "no samples from 2 nodes (gpu00003 gpu00004) job 70 for 30 s"
     ]
     assert any(f["status"] == "CLEARED" and f["reason"] == "samples again" for f in two.findings)
+
+
+def test_the_stages_process_counts_the_fleet_watch() -> None:
+    """The stages process's counters include its fleet watch's (JobReleaser.fleet() takes no
+    channel since the fleet is judged on one: a call with one raised TypeError)."""
+    from peerwatch.streams.offline.split import BackPipeline
+
+    assert BackPipeline(live_equivalent_settings()).counters()["fleet_findings"] == 0
