@@ -481,7 +481,8 @@ class JobReleaser:
     def verdict(self, message: dict[str, Any], channel: int) -> Released:
         """The fleet watch's verdict (:meth:`~peerwatch.streams.core.fleet.FleetVerdicts.apply`)
         on ``channel`` (not FLEET_CHANNEL); releases what it lets go among the channel's jobs.
-        Raises KeyError, ValueError, TypeError or AttributeError for a malformed message."""
+        Raises KeyError, ValueError or TypeError for a malformed message, ValueError for a
+        verdict on FLEET_CHANNEL itself."""
         held = self.decisions(channel)
         if not isinstance(held, FleetVerdicts):
             raise ValueError(f"a fleet verdict on the judging channel {channel}")

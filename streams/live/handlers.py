@@ -122,9 +122,9 @@ VERDICT_KEY = b"~fleet"
 class Output(NamedTuple):
     """One record to send: ``topic`` is ``windows``, ``stragglers`` (Avro bytes), ``findings``
     (the JSON-serialised dict for the internal topic keyed by node) or ``batches`` (a fleet
-    verdict, also a JSON-serialised dict, to the window-batches ``partition``); ``closed_wall_ms``: when the
-    window closed in the hot stage (finding latency), else None. A named tuple: one is made per
-    GPU window."""
+    verdict, a JSON-serialised dict too, to the window-batches ``partition``);
+    ``closed_wall_ms``: when the window closed in the hot stage (finding latency), else None.
+    A named tuple: one is made per GPU window."""
 
     topic: str
     key: bytes
