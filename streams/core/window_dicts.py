@@ -329,15 +329,15 @@ class LazyWindows(Sequence[dict[str, Any]]):
         """Every window's GpuWindow message (``header`` + Avro), in order, made from the columns
         (:meth:`WindowDicts.encoded`, once for all jobs of the closed windows); None once a
         dict was made (a caller may have changed it) or when a value does not fit the schema
-        (encode the dicts then)."""
+        (encode the dicts then: their encoder raises EncodeError naming the field)."""
         if self._all is not None or self._made:
             return None
         dicts = self._dicts
         if dicts.messages is None or dicts.messages[0] != header:
             try:
                 dicts.messages = (header, dicts.encoded(header))
-            except ce.Unfit:
-                return None
+            except (ValueError, TypeError, OverflowError, KeyError, AttributeError):  # Unfit, or
+                return None  # a value a field encoder refuses: the dicts' encoder names it
         every = dicts.messages[1]
         return [every[s] for s in self._slots]
 

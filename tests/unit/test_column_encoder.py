@@ -121,3 +121,17 @@ def test_varints_are_avros(values: np.ndarray, avro_type: str) -> None:
 def test_an_int_column_refuses_another_dtype(values: Any) -> None:
     with pytest.raises(ce.Unfit):
         ce.varints(values, "int")
+
+
+def test_a_value_a_field_encoder_refuses_falls_back_to_the_dicts_which_name_it() -> None:
+    """A job id that is no string (it cannot come from the allocation table; a guard): the
+    columns give up, and the batch encoder's record path raises EncodeError naming it."""
+    from peerwatch.errors import CodecError
+
+    part = next(p for p in closed_windows() if len(p.node) >= 4)
+    code = next(iter(part.jobs))
+    part = part._replace(jobs={**part.jobs, code: (12, *part.jobs[code][1:])})
+    lazy = LazyWindows(WindowDicts(part), list(range(len(part.node))))
+    assert lazy.encoded(HEADER) is None
+    with pytest.raises(CodecError, match="job_id"):
+        WindowBatchCodec().encode_batch("7", part.start_ms, part.end_ms, {0: lazy}, None)
