@@ -649,6 +649,15 @@ def kafka_corpus() -> dict[str, list[tuple[bytes | None, bytes]]]:
     corpus["window-batches"] = [
         (p.key, p.value) for p in producer.sent if p.topic == "b" and p.value
     ]
+    # the fleet watch's verdicts, as its channel sends them to the others (handlers._judged)
+    starts = sorted(
+        {json.loads(v)["start"] for k, v in corpus["window-batches"] if k == b"~census"}
+    )
+    corpus["window-batches"] += [
+        (b"~fleet", json.dumps({"kind": "fleet", "until": s + 5000,
+                                "shifted": {str(s): {"": 0.93}} if i % 2 else {}}).encode())
+        for i, s in enumerate(starts)
+    ]  # fmt: skip
     from peerwatch.streams.live.window_batches import WindowBatchCodec, is_window_batch
 
     batches = WindowBatchCodec()
@@ -803,7 +812,7 @@ def _kafka_jobs(rng: Random, tmp: Path) -> None:
     pending: dict[bytes, Any] = {}
     handler = JobsHandler(JobReleaser(settings.detector, meta, grace_ms=5000), meta, job_table,
                           pending, job_events_topic="je", step_times_topic="st",
-                          retention_ms=3600_000, counters=counters)  # fmt: skip
+                          retention_ms=3600_000, counters=counters, channels=2)  # fmt: skip
     kinds = [("JobEvent", "je"), ("StepTime", "st"), ("window-batches", "b"),
              ("window-batches", "b"), ("window-batches", "b"), ("window-batches-json", "b"),
              ("network", "b")]  # fmt: skip
@@ -830,8 +839,8 @@ def _kafka_jobs(rng: Random, tmp: Path) -> None:
             except RECORD_ERRORS:
                 continue  # the agent dead-letters it
             for out in outputs:
-                if out.topic == "findings":
-                    json.dumps(out.value)  # the internal topic's JSON serializer
+                if out.topic in ("findings", "batches"):
+                    json.dumps(out.value)  # the internal topics' JSON serializer
     for table in (raw_jobs, pending):  # raw tables: bytes, as faust's raw serializer wants
         for entry in table.values():
             if not isinstance(entry, bytes):

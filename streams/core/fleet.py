@@ -26,10 +26,13 @@ One decision for the whole fleet, however the samples are split (DETECTION.md it
 of every window start it closes: counts and the clock ratios themselves, so merged censuses give
 the exact median. The watch merges the censuses of all ``sources`` and judges a window start
 once every source closed it (:meth:`FleetWatch.closed`): the same findings and ratios from one
-source (replay: one aggregator) or from twelve (live: the hot stage sends each partition's
-censuses and heartbeats to every stage-3 channel, where the job releaser runs one watch per
-channel; stage 3 releases a window only once its start is judged, so small jobs get the ratio,
-and only channel 0 publishes the findings: :class:`~peerwatch.streams.core.job_stage.JobReleaser`).
+source (replay: one aggregator) or from twelve (live). Live, one watch judges: the hot stage
+sends every partition's censuses to stage-3 channel :data:`FLEET_CHANNEL` only, whose watch
+judges each window start once, publishes the findings and sends its *verdict* (how far it
+judged, and the ratios of the starts in a shift) to the other channels, which hold it in a
+:class:`FleetVerdicts`. Stage 3 releases a window only once its start is judged, so small jobs
+get the ratio (:class:`~peerwatch.streams.core.job_stage.JobReleaser`). Before, every channel
+merged and judged every census itself: the same decision, made once per channel.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ if TYPE_CHECKING:
 
 #: The job id of a fleet-level finding (it spans every job of the partition).
 FLEET_JOB = "fleet"
+#: The stage-3 channel whose fleet watch judges (live: the censuses go there only) and
+#: publishes the fleet findings; the other channels get its verdicts.
+FLEET_CHANNEL = 0
 #: Medians of this many shift-free windows make a partition's reference clock ratio.
 REFERENCE_WINDOWS = 12
 
@@ -274,6 +280,65 @@ def set_ratios(windows: Iterable[dict[str, Any]], ratios: dict[str, float]) -> N
             w["fleet_clk_ratio"] = ratio
 
 
+class FleetVerdicts:
+    """The fleet watch's decisions as a channel that does not judge holds them (see the module
+    docstring): how far window starts are judged and the ``fleet_clk_ratio`` of each Slurm
+    partition in a shift at a judged start. A :class:`FleetWatch` keeps its own in one."""
+
+    def __init__(self) -> None:
+        #: windows ending at or before this (ms) are judged; None: nothing judged yet
+        self.until_ms: int | None = None
+        #: window start -> the ``fleet_clk_ratio`` of each Slurm partition in a shift then
+        self.shifted: dict[int, dict[str, float]] = {}
+
+    @property
+    def judged_until_ms(self) -> int | None:
+        """Windows ending at or before this are judged; None while nothing is."""
+        return self.until_ms
+
+    def ratios(self, start_ms: int) -> dict[str, float]:
+        """The ``fleet_clk_ratio`` of each Slurm partition in a shift at a judged window start."""
+        return self.shifted.get(start_ms, {})
+
+    def prune(self, before_ms: int) -> None:
+        """Forget the ratios of window starts before ``before_ms`` (released long ago)."""
+        for start in [s for s in self.shifted if s < before_ms]:
+            del self.shifted[start]
+
+    def since(self, after_ms: int | None) -> dict[str, Any]:
+        """The verdict message of the starts judged after ``after_ms`` (None: all kept), JSON
+        values: ``until`` (ms) and ``shifted`` (start -> partition -> ratio)."""
+        return {
+            "kind": "fleet",
+            "until": self.until_ms,
+            "shifted": {str(s): r for s, r in sorted(self.shifted.items())
+                        if after_ms is None or s > after_ms},
+        }  # fmt: skip
+
+    def apply(self, message: dict[str, Any]) -> None:
+        """A verdict message (:meth:`since`) of the judging channel: judged further (never
+        back), and the ratios of its starts. Raises KeyError, ValueError or TypeError for a
+        malformed one (nothing is kept of it)."""
+        until, raw = message["until"], message["shifted"]
+        until = None if until is None else int(until)
+        if not isinstance(raw, dict) or not all(isinstance(r, dict) for r in raw.values()):
+            raise TypeError("fleet verdict ratios are not start -> partition -> ratio")
+        shifted = {int(s): {str(k): float(v) for k, v in r.items()} for s, r in raw.items()}
+        if until is not None and (self.until_ms is None or until > self.until_ms):
+            self.until_ms = until
+        self.shifted.update(shifted)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdicts held, as JSON values (a changelog keeps them across restarts)."""
+        return self.since(None)
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """The verdicts of :meth:`to_dict` back. Raises as :meth:`apply`."""
+        fresh = FleetVerdicts()
+        fresh.apply(data)
+        self.until_ms, self.shifted = fresh.until_ms, fresh.shifted
+
+
 class FleetWatch:
     """See the module docstring. Feed it each source's censuses (:meth:`add`, or
     :meth:`add_closed` of the aggregator's closed windows) and how far each source closed
@@ -293,8 +358,13 @@ class FleetWatch:
         self.waiting: dict[int, tuple[int, dict[str, dict[int, SourceCensus]]]] = {}
         #: source -> closed until (ms); a source without one holds every start back
         self.marks: dict[int, int] = {}
-        #: window start -> the ``fleet_clk_ratio`` of each Slurm partition in a shift then
-        self.shifted: dict[int, dict[str, float]] = {}
+        #: what it decided (the ratios of the starts in a shift), as the other channels hold it
+        self.verdicts = FleetVerdicts()
+
+    @property
+    def shifted(self) -> dict[int, dict[str, float]]:
+        """Window start -> the ``fleet_clk_ratio`` of each Slurm partition in a shift then."""
+        return self.verdicts.shifted
 
     # -- input ----------------------------------------------------------------------------------
     def add(self, src: int, start_ms: int, end_ms: int, seen: dict[str, SourceCensus]) -> None:
@@ -347,12 +417,17 @@ class FleetWatch:
 
     def ratios(self, start_ms: int) -> dict[str, float]:
         """The ``fleet_clk_ratio`` of each Slurm partition in a shift at a judged window start."""
-        return self.shifted.get(start_ms, {})
+        return self.verdicts.ratios(start_ms)
 
     def prune(self, before_ms: int) -> None:
         """Forget the ratios of window starts before ``before_ms`` (released long ago)."""
-        for start in [s for s in self.shifted if s < before_ms]:
-            del self.shifted[start]
+        self.verdicts.prune(before_ms)
+
+    def verdict(self, after_ms: int | None) -> dict[str, Any]:
+        """The verdict message for the channels that do not judge: how far this watch judged
+        and the ratios of the starts after ``after_ms`` in a shift (:meth:`FleetVerdicts.since`)."""
+        self.verdicts.until_ms = self.judged_until_ms
+        return self.verdicts.since(after_ms)
 
     def observe(
         self, window_start_ms: int, window_end_ms: int, windows: Iterable[GpuWindow]
@@ -487,7 +562,7 @@ class FleetWatch:
         Raises KeyError, ValueError, TypeError or AttributeError for another value."""
         partitions = {str(n): _partition_of(p) for n, p in data["partitions"].items()}
         last = data["last_start_ms"]
-        shifted = {int(s): {str(k): float(v) for k, v in r.items()}
-                   for s, r in data["shifted"].items()}  # fmt: skip
-        self.partitions, self.shifted = partitions, shifted
+        verdicts = FleetVerdicts()
+        verdicts.apply({"until": None, "shifted": data["shifted"]})
+        self.partitions, self.verdicts = partitions, verdicts
         self.last_start_ms = None if last is None else int(last)

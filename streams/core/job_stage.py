@@ -16,7 +16,9 @@ Words: a *source* is a samples partition, one hot-stage aggregator, which sends 
 and then heartbeats ``closed_until_ms``; a *channel* is the stage-3 partition they arrive on. The
 hot stage sends a copy of each heartbeat on every channel, and a copy is ordered only after the
 batches of its own channel, so watermarks are kept per channel: another channel's copy may be
-consumed before this channel's batches and would release them early.
+consumed before this channel's batches and would release them early. The fleet watch judges on
+channel :data:`~peerwatch.streams.core.fleet.FLEET_CHANNEL` only; the other channels release by
+its verdicts (:meth:`JobReleaser.verdict`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ from peerwatch.schemas.records import GpuWindow, StragglerFinding
 from peerwatch.streams.core.allocation import JobMeta
 from peerwatch.streams.core.detector import DetectionResult, ScoredWindows, detect_job_window
 from peerwatch.streams.core.detector_state import JobDetectorState
-from peerwatch.streams.core.fleet import FleetWatch, SourceCensus, set_ratios
+from peerwatch.streams.core.fleet import (
+    FLEET_CHANNEL,
+    FleetVerdicts,
+    FleetWatch,
+    SourceCensus,
+    set_ratios,
+)
 from peerwatch.streams.core.model import JOB_WIDE, InvalidRecordError, JobContext
 from peerwatch.streams.core.settings import DetectorSettings
 from peerwatch.streams.core.windows import JobWindowBatch
@@ -179,7 +187,7 @@ class JobStage:
         job_id: str,
         watermark_ms: int,
         ctx: JobContext,
-        fleet: FleetWatch | None = None,
+        fleet: FleetWatch | FleetVerdicts | None = None,
     ) -> list[tuple[int, DetectionResult]]:
         """Run the detector on the releasable windows of one job; returns (window start,
         result) pairs in window order. With ``fleet``, a window waits until the fleet watch
@@ -391,8 +399,9 @@ class JobReleaser:
     ``jobs``: job contexts and nodes (the allocation table). ``partition_of``: node -> the source
     holding it; None when every node is in one source (offline). ``fan_out_job_wide``: route a
     JOB_WIDE finding to every node of its job. ``scored_windows``: as :class:`JobStage`'s.
-    ``fleet_sources``: how many sources the fleet watches wait for (the samples partitions;
-    offline one). Raises InvalidRecordError from the detector.
+    ``fleet_sources``: how many sources the fleet watch waits for (the samples partitions;
+    offline one); it judges on channel :data:`~peerwatch.streams.core.fleet.FLEET_CHANNEL`, the
+    other channels hold its verdicts. Raises InvalidRecordError from the detector.
 
     Restart: a job's state and pending batches come back with :meth:`restore`; the watermarks
     do not (every source sends its next heartbeat soon), so a window may be released a
@@ -412,12 +421,10 @@ class JobReleaser:
     ) -> None:
         self.stage = JobStage(settings, grace_ms, scored_windows)
         self.settings = settings
-        #: samples partitions: the fleet watch of each channel judges a window start once all
-        #: of them closed it
+        #: samples partitions: the fleet watch judges a window start once all of them closed it
         self.fleet_sources = fleet_sources
-        #: channel -> its fleet watch (every channel gets every source's censuses and
-        #: heartbeats, so each decides the same; channel 0 publishes)
-        self.fleets: dict[int, FleetWatch] = {}
+        #: the fleet watch (channel FLEET_CHANNEL) and, per other channel, its verdicts there
+        self.fleets: dict[int, FleetWatch | FleetVerdicts] = {}
         self.jobs = jobs
         self.fan_out_job_wide = fan_out_job_wide
         self.partition_of = partition_of
@@ -448,19 +455,41 @@ class JobReleaser:
         """One StepTime record (see :meth:`JobStage.add_step`)."""
         return self.stage.add_step(record)
 
-    def fleet(self, channel: int = 0) -> FleetWatch:
-        """The fleet watch of ``channel``."""
-        watch = self.fleets.get(channel)
-        if watch is None:
-            watch = self.fleets[channel] = FleetWatch(self.settings, self.fleet_sources)
+    def fleet(self) -> FleetWatch:
+        """The fleet watch (it judges on channel FLEET_CHANNEL)."""
+        watch = self.decisions(FLEET_CHANNEL)
+        assert isinstance(watch, FleetWatch)
         return watch
 
-    def census(
-        self, src: int, start_ms: int, end_ms: int, seen: dict[str, SourceCensus], channel: int = 0
-    ) -> None:
+    def decisions(self, channel: int) -> FleetWatch | FleetVerdicts:
+        """What releases the windows of ``channel``: the fleet watch on FLEET_CHANNEL, its
+        verdicts on any other channel."""
+        got = self.fleets.get(channel)
+        if got is None:
+            got = self.fleets[channel] = (
+                FleetWatch(self.settings, self.fleet_sources)
+                if channel == FLEET_CHANNEL
+                else FleetVerdicts()
+            )
+        return got
+
+    def census(self, src: int, start_ms: int, end_ms: int, seen: dict[str, SourceCensus]) -> None:
         """Source ``src``'s fleet censuses of one window start (see
         :meth:`~peerwatch.streams.core.fleet.FleetWatch.add`); judged at a heartbeat."""
-        self.fleet(channel).add(src, start_ms, end_ms, seen)
+        self.fleet().add(src, start_ms, end_ms, seen)
+
+    def verdict(self, message: dict[str, Any], channel: int) -> Released:
+        """The fleet watch's verdict (:meth:`~peerwatch.streams.core.fleet.FleetVerdicts.apply`)
+        on ``channel`` (not FLEET_CHANNEL); releases what it lets go among the channel's jobs.
+        Raises KeyError, ValueError or TypeError for a malformed message, ValueError for a
+        verdict on FLEET_CHANNEL itself."""
+        held = self.decisions(channel)
+        if not isinstance(held, FleetVerdicts):
+            raise ValueError(f"a fleet verdict on the judging channel {channel}")
+        held.apply(message)
+        return self.release(
+            *sorted(j for j in self.stage.pending if self.channel_of.get(j) == channel)
+        )
 
     def heartbeat(self, src: int, closed_until_ms: int, channel: int = 0) -> Released:
         """Source ``src`` closed every window ending at or before ``closed_until_ms`` (int ms);
@@ -473,11 +502,12 @@ class JobReleaser:
         release at the end: the same windows released as by one heartbeat after another (a
         window waits for every source holding its nodes), fewer calls."""
         marks = self.watermarks.setdefault(channel, {})
-        fleet = self.fleet(channel)
+        fleet = self.decisions(channel)
         for src, until in closed_until_ms.items():
             marks[src] = max(marks.get(src, until), until)
-            fleet.closed(src, until)
-        found = fleet.judge()
+            if isinstance(fleet, FleetWatch):
+                fleet.closed(src, until)
+        found = fleet.judge() if isinstance(fleet, FleetWatch) else []
         jobs = [j for j in self.stage.pending if self.channel_of.get(j) == channel]
         out = self.release(*sorted(jobs))
         out.fleet = found
@@ -490,7 +520,7 @@ class JobReleaser:
         for job_id in job_ids:
             meta = self.jobs.job(job_id)
             ctx = meta.context() if meta is not None else JobContext(job_id=job_id)
-            fleet = self.fleet(self.channel_of.get(job_id, 0))
+            fleet = self.decisions(self.channel_of.get(job_id, FLEET_CHANNEL))
             got = self.stage.release_job(job_id, self.watermark_ms(job_id), ctx, fleet)
             for start, result in got:
                 out.releases.append(Release(ctx, start, result, self._routes(job_id, result)))

@@ -290,7 +290,12 @@ class Pipeline:
         watermark = agg.watermark_ms
         if watermark is None:
             return out
-        closed, censuses, ports, switches = self._closed, self._censuses, self._ports, self._switches
+        closed, censuses, ports, switches = (
+            self._closed,
+            self._censuses,
+            self._ports,
+            self._switches,
+        )
         self._closed, self._censuses, self._ports, self._switches = [], [], [], []
         out += self._detect(closed, censuses, ports, switches, watermark)
         self._prune_jobs()
@@ -392,7 +397,7 @@ class Pipeline:
         step-time records seen."""
         return {
             **self.stage.counters(),
-            **self.jobs.fleet(0).counters(),
+            **self.jobs.fleet().counters(),
             "network_peer_findings": self.net_jobs.peers.findings,
             "step_times": self.step_times,
         }

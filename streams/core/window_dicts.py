@@ -15,12 +15,17 @@ window it reports on.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import cache
 from itertools import repeat
 from operator import setitem
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
+
+from peerwatch.schemas import column_encoder as ce
+from peerwatch.schemas import registry
+from peerwatch.schemas.compiled import compile_encoder
 
 if TYPE_CHECKING:
     from peerwatch.streams.core.windows import ClosedWindows
@@ -70,6 +75,40 @@ def share_arrays(a: Mapping[str, np.ndarray], name: str) -> tuple[np.ndarray, np
 _Field = tuple[str, Any]
 
 
+@cache
+def _gpu_window_types() -> dict[str, Any]:
+    """GpuWindow field name -> its Avro type (logical types stripped)."""
+    wire: Any = registry.strip_logical_types(registry.raw_schema("GpuWindow"))
+    return {f["name"]: f["type"] for f in wire["fields"]}
+
+
+@cache
+def _value_encoder(name: str) -> Callable[[Any], bytes]:
+    """One GpuWindow field's value, Avro-encoded alone (its union branch included)."""
+    one = compile_encoder({"type": "record", "name": "One",
+                           "fields": [{"name": "v", "type": _gpu_window_types()[name]}]})  # fmt: skip
+    return lambda value: one({"v": value})
+
+
+def _numbers(name: str, values: np.ndarray, present: np.ndarray | None) -> ce.Piece:
+    """A number field's column as Avro (``present`` None: every window holds a value). Raises
+    Unfit for a value the field's type cannot hold (a None where it is not nullable)."""
+    t = _gpu_window_types()[name]
+    nullable = isinstance(t, list)
+    base = t[1] if nullable else t
+    if present is not None and not present.all():
+        if not nullable:
+            raise ce.Unfit(f"{name}: None where the field is not nullable")
+        values = np.where(present, values, 0)  # no value there: nothing out of range
+    if base == "double":
+        piece = ce.doubles(values)
+    elif base == "boolean":
+        piece = ce.booleans(values)
+    else:
+        piece = ce.varints(values, base)
+    return ce.nullable(piece, present) if nullable else piece
+
+
 class WindowDicts:
     """The GpuWindow dicts of one :class:`ClosedWindows` (see the module docstring), by slot."""
 
@@ -79,6 +118,8 @@ class WindowDicts:
         self.job_codes: list[int] = closed.accs["job"].tolist()
         self._fields = self.values()
         self._every: list[dict[str, Any]] | None = None
+        #: (header, every slot's message) once made (:meth:`LazyWindows.encoded`)
+        self.messages: tuple[bytes, list[bytes]] | None = None
 
     def values(self) -> list[tuple[str, str, Any]]:
         """Every field in order: ``(name, kind, what)``; kind ``"job"`` (the job's), ``"same"``
@@ -150,6 +191,41 @@ class WindowDicts:
                 v = values[slot].item()
                 w[name] = None if absent is not None and v == absent else v
         return w
+
+    def encoded(self, header: bytes) -> list[bytes]:
+        """Every slot's GpuWindow message (``header`` + the Avro record), in slot order, made
+        from the columns without a dict: the bytes the codec writes for :meth:`every`'s dicts
+        (tested). Raises :class:`~peerwatch.schemas.column_encoder.Unfit` for a value the
+        schema cannot hold (encode the dicts then: that encoder names the field)."""
+        c, n = self.closed, self.n
+        pieces = [ce.constant(header)]
+        for name, kind, what in self._fields:
+            value = _value_encoder(name)
+            if kind == "job":
+                codes, local = np.unique(c.accs["job"], return_inverse=True)
+                at = _JOB_FIELDS.index(name)
+                table = [value(c.jobs[code][at]) for code in codes.tolist()]
+                pieces.append(ce.by_code(table, local))
+            elif kind == "same":
+                pieces.append(ce.constant(value(what)))
+            elif kind == "names":
+                codes, local = np.unique(what, return_inverse=True)
+                table = [value(c.names[u] if u >= 0 else None) for u in codes.tolist()]
+                pieces.append(ce.by_code(table, local))
+            elif kind == "xids":
+                rows = np.zeros(n, np.int64)  # 0: no XID (most windows)
+                table = [value([])]
+                for slot, seen in c.xids.items():
+                    if seen:
+                        rows[slot] = len(table)
+                        table.append(value(sorted(set(seen))))
+                pieces.append(ce.by_code(table, rows))
+            elif kind == "present":
+                pieces.append(_numbers(name, *what))
+            else:  # sparse
+                values, absent = what
+                pieces.append(_numbers(name, values, None if absent is None else values != absent))
+        return ce.assemble(pieces, n)
 
     def every(self) -> list[dict[str, Any]]:
         """Every slot's GpuWindow dict, in slot order (made once)."""
@@ -248,6 +324,22 @@ class LazyWindows(Sequence[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.materialized())
+
+    def encoded(self, header: bytes) -> list[bytes] | None:
+        """Every window's GpuWindow message (``header`` + Avro), in order, made from the columns
+        (:meth:`WindowDicts.encoded`, once for all jobs of the closed windows); None once a
+        dict was made (a caller may have changed it) or when a value does not fit the schema
+        (encode the dicts then: their encoder raises EncodeError naming the field)."""
+        if self._all is not None or self._made:
+            return None
+        dicts = self._dicts
+        if dicts.messages is None or dicts.messages[0] != header:
+            try:
+                dicts.messages = (header, dicts.encoded(header))
+            except (ValueError, TypeError, OverflowError, KeyError, AttributeError):  # Unfit, or
+                return None  # a value a field encoder refuses: the dicts' encoder names it
+        every = dicts.messages[1]
+        return [every[s] for s in self._slots]
 
     def materialized(self) -> list[dict[str, Any]]:
         """Every window as a dict (made now if not yet), in order."""

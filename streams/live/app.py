@@ -241,9 +241,10 @@ def build_app(settings: Settings) -> faust.App:
         stage3, job_meta, job_table, pending_table,
         job_events_topic=job_events_t.get_topic_name(), step_times_topic=step_times_name,
         retention_ms=cfg.allocation_retention_s * 1000, counters=counters,
-        network=JobNetwork(settings.network, settings.detector),
+        network=JobNetwork(settings.network, settings.detector), channels=job_partitions,
     )  # fmt: skip
-    out_topics = {"stragglers": stragglers_out, "findings": findings_t}
+    # "batches": the fleet watch's verdicts, from its channel to the others (see handlers)
+    out_topics = {"stragglers": stragglers_out, "findings": findings_t, "batches": batches_t}
     # Scored windows leave through librdkafka, flushed before each commit (see window_output).
     window_output = WindowOutput(settings.kafka, windows_out.get_topic_name())
     window_output.guard_commits(app.producer)
@@ -271,7 +272,7 @@ def build_app(settings: Settings) -> faust.App:
                         on_finding_sent(out.closed_wall_ms) if out.topic == "stragglers" else None
                     )
                     await out_topics[out.topic].send(
-                        key=out.key, value=out.value, callback=callback
+                        key=out.key, value=out.value, partition=out.partition, callback=callback
                     )
             except RECORD_ERRORS as exc:
                 await dead(event, "invalid", str(exc))

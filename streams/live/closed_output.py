@@ -4,8 +4,9 @@ What a batch of samples closed leaves after the whole batch, on ``<id>-window-ba
 job's ``network`` messages of each window (its nodes' ports, before its windows, same key), one
 message per job and window (every samples partition's windows of it; a big job's window in
 several messages, whole sources each), keyed by job; then each source's fleet census of each
-window start it closed, to every stage-3 partition (whose fleet watches merge every source's:
-one decision); then one watermark heartbeat to every stage-3 partition (the closed-until of
+window start it closed, to the stage-3 partition whose fleet watch judges
+(:data:`~peerwatch.streams.core.fleet.FLEET_CHANNEL`: it merges every source's, one decision,
+and sends its verdicts to the other channels); then one watermark heartbeat to every stage-3 partition (the closed-until of
 every assigned samples partition). Same producer, same partition: in that order.
 """
 
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from peerwatch.errors import CodecError
+from peerwatch.streams.core.fleet import FLEET_CHANNEL
 from peerwatch.streams.core.network_jobs import JobPorts, job_ports_messages
 from peerwatch.streams.core.sample_stage import Census
 from peerwatch.streams.core.windows import ClosedWindows, WindowAggregator
@@ -37,7 +39,7 @@ class ClosedOutput:
         self.batch_codec = WindowBatchCodec()
         #: (job, window start, end) -> (samples partition -> the windows it closed in this
         #: batch, wall ms when the last of them closed it): one message each, after the batch.
-        self._out: dict[tuple[str, int, int], tuple[dict[int, list[Any]], float]] = {}
+        self._out: dict[tuple[str, int, int], tuple[dict[int, Sequence[Any]], float]] = {}
         #: (key, value) of the network messages of the windows closed in this batch: sent
         #: before the batch's window batches
         self._net_out: list[tuple[bytes, bytes]] = []
@@ -65,7 +67,7 @@ class ClosedOutput:
         for b in agg.group(closed):  # sent after the whole batch, one message per job and window
             key = (b.job_id, b.window_start_ms, b.window_end_ms)
             parts = self._out[key][0] if key in self._out else {}
-            parts[src] = list(b.windows)
+            parts[src] = b.windows  # the aggregator's lazy windows: encoded from their columns
             self._out[key] = (parts, closed_wall_ms)
 
     def send(self, closed_until: Mapping[int, int | None], idle: Callable[[int], dict[int, int]]
@@ -86,10 +88,9 @@ class ClosedOutput:
             for value in values:
                 self.delivery.send(self.topic, job_id.encode(), value)
         self._out.clear()
-        for census in self._census:
+        for census in self._census:  # to the channel whose fleet watch judges (one decision)
             value = json.dumps(census).encode()
-            for q in range(self.job_partitions):
-                self.delivery.send(self.topic, b"~census", value, partition=q)
+            self.delivery.send(self.topic, b"~census", value, partition=FLEET_CHANNEL)
         self._census.clear()
         if self.marks:
             self.heartbeat(closed_until, idle)

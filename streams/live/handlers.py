@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from peerwatch.errors import CodecError
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.streams.core.allocation import AllocationTable
-from peerwatch.streams.core.fleet import FleetWatch, SourceCensus
+from peerwatch.streams.core.fleet import FLEET_CHANNEL, FleetVerdicts, FleetWatch, SourceCensus
 from peerwatch.streams.core.job_stage import (
     JobReleaser,
     PendingEntry,
@@ -114,22 +114,25 @@ def pending_message(entry: Any) -> dict[str, Any]:
     return {**message, "channel": entry.get("channel")}
 
 
-#: The stage-3 channel whose fleet watch publishes the fleet findings.
-FLEET_CHANNEL = 0
-#: The ``job_table`` key of a channel's fleet watch memory (no job id starts with "~").
+#: The ``job_table`` key of a channel's fleet watch memory, or of the verdicts it holds (no job
+#: id starts with "~").
 FLEET_KEY = "~fleet|{channel}"
+#: The key of a fleet verdict message (channel FLEET_CHANNEL to the others).
+VERDICT_KEY = b"~fleet"
 
 
 class Output(NamedTuple):
-    """One record to send: ``topic`` is ``windows``, ``stragglers`` (Avro bytes) or ``findings``
-    (the JSON-serialised dict for the internal topic keyed by node); ``closed_wall_ms``: when the
-    window closed in the hot stage (finding latency), else None. A named tuple: one is made per
-    GPU window."""
+    """One record to send: ``topic`` is ``windows``, ``stragglers`` (Avro bytes), ``findings``
+    (the JSON-serialised dict for the internal topic keyed by node) or ``batches`` (a fleet
+    verdict, a JSON-serialised dict too, to the window-batches ``partition``);
+    ``closed_wall_ms``: when the window closed in the hot stage (finding latency), else None.
+    A named tuple: one is made per GPU window."""
 
     topic: str
     key: bytes
     value: Any
     closed_wall_ms: float | None = None
+    partition: int | None = None
 
 
 class JobsHandler:
@@ -149,6 +152,7 @@ class JobsHandler:
         step_times_topic: str,
         retention_ms: int,
         counters: Any,
+        channels: int = 1,
         monotonic_s: Callable[[], float] = time.monotonic,
         network: JobNetwork | None = None,
     ) -> None:
@@ -161,6 +165,8 @@ class JobsHandler:
         self.step_times_topic = step_times_topic
         self.retention_ms = retention_ms
         self.counters = counters
+        #: stage-3 channels (window-batches partitions): the fleet verdicts go to the others
+        self.channels = channels
         self.monotonic_s = monotonic_s
         #: The jobs' network compared at each released window (network messages held first).
         self.network = LiveJobNetwork(network or JobNetwork(), job_table, counters)
@@ -189,10 +195,11 @@ class JobsHandler:
         self._pending_scan_s = 0.0
         self._fleet_restored.clear()
 
-    def fleet(self, channel: int) -> FleetWatch:
-        """The channel's fleet watch, its memory recovered from ``job_table`` (key
-        :data:`FLEET_KEY`) at its first use in this process (after a restart or rebalance)."""
-        watch = self.stage3.fleet(channel)
+    def fleet(self, channel: int) -> FleetWatch | FleetVerdicts:
+        """The fleet watch (channel FLEET_CHANNEL) or the verdicts of another channel, recovered
+        from ``job_table`` (key :data:`FLEET_KEY`) at its first use in this process (after a
+        restart or rebalance)."""
+        watch = self.stage3.decisions(channel)
         if channel in self._fleet_restored:
             return watch
         self._fleet_restored.add(channel)
@@ -207,11 +214,21 @@ class JobsHandler:
                 self.job_table.pop(key, None)
         return watch
 
-    def _keep_fleet(self, channel: int, judged_before: int | None) -> None:
-        """Write the channel's fleet watch to ``job_table`` when it judged a window start."""
-        watch = self.stage3.fleet(channel)
-        if watch.last_start_ms != judged_before:
-            self.job_table[FLEET_KEY.format(channel=channel).encode()] = watch.to_dict()
+    def _keep_fleet(self, channel: int) -> None:
+        """Write the channel's fleet watch, or verdicts, to ``job_table``."""
+        held = self.stage3.decisions(channel)
+        self.job_table[FLEET_KEY.format(channel=channel).encode()] = held.to_dict()
+
+    def _judged(self, judged_before: int | None) -> list[Output]:
+        """After a heartbeat on the judging channel: when the fleet watch judged a window start,
+        its state kept and its verdict to every other channel (one message each)."""
+        watch = self.stage3.fleet()
+        if watch.last_start_ms == judged_before:
+            return []
+        self._keep_fleet(FLEET_CHANNEL)
+        verdict = watch.verdict(judged_before)  # JSON on the topic (faust's serializer)
+        return [Output("batches", VERDICT_KEY, verdict, partition=q)
+                for q in range(self.channels) if q != FLEET_CHANNEL]  # fmt: skip
 
     def restore(self, job_id: str) -> None:
         """First sight of the job in this process: recover its state from the tables."""
@@ -312,16 +329,23 @@ class JobsHandler:
         else:
             b = json_object(value)  # a heartbeat, or a window batch of an older worker
         if b.get("kind") == "census":  # a source's fleet census of a window start
+            if partition != FLEET_CHANNEL:
+                return []  # an older hot stage sent it to every channel: judged on one only
             census = b["census"]
             if not isinstance(census, dict):
                 raise TypeError(f"census of type {type(census).__name__}")
             seen = {str(n): SourceCensus.from_json(c) for n, c in census.items()}
             self.fleet(partition)
-            self.stage3.census(int(b["src"]), int(b["start"]), int(b["end"]), seen, partition)
+            self.stage3.census(int(b["src"]), int(b["start"]), int(b["end"]), seen)
             return []
         if b.get("kind") == NETWORK_KIND:  # a job's ports over a window, before its batches
             self.network.add(b)
             return []
+        if b.get("kind") == "fleet":  # the judging channel's verdict
+            self.fleet(partition)
+            released = self.stage3.verdict(b, partition)
+            self._keep_fleet(partition)
+            return self.outputs(released)
         if b.get("kind") == "watermark":
             # Jobs with windows pending from before a restart (or a rebalance) and no batch
             # since: the table is walked every few seconds, not at every heartbeat (there are
@@ -339,10 +363,12 @@ class JobsHandler:
                     self.network.prune(low_ms - self.retention_ms)
                 for gone in [k for k in self.heads if k not in self.stage3.sources]:
                     del self.heads[gone]
-            judged_before = self.fleet(partition).last_start_ms
+            decides = self.fleet(partition)
+            judges = isinstance(decides, FleetWatch)
+            judged_before = decides.last_start_ms if isinstance(decides, FleetWatch) else None
             released = self.stage3.heartbeats(watermarks(b), channel=partition)
-            self._keep_fleet(partition, judged_before)
-            return self.fleet_outputs(released, partition) + self.outputs(released)
+            verdicts = self._judged(judged_before) if judges else []
+            return self.fleet_outputs(released) + verdicts + self.outputs(released)
         parts = batches_of_message(b)
         if not heads:
             bytes(value).decode()  # JSON in UTF-16 or -32 parses, but is not kept (ValueError)
@@ -372,12 +398,9 @@ class JobsHandler:
             self.pending_table[entry.key.encode()] = pending_entry(partition, bytes(value))
         return self.outputs(released)
 
-    def fleet_outputs(self, released: Released, channel: int) -> list[Output]:
-        """The fleet findings a heartbeat judged, from channel :data:`FLEET_CHANNEL` only: every
-        channel's fleet watch gets the same censuses and heartbeats and decides the same, one
-        publishes (DETECTION.md item 12: one FLEET_WIDE finding however many partitions)."""
-        if channel != FLEET_CHANNEL:
-            return []
+    def fleet_outputs(self, released: Released) -> list[Output]:
+        """The fleet findings a heartbeat judged (on channel FLEET_CHANNEL, the only one that
+        judges: DETECTION.md item 12, one FLEET_WIDE finding however many partitions)."""
         out = []
         for f in released.fleet:
             self.counters.fleet_findings += 1

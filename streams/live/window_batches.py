@@ -25,6 +25,7 @@ from peerwatch.schemas import registry
 from peerwatch.schemas.codec import HEADER_LEN, MAGIC, AvroCodec
 from peerwatch.schemas.compiled import compile_encoder
 from peerwatch.schemas.records import GpuWindow
+from peerwatch.streams.core.window_dicts import LazyWindows
 
 #: The GpuWindow fields stage 3 sets; every field from the first of them on is re-encoded.
 STAGE3_FIELDS = ("step_ms", "score", "gated")
@@ -88,8 +89,7 @@ class WindowBatchCodec:
         sources each, in source order (stage 3 keeps one pending entry per message under its
         first source, so a source never spans two). A source larger than ``max_bytes`` goes
         alone. Raises EncodeError as :meth:`encode_batch`."""
-        encode = self.windows.encode
-        encoded = [(src, [encode(w) for w in parts[src]]) for src in sorted(parts)]
+        encoded = [(src, self._messages(parts[src])) for src in sorted(parts)]
         chunks: list[list[tuple[int, list[bytes]]]] = [[]]
         size = 0
         for src, windows in encoded:
@@ -111,6 +111,18 @@ class WindowBatchCodec:
             )
             for chunk in chunks
         ]
+
+    def _messages(self, windows: Sequence[Mapping[str, Any]]) -> list[bytes]:
+        """Each window's GpuWindow message: the aggregator's lazy windows from their columns,
+        no dict made (:meth:`~peerwatch.streams.core.window_dicts.LazyWindows.encoded`); other
+        windows, or a value the columns cannot encode, record by record (whose encoder names a
+        field at fault: EncodeError)."""
+        if isinstance(windows, LazyWindows):
+            got = windows.encoded(self._header)
+            if got is not None:
+                return got
+        encode = self.windows.encode
+        return [encode(w) for w in windows]
 
     # -- stage 3 --------------------------------------------------------------------------------
     def decode_batch(

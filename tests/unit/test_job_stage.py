@@ -47,6 +47,8 @@ def releaser(
     out = JobReleaser(settings, table, partition_of=SOURCE.__getitem__, **kw)
     if fleet_judged:
         out.fleet().closed(0, 1 << 60)
+        for channel in range(1, 8):  # the other channels hold the fleet watch's verdict
+            out.verdict({"until": 1 << 60, "shifted": {}}, channel)
     return out
 
 

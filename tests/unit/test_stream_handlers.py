@@ -36,7 +36,7 @@ JOB = {"event_id": "e1", "job_id": "7", "kind": "STARTED", "ts_ms": T0, "source"
        "start_ms": T0, "end_ms": None, "restart_count": 0}  # fmt: skip
 
 
-def jobs_handler() -> tuple[JobsHandler, dict[bytes, Any], dict[bytes, Any]]:
+def jobs_handler(channels: int = 1) -> tuple[JobsHandler, dict[bytes, Any], dict[bytes, Any]]:
     settings = Settings()
     meta = AllocationTable(3_600_000)
     job_table: dict[bytes, Any] = {}
@@ -44,7 +44,7 @@ def jobs_handler() -> tuple[JobsHandler, dict[bytes, Any], dict[bytes, Any]]:
     handler = JobsHandler(
         JobReleaser(settings.detector, meta), meta, job_table, pending,
         job_events_topic="je", step_times_topic="st", retention_ms=3_600_000,
-        counters=StreamCounters(),
+        counters=StreamCounters(), channels=channels,
     )  # fmt: skip
     return handler, job_table, pending
 
@@ -82,10 +82,10 @@ def test_one_heartbeat_of_several_sources_releases_their_pending_windows() -> No
     for src, node in ((0, "a"), (1, "b")):
         msg = {"kind": "windows", "src": src, "job_id": "7", "window_start_ms": 0,
                "window_end_ms": wms, "windows": [{**window("7", 0, 0), "node": node}]}  # fmt: skip
-        assert handler.handle("b", 2, b"7", json.dumps(msg).encode()) == []
+        assert handler.handle("b", 0, b"7", json.dumps(msg).encode()) == []
     assert len(pending) == 2  # both sources' batches wait for a heartbeat
     beat = json.dumps({"kind": "watermark", "marks": {"0": wms, "1": wms}}).encode()
-    out = handler.handle("b", 2, b"~watermark", beat)
+    out = handler.handle("b", 0, b"~watermark", beat)
     assert sorted(o.topic for o in out) == ["windows", "windows"]
     assert pending == {}
 
@@ -100,7 +100,7 @@ def test_a_batch_of_several_sources_is_one_pending_entry_and_survives_a_restart(
     parts = {str(src): [{**window("7", 0, 0), "node": node}] for src, node in ((0, "a"), (1, "b"))}
     msg = {"kind": "windows", "job_id": "7", "window_start_ms": 0, "window_end_ms": wms,
            "parts": parts, "closed_wall_ms": 1.0}  # fmt: skip
-    assert handler.handle("b", 2, b"7", json.dumps(msg).encode()) == []
+    assert handler.handle("b", 0, b"7", json.dumps(msg).encode()) == []
     assert len(pending) == 1  # one entry holds both sources
     # A restarted worker: the same tables, a fresh releaser; both sources' windows pending.
     again, _, _ = jobs_handler()
@@ -108,7 +108,7 @@ def test_a_batch_of_several_sources_is_one_pending_entry_and_survives_a_restart(
     again.restore("7")
     assert sorted(again.stage3.stage.pending["7"][0]) == [("a", 0), ("b", 0)]
     beat = json.dumps({"kind": "watermark", "marks": {"0": wms, "1": wms}}).encode()
-    out = again.handle("b", 2, b"~watermark", beat)
+    out = again.handle("b", 0, b"~watermark", beat)
     assert sorted(o.topic for o in out) == ["windows", "windows"]
     assert pending == {}
 
@@ -289,22 +289,22 @@ def test_a_batch_that_completes_its_window_is_released_without_a_pending_entry()
     handler, _, _ = jobs_handler()
     handler.pending_table = pending = RecordingTable()
     handler.handle("je", 0, b"7", AvroCodec("JobEvent").encode(JOB))  # 2 GPUs expected
-    handler.stage3.fleet(2).closed(0, 1 << 60)  # channel 2's fleet watch judged every window
+    handler.stage3.fleet().closed(0, 1 << 60)  # the fleet watch judged every window
     wms = handler.stage3.stage.settings.window_ms
     start = T0 - T0 % wms + wms
     half = {"0": [window("7", 0, start, node="gpu00001", window_end_ms=start + wms)]}
     msg = {"kind": "windows", "job_id": "7", "window_start_ms": start,
            "window_end_ms": start + wms, "parts": half}  # fmt: skip
-    assert handler.handle("b", 2, b"7", json.dumps(msg).encode()) == []
+    assert handler.handle("b", 0, b"7", json.dumps(msg).encode()) == []
     assert len(pending.sets) == 1 and len(pending) == 1  # half the job: it waits, kept
     rest = {"1": [window("7", 1, start, node="gpu00001", window_end_ms=start + wms)]}
-    out = handler.handle("b", 2, b"7", json.dumps({**msg, "parts": rest}).encode())
+    out = handler.handle("b", 0, b"7", json.dumps({**msg, "parts": rest}).encode())
     assert sorted(o.topic for o in out) == ["windows", "windows"]  # the window is complete
     assert len(pending.sets) == 1 and pending == {}  # the second batch was never kept
     nxt = {"0": [window("7", i, start + wms, node="gpu00001", window_end_ms=start + 2 * wms)
                  for i in (0, 1)]}  # fmt: skip
     msg2 = {**msg, "window_start_ms": start + wms, "window_end_ms": start + 2 * wms, "parts": nxt}
-    out = handler.handle("b", 2, b"7", json.dumps(msg2).encode())
+    out = handler.handle("b", 0, b"7", json.dumps(msg2).encode())
     assert sorted(o.topic for o in out) == ["windows", "windows"]
     assert len(pending.sets) == 1 and pending == {}  # complete at once: nothing kept
 
@@ -329,17 +329,17 @@ def test_a_job_handed_back_after_a_rebalance_is_read_from_the_tables_not_from_me
     def beat(until: int) -> bytes:
         return json.dumps({"kind": "watermark", "marks": {"0": until, "1": until}}).encode()
 
-    w1.handle("b", 2, b"7", batch(0, "a", 0))
-    w1.handle("b", 2, b"7", batch(1, "b", 0))
-    assert len(w1.handle("b", 2, b"~watermark", beat(wms))) == 2
+    w1.handle("b", 0, b"7", batch(0, "a", 0))
+    w1.handle("b", 0, b"7", batch(1, "b", 0))
+    assert len(w1.handle("b", 0, b"~watermark", beat(wms))) == 2
     w1.forget()  # the rebalance: every partition revoked; w2 gets the job's
     w2, _, _ = jobs_handler()
     w2.job_table, w2.pending_table = job_table, pending
-    assert w2.handle("b", 2, b"7", batch(0, "a", wms)) == []
+    assert w2.handle("b", 0, b"7", batch(0, "a", wms)) == []
     assert len(pending) == 1
     w2.forget()  # the next rebalance: back to w1
-    w1.handle("b", 2, b"7", batch(1, "b", wms))
-    out = w1.handle("b", 2, b"~watermark", beat(2 * wms))
+    w1.handle("b", 0, b"7", batch(1, "b", wms))
+    out = w1.handle("b", 0, b"~watermark", beat(2 * wms))
     got = sorted(json.loads(o.value)["node"] if isinstance(o.value, bytes) and o.value[:1] == b"{"
                  else AvroCodec("GpuWindow").decode(o.value)["node"] for o in out)  # fmt: skip
     assert got == ["a", "b"]
@@ -404,9 +404,9 @@ def test_a_damaged_saved_job_state_is_dropped_and_the_job_goes_on(saved: dict[st
     wms = handler.stage3.stage.settings.window_ms
     msg = {"kind": "windows", "src": 0, "job_id": "7", "window_start_ms": 0,
            "window_end_ms": wms, "windows": [{**window("7", 0, 0), "node": "a"}]}  # fmt: skip
-    assert handler.handle("b", 2, b"7", json.dumps(msg).encode()) == []
+    assert handler.handle("b", 0, b"7", json.dumps(msg).encode()) == []
     assert handler.counters.state_damaged == 1 and b"7" not in job_table
-    out = handler.handle("b", 2, b"~watermark", json.dumps({"kind": "watermark",
+    out = handler.handle("b", 0, b"~watermark", json.dumps({"kind": "watermark",
                                                             "marks": {"0": wms}}).encode())  # fmt: skip
     assert [o.topic for o in out] == ["windows"]
 
@@ -443,31 +443,102 @@ def test_a_damaged_pending_key_is_dropped_and_every_heartbeat_still_walks_the_ta
     assert [o.topic for o in out] == ["windows"] and pending == {}  # and releases its window
 
 
-def test_fleet_censuses_and_heartbeats_on_every_channel_give_one_fleet_finding() -> None:
-    """Every source sends its census of a window start and its heartbeat to every channel;
-    each channel's fleet watch decides the same, only channel 0 publishes (DETECTION.md 12)."""
+def test_the_fleet_is_judged_once_and_its_verdict_releases_the_other_channels() -> None:
+    """Every source sends its census of a window start to the judging channel (0) only; its
+    watch judges once, publishes the one FLEET_WIDE finding and sends its verdict (how far it
+    judged, the ratios of a shift) to every other channel; a window there waits for it and is
+    released with the ratio (DETECTION.md 12). A census on another channel (an older hot
+    stage sent one to each) is not judged there."""
     import json
 
-    from peerwatch.streams.core.fleet import SourceCensus
+    from windowgen import window
 
-    handler, _, _ = jobs_handler()
+    from peerwatch.streams.core.fleet import FleetVerdicts, SourceCensus
+
+    handler, job_table, _ = jobs_handler(channels=3)
     handler.stage3.fleet_sources = 2
+    wms = handler.stage3.settings.window_ms
+    clean = SourceCensus(40, 0, 0, (1.0,) * 40).to_json()
     capped = SourceCensus(40, 40, 0, (0.9,) * 40).to_json()
-    published = []
-    for channel in (0, 1, 2):
+    published: list[Any] = []
+    for k, part in enumerate([clean, capped]):
         for src in (0, 1):
-            census = {"kind": "census", "src": src, "start": 0, "end": 5000,
-                      "census": {"gpu": capped}}  # fmt: skip
-            assert handler.handle("b", channel, b"~census", json.dumps(census).encode()) == []
-        mark = {"kind": "watermark", "marks": {"0": 5000}}
-        assert handler.handle("b", channel, b"~watermark", json.dumps(mark).encode()) == []
-        mark = {"kind": "watermark", "marks": {"1": 5000}}  # the second source: judged now
-        published += handler.handle("b", channel, b"~watermark", json.dumps(mark).encode())
-        assert handler.stage3.fleet(channel).judged_until_ms == 5000
-    (out,) = published
+            census = {"kind": "census", "src": src, "start": k * wms, "end": (k + 1) * wms,
+                      "census": {"gpu": part}}  # fmt: skip
+            assert handler.handle("b", 0, b"~census", json.dumps(census).encode()) == []
+            assert handler.handle("b", 2, b"~census", json.dumps(census).encode()) == []
+        for src in (0, 1):
+            mark = {"kind": "watermark", "marks": {str(src): (k + 1) * wms}}
+            published += handler.handle("b", 0, b"~watermark", json.dumps(mark).encode())
+    assert handler.stage3.fleet().judged_until_ms == 2 * wms
+    findings = [o for o in published if o.topic == "stragglers"]
+    (out,) = findings
     finding = AvroCodec("StragglerFinding").decode(out.value)
-    assert (out.topic, out.key, finding["status"]) == ("stragglers", b"fleet", "FLEET_WIDE")
+    assert (out.key, finding["status"]) == (b"fleet", "FLEET_WIDE")
     assert finding["windows_considered"] == 80  # both sources' GPUs, in one finding
+    verdicts = [o for o in published if o.topic == "batches"]
+    assert [o.partition for o in verdicts] == [1, 2, 1, 2]  # one per judged start and channel
+    assert verdicts[-1].value == {"kind": "fleet", "until": 2 * wms,
+                                  "shifted": {str(wms): {"gpu": 0.9}}}  # fmt: skip
+    assert handler.stage3.decisions(2).judged_until_ms is None  # the censuses there: ignored
+    # a small job on channel 2 at the capped start waits for the verdict, then gets the ratio
+    msg = {"kind": "windows", "job_id": "9", "window_start_ms": wms, "window_end_ms": 2 * wms,
+           "parts": {"0": [window("9", 0, wms, node="gpu00001", window_end_ms=2 * wms,
+                                  partition="gpu")]}}  # fmt: skip
+    assert handler.handle("b", 2, b"9", json.dumps(msg).encode()) == []
+    mark = {"kind": "watermark", "marks": {"0": 1 << 40, "1": 1 << 40}}
+    assert handler.handle("b", 2, b"~watermark", json.dumps(mark).encode()) == []
+    out = handler.handle("b", 2, b"~fleet", json.dumps(verdicts[-1].value).encode())
+    (scored,) = [o for o in out if o.topic == "windows"]
+    assert AvroCodec("GpuWindow").decode(scored.value)["fleet_clk_ratio"] == 0.9
+    assert isinstance(handler.stage3.decisions(2), FleetVerdicts)
+    assert json.loads(json.dumps(job_table[b"~fleet|2"]))["until"] == 2 * wms  # kept
+
+
+def test_a_channels_fleet_verdicts_survive_a_rebalance_in_the_job_table() -> None:
+    """After a rebalance (forget) a channel that does not judge gets its verdicts back from the
+    job table: a window of a judged start is released at once, with its ratio; damaged
+    verdicts are dropped and counted (the channel waits for the next verdict)."""
+    import json
+
+    from windowgen import window
+
+    handler, job_table, _ = jobs_handler(channels=2)
+    wms = handler.stage3.settings.window_ms
+    verdict = {"kind": "fleet", "until": 2 * wms, "shifted": {str(wms): {"gpu": 0.8}}}
+    assert handler.handle("b", 1, b"~fleet", json.dumps(verdict).encode()) == []
+    handler.forget()
+    msg = {"kind": "windows", "job_id": "9", "window_start_ms": wms, "window_end_ms": 2 * wms,
+           "parts": {"0": [window("9", 0, wms, node="gpu00001", window_end_ms=2 * wms,
+                                  partition="gpu")]}}  # fmt: skip
+    handler.handle("b", 1, b"9", json.dumps(msg).encode())
+    mark = {"kind": "watermark", "marks": {"0": 1 << 40}}
+    out = handler.handle("b", 1, b"~watermark", json.dumps(mark).encode())
+    (scored,) = [o for o in out if o.topic == "windows"]
+    assert AvroCodec("GpuWindow").decode(scored.value)["fleet_clk_ratio"] == 0.8
+    job_table[b"~fleet|1"] = {"until": "damaged", "shifted": {}}
+    handler.forget()
+    assert handler.fleet(1).judged_until_ms is None
+    assert handler.counters.state_damaged == 1 and b"~fleet|1" not in job_table
+
+
+@pytest.mark.parametrize(
+    "verdict",
+    [{"until": "x", "shifted": {}}, {"until": 1}, {"until": 1, "shifted": {"a": {}}},
+     {"until": 1, "shifted": {"5": {"gpu": "slow"}}}, {"until": 1, "shifted": [1]}],
+)  # fmt: skip
+def test_a_broken_fleet_verdict_is_refused_as_a_record_error(verdict: dict[str, Any]) -> None:
+    import json
+
+    from peerwatch.streams.live.handlers import RECORD_ERRORS
+
+    handler, _, _ = jobs_handler(channels=2)
+    with pytest.raises(RECORD_ERRORS):
+        handler.handle("b", 1, b"~fleet", json.dumps({"kind": "fleet", **verdict}).encode())
+    assert handler.stage3.decisions(1).judged_until_ms is None  # nothing kept of it
+    with pytest.raises(RECORD_ERRORS):  # a verdict on the judging channel itself
+        handler.handle("b", 0, b"~fleet", json.dumps({"kind": "fleet", "until": 5000,
+                                                       "shifted": {}}).encode())  # fmt: skip
 
 
 def test_the_fleet_watch_memory_survives_a_rebalance_in_the_job_table() -> None:
@@ -509,4 +580,4 @@ def test_a_broken_census_is_refused_as_a_record_error(census: Any) -> None:
     msg = {"kind": "census", "src": 0, "start": 0, "end": 5000, "census": census}
     with pytest.raises(RECORD_ERRORS):
         handler.handle("b", 0, b"~census", json.dumps(msg).encode())
-    assert not handler.stage3.fleet(0).waiting
+    assert not handler.stage3.fleet().waiting

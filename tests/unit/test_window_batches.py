@@ -147,7 +147,7 @@ def test_a_hostile_binary_batch_is_refused_with_a_record_error(value: bytes) -> 
 
 def _released(handler: Any, wms: int) -> list[bytes]:
     beat = json.dumps({"kind": "watermark", "marks": {"0": wms, "1": wms}}).encode()
-    out = handler.handle("b", 2, b"~watermark", beat)
+    out = handler.handle("b", 0, b"~watermark", beat)
     assert out and all(o.topic == "windows" for o in out)
     assert handler.heads == {}
     return [o.value for o in out]
@@ -164,7 +164,7 @@ def test_stage_3_writes_scored_windows_equal_to_their_whole_encoding() -> None:
     wms = handler.stage3.stage.settings.window_ms
     parts = {src: [window("7", i, 0, node=node, window_end_ms=wms) for i in range(2)]
              for src, node in ((0, "a"), (1, "b"))}  # fmt: skip
-    assert handler.handle("b", 2, b"7", CODEC.encode_batch("7", 0, wms, parts, 1.0)) == []
+    assert handler.handle("b", 0, b"7", CODEC.encode_batch("7", 0, wms, parts, 1.0)) == []
     assert len(pending) == 1 and len(handler.heads[("7", 0)]) == 4
     got = _check_whole(_released(handler, wms))
     assert sorted((w["node"], w["gpu_index"]) for w in got) == [("a", 0), ("a", 1), ("b", 0),
@@ -178,7 +178,7 @@ def test_a_restarted_stage_3_writes_the_same_bytes_from_its_pending_table() -> N
     wms = first.stage3.stage.settings.window_ms
     parts = {0: [window("7", i, 0, node="a", window_end_ms=wms) for i in range(3)]}
     value = CODEC.encode_batch("7", 0, wms, parts, None)
-    first.handle("b", 2, b"7", value)
+    first.handle("b", 0, b"7", value)
     again, _, _ = jobs_handler()
     again.job_table, again.pending_table = job_table, dict(pending)
     again.restore("7")
@@ -190,11 +190,11 @@ def test_older_json_windows_replace_the_heads_of_their_gpus() -> None:
     handler, _, _ = jobs_handler()
     wms = handler.stage3.stage.settings.window_ms
     binary = {0: [window("7", i, 0, node="a", window_end_ms=wms) for i in range(2)]}
-    handler.handle("b", 2, b"7", CODEC.encode_batch("7", 0, wms, binary, None))
+    handler.handle("b", 0, b"7", CODEC.encode_batch("7", 0, wms, binary, None))
     newer = window("7", 1, 0, node="a", window_end_ms=wms, clk_ratio=0.5)
     msg = {"kind": "windows", "src": 1, "job_id": "7", "window_start_ms": 0,
            "window_end_ms": wms, "windows": [newer]}  # fmt: skip
-    handler.handle("b", 2, b"7", json.dumps(msg).encode())
+    handler.handle("b", 0, b"7", json.dumps(msg).encode())
     assert list(handler.heads[("7", 0)]) == [("a", 0)]
     got = _check_whole(_released(handler, wms))
     assert [w["clk_ratio"] for w in got] == [0.9, 0.5]
@@ -204,7 +204,7 @@ def test_a_damaged_binary_pending_entry_is_dropped_and_counted() -> None:
     handler, job_table, pending = jobs_handler()
     wms = handler.stage3.stage.settings.window_ms
     value = CODEC.encode_batch("7", 0, wms, {0: [window("7", 0, 0, window_end_ms=wms)]}, None)
-    handler.handle("b", 2, b"7", value)
+    handler.handle("b", 0, b"7", value)
     [key] = pending
     pending[key] = pending[key][:-5]
     again, _, _ = jobs_handler()
@@ -250,13 +250,13 @@ def test_stage_3_takes_a_window_in_several_messages_and_restores_them_all() -> N
     values = CODEC.encode_batches("big", 0, wms, parts, None, max_bytes=600)
     assert len(values) == 3
     for value in values:
-        assert first.handle("b", 2, b"big", value) == []
+        assert first.handle("b", 0, b"big", value) == []
     assert len(pending) == 3  # one entry per message, under its source
     again, _, _ = jobs_handler()
     again.job_table, again.pending_table = job_table, dict(pending)
     again.restore("big")
     assert len(again.stage3.stage.pending["big"][0]) == 12
     beat = json.dumps({"kind": "watermark", "marks": {str(s): wms for s in range(3)}}).encode()
-    outs = [h.handle("b", 2, b"~watermark", beat) for h in (first, again)]
+    outs = [h.handle("b", 0, b"~watermark", beat) for h in (first, again)]
     assert [o.value for o in outs[0]] == [o.value for o in outs[1]]
     assert len(_check_whole([o.value for o in outs[0]])) == 12

@@ -1,0 +1,131 @@
+"""Avro records of many rows at once, encoded from columns (numpy), byte for byte what the
+record-at-a-time encoder (:mod:`peerwatch.schemas.compiled`) writes.
+
+A record's Avro encoding is the concatenation of its fields' encodings, so the records of ``n``
+rows are made field by field: each field becomes an ``(n, width)`` byte matrix and a length per
+row (:class:`Piece`), and the pieces are laid side by side into one buffer (:func:`assemble`),
+then cut into one message per row. The per-type makers below are whole-column numpy operations:
+
+* :func:`varints`: Avro's zig-zag varint of int/long values;
+* :func:`doubles`: double values, 8 bytes little-endian;
+* :func:`by_code`: a value of a small table per row (strings by their code: each distinct one
+  encoded once);
+* :func:`constant`: the same bytes in every row;
+* :func:`nullable`: a union with null first (``00`` where absent, ``02`` + the value where
+  present).
+
+Used where a stage makes many records of one schema from columns (the stream worker's closed
+GpuWindows: :meth:`~peerwatch.streams.core.window_dicts.WindowDicts.encoded`). A column of a
+type the field cannot take raises :class:`Unfit`; the caller then encodes the rows one by one
+(whose encoder names a field at fault).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Unfit(ValueError):
+    """A column of a type its Avro field cannot take (another dtype, a None where the field is
+    not nullable)."""
+
+
+class Piece(NamedTuple):
+    """One field of every row: ``data`` (rows x width bytes, or 1 x width: the same bytes in
+    every row) and ``lengths`` (bytes used of each row's width; one value: the same for all)."""
+
+    data: np.ndarray
+    lengths: np.ndarray
+
+
+def varints(values: np.ndarray, avro_type: str = "long") -> Piece:
+    """Zig-zag varints of integer ``values`` (64 bits: an ``int`` field is written as the
+    record encoder writes it, which checks the long range only). Raises Unfit for another
+    dtype."""
+    if values.dtype.kind not in "iub":
+        raise Unfit(f"{values.dtype} values for an Avro {avro_type}")
+    x = values.astype(np.int64)
+    u = ((x << 1) ^ (x >> 63)).view(np.uint64)
+    nbytes = np.ones(len(u), np.int64)
+    for k in range(1, 10):
+        nbytes += u >= np.uint64(1 << (7 * k))
+    width = int(nbytes.max()) if len(u) else 1
+    out = np.empty((len(u), width), np.uint8)
+    for k in range(width):
+        group = ((u >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        out[:, k] = group | np.where(k < nbytes - 1, 0x80, 0).astype(np.uint8)
+    return Piece(out, nbytes)
+
+
+def doubles(values: np.ndarray) -> Piece:
+    """``values`` as Avro doubles (8 bytes, little-endian). Raises Unfit for a non-number
+    dtype."""
+    if values.dtype.kind not in "fiub":
+        raise Unfit(f"{values.dtype} values for an Avro double")
+    raw = np.ascontiguousarray(values, dtype="<f8").view(np.uint8).reshape(len(values), 8)
+    return Piece(raw, np.full(1, 8, np.int64))
+
+
+def booleans(values: np.ndarray) -> Piece:
+    """``values`` (truth) as Avro booleans, one byte each."""
+    return Piece((values != 0).astype(np.uint8).reshape(len(values), 1), np.ones(1, np.int64))
+
+
+def constant(encoded: bytes) -> Piece:
+    """The same ``encoded`` bytes in every row."""
+    data = np.frombuffer(encoded, np.uint8).reshape(1, len(encoded))
+    return Piece(data, np.full(1, len(encoded), np.int64))
+
+
+def by_code(table: Sequence[bytes], codes: np.ndarray) -> Piece:
+    """Row ``i`` holds ``table[codes[i]]`` (each entry already encoded: a string's length and
+    bytes, a union's branch)."""
+    lengths = np.array([len(t) for t in table], np.int64)
+    width = int(lengths.max()) if len(table) else 0
+    grid = np.zeros((len(table), max(width, 1)), np.uint8)
+    for i, t in enumerate(table):
+        grid[i, : len(t)] = np.frombuffer(t, np.uint8)
+    return Piece(grid[codes], lengths[codes])
+
+
+def nullable(value: Piece, present: np.ndarray | None) -> Piece:
+    """A union ``["null", T]`` of a value piece: ``00`` where not ``present``, ``02`` and the
+    value where it is (``present`` None: everywhere)."""
+    n = len(present) if present is not None else len(value.data)
+    data = np.broadcast_to(value.data, (n, value.data.shape[1]))
+    lengths = np.broadcast_to(value.lengths, (n,))
+    out = np.zeros((n, data.shape[1] + 1), np.uint8)
+    out[:, 0] = 2
+    out[:, 1:] = data
+    lengths = lengths + 1
+    if present is not None and not present.all():
+        out[~present, 0] = 0
+        lengths = np.where(present, lengths, 1)
+    return Piece(out, lengths)
+
+
+def assemble(pieces: Sequence[Piece], n: int) -> list[bytes]:
+    """The ``n`` rows' records: each row's pieces side by side, in order, one bytes each."""
+    if not n:
+        return []
+    lengths = np.stack([np.broadcast_to(p.lengths, (n,)) for p in pieces], axis=1)
+    ends = np.cumsum(lengths, axis=1)  # each piece's end within its row
+    row_len = ends[:, -1]
+    row_end = np.cumsum(row_len)
+    row_start = row_end - row_len
+    out = np.empty(int(row_end[-1]), np.uint8)
+    for f, p in enumerate(pieces):
+        width = p.data.shape[1]
+        if not width:
+            continue
+        at = row_start + ends[:, f] - lengths[:, f]  # where the piece starts in each row
+        cols = np.arange(width)
+        used = cols < lengths[:, f, None]
+        index = at[:, None] + cols
+        data = np.broadcast_to(p.data, (n, width))
+        out[index[used]] = data[used]
+    buf = out.tobytes()
+    return [buf[a:b] for a, b in zip(row_start.tolist(), row_end.tolist(), strict=True)]
