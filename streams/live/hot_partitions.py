@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from peerwatch.streams.live.delivery import OutputDelivery
@@ -105,6 +105,44 @@ class Partitions:
         except KafkaException as exc:  # not known yet: no partition counts as caught up
             log.debug("hot stage: positions unavailable (%s)", exc)
         return out
+
+    def event_clock(
+        self, wall_s: float, quiet_after_s: float, silent_after_ms: int
+    ) -> tuple[list[int], int | None]:
+        """Where event time stands for the silence checks: the partitions that hold them back,
+        or (none holding back) the event time itself (ms; None: no sample yet). A partition
+        with nothing to read that received nothing since the assignment, or for
+        ``quiet_after_s``, holds nothing back (it holds no node, or its nodes stopped). When all
+        are so quiet, event time is the latest sample of any, moved on by the wall clock where
+        the samples came in real time (within ``silent_after_ms`` of their arrival): a fleet
+        gone quiet is still seen (the one rule a replay cannot follow)."""
+        busy = [p for p, q in self.parts.items()
+                if q.max_ts_ms is not None and wall_s - q.arrival_wall_s < quiet_after_s]  # fmt: skip
+        quiet = [p for p in self.parts if p not in busy]
+        if quiet:
+            caught_up = self.caught_up()
+            busy += [p for p in quiet if p not in caught_up]
+        if busy:
+            return busy, None
+        clocks = [q.max_ts_ms + (int((wall_s - q.arrival_wall_s) * 1000)
+                                 if q.max_ts_ms >= q.arrival_wall_s * 1000 - silent_after_ms
+                                 else 0)
+                  for q in self.parts.values() if q.max_ts_ms is not None]  # fmt: skip
+        return [], max(clocks) if clocks else None
+
+    def idle_marks(self, latest: int, closed_until: Mapping[int, int | None]) -> dict[int, int]:
+        """Heartbeats for assigned partitions that hold no node: nothing to read and no sample
+        since the assignment (an empty log; ``closed_until``: each one's, None before its first
+        close). They follow the worker's ``latest`` closed-until, so the fleet watches, which
+        wait for every samples partition, are not held back by a partition without nodes (a
+        node that appears there later sends its censuses for windows the fleet may have judged
+        already: those are ignored)."""
+        empty = [p for p, q in self.parts.items()
+                 if closed_until.get(p) is None and q.max_ts_ms is None]  # fmt: skip
+        if not empty:
+            return {}
+        caught_up = self.caught_up()
+        return {p: latest for p in empty if p in caught_up}
 
     def commit_dirty(self) -> None:
         """:meth:`commit` the partitions that closed windows since their last commit."""

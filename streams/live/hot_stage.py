@@ -317,40 +317,20 @@ class HotStage:
         return {p: self.stage.aggregator(p).closed_until_ms for p in self.parts}
 
     def _idle_marks(self, latest: int) -> dict[int, int]:
-        """Heartbeats for assigned samples partitions that hold no node: nothing to read and no
-        sample since the assignment (an empty log). They follow the worker's ``latest``
-        closed-until, so the fleet watches, which wait for every samples partition, are not
-        held back by a partition without nodes (a node that appears there later sends its
-        censuses for windows the fleet may have judged already: those are ignored)."""
-        empty = [p for p, q in self.parts.parts.items()
-                 if self.stage.aggregator(p).closed_until_ms is None and q.max_ts_ms is None]  # fmt: skip
-        if not empty:
-            return {}
-        caught_up = self.parts.caught_up()
-        return {p: latest for p in empty if p in caught_up}
+        return self.parts.idle_marks(latest, self._closed_until())
 
     # -- the clock: silence checks -------------------------------------------------------------
     def silence_due(self, wall_s: float | None = None) -> list[int]:
         """The silence checks due now (:meth:`SampleStage.silence_due`): every check time that
-        all assigned partitions reached, as replay has it. A partition with nothing to read
-        that received nothing since the assignment, or for :attr:`quiet_after_s`, does not hold
-        them back (it holds no node, or its nodes stopped). When all are so quiet, event time is
-        the latest sample of any, moved on by the wall clock where the samples came in real
-        time: a fleet gone quiet is still seen (the one rule a replay cannot follow)."""
+        all assigned partitions reached, as replay has it, or the event time of a worker whose
+        partitions are all quiet (:meth:`Partitions.event_clock`)."""
         wall = time.time() if wall_s is None else wall_s
-        busy = [p for p, q in self.parts.parts.items()
-                if q.max_ts_ms is not None and wall - q.arrival_wall_s < self.quiet_after_s]  # fmt: skip
-        quiet = [p for p in self.parts if p not in busy]
-        if quiet:
-            caught_up = self.parts.caught_up()
-            busy += [p for p in quiet if p not in caught_up]
+        busy, now_ms = self.parts.event_clock(
+            wall, self.quiet_after_s, self.stage.silence.silent_after_ms
+        )
         if busy:
             return self.stage.silence_due(busy)
-        after_ms = self.stage.silence.silent_after_ms
-        clocks = [q.max_ts_ms + (int((wall - q.arrival_wall_s) * 1000)
-                                 if q.max_ts_ms >= q.arrival_wall_s * 1000 - after_ms else 0)
-                  for q in self.parts.parts.values() if q.max_ts_ms is not None]  # fmt: skip
-        return self.stage.silence_due(now_ms=max(clocks)) if clocks else []
+        return [] if now_ms is None else self.stage.silence_due(now_ms=now_ms)
 
     def _check_silence(self) -> None:
         """The silence checks due (:meth:`silence_due`), each at its own event time."""
