@@ -143,9 +143,7 @@ class BatchResult:
 
 class ClosedWindows(NamedTuple):
     """The slots of one closed window start, all jobs, as columns (:meth:`by_job` makes the
-    GpuWindow dicts). Numpy arrays and small tables: a split replay's reading process sends
-    these without the strings (:meth:`without_names`) and its other process, which keeps its
-    own copy of the aggregator's strings, makes the dicts."""
+    GpuWindow dicts, or the channel encodes them straight from these columns)."""
 
     start_ms: int
     end_ms: int
@@ -161,12 +159,6 @@ class ClosedWindows(NamedTuple):
     #: GPU keys (``node/index``) already made from ``names``, by :func:`gpu_code_key` (the
     #: owner's, kept across closes; None: made afresh)
     key_cache: dict[int, str] | None = None
-
-    def without_names(self) -> ClosedWindows:
-        """The same windows without the aggregator's strings (to send; the receiver gives them
-        back with ``_replace(names=..., key_cache=...)``: every code a window uses is below
-        ``len(aggregator.names())`` at the time it was closed)."""
-        return self._replace(names=(), key_cache=None)
 
     def ratio(self, total: str, count: str) -> tuple[np.ndarray, np.ndarray]:
         """The mean of one accumulator per slot (``total / count``; 0.0 where ``count`` is 0),
@@ -573,8 +565,7 @@ class WindowAggregator:
 
     def pop_ready(self, watermark_ms: int) -> list[ClosedWindows]:
         """:meth:`close_ready` without making the GpuWindow dicts: every closed window start as
-        columns, for :meth:`group` (here, or in another process after
-        :meth:`ClosedWindows.without_names`)."""
+        columns, for :meth:`group`."""
         boundary = watermark_ms - watermark_ms % self.window_ms
         if self.closed_until_ms is None or boundary > self.closed_until_ms:
             self.closed_until_ms = boundary
