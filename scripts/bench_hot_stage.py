@@ -48,7 +48,8 @@ def main() -> int:
             batch = [FakeMessage("s", 0, lo + i, k, v, None, ts)
                      for i, (k, v, ts) in enumerate(samples[lo : lo + 2000])]  # fmt: skip
             t = time.process_time()
-            hot._step(0, hot.parts.parts[0], batch)
+            part = hot.parts.parts[0]
+            hot._step(0, part, batch, *hot._decode(0, part, batch))
             aggregate += time.process_time() - t
             t = time.process_time()
             hot.output.send(hot._closed_until(), hot._idle_marks)

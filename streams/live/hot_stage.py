@@ -62,6 +62,10 @@ from peerwatch.streams.live.job_event_sync import JobEventSync
 from peerwatch.streams.live.nic_input import NicInput
 
 log = logging.getLogger(__name__)
+#: A worker without samples partitions this long after its start reads the NIC samples alone (s).
+NIC_ALONE_AFTER_S = 30.0
+#: Sample times at or past this are invalid (stage 2 refuses them), ms.
+VALID_TS_END = 1 << 53
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -146,6 +150,9 @@ class HotStage:
         if self.nic is not None:
             self.parts.after_commit = self.nic.commit
         self.clocks = HotClocks(counters, int(stream.clock_skew_warn_s * 1000))
+        #: the newest GPU sample time taken (ms): how far the NIC samples may go
+        self._newest_ms = -(1 << 62)
+        self._started_s = time.monotonic()
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
 
@@ -178,6 +185,7 @@ class HotStage:
         from confluent_kafka import Consumer, Producer
 
         loops.warm()  # compiled (or loaded) before the group join, not in the first assignment
+        self._started_s = time.monotonic()
         kafka = self.settings.kafka
         self.delivery.producer = Producer(
             producer_config(kafka, **{"linger.ms": 5, "on_delivery": self.delivery.delivered})
@@ -194,10 +202,11 @@ class HotStage:
         try:
             while not self._stop.is_set():
                 messages = self._consumer.consume(self.batch_max, timeout=self.batch_within_s)
-                self._process_nic()  # first: the NIC readings of the windows the samples close
-                if messages:
+                if messages:  # the NIC samples up to their time first (take)
                     self.jobs.sync()
                     self._process(messages)
+                else:
+                    self._process_nic(self._nic_until())
                 self.clocks.measure_lag(self._consumer, self.topics.samples, self.parts)
                 self._check_silence()
                 self.output.heartbeat_when_idle(self._closed_until(), self._idle_marks)
@@ -245,18 +254,27 @@ class HotStage:
                 continue
             if m.partition() in self.parts:  # else revoked within this batch
                 by_partition.setdefault(m.partition(), []).append(m)
+        decoded = [(p, batch, *self._decode(p, self.parts.parts[p], batch))
+                   for p, batch in sorted(by_partition.items())]  # fmt: skip
+        for _, _, tables, _ in decoded:
+            ts = tables[""].values["ts_ms"]
+            ts = ts[(ts >= 0) & (ts < VALID_TS_END)]  # an invalid time moves nothing
+            if ts.size:
+                self._newest_ms = max(self._newest_ms, int(ts.max()))
+        # the NIC readings of the windows these samples close, and none later (event-time join)
+        self._process_nic(self._newest_ms)
         records = readings = 0
-        for p, batch in sorted(by_partition.items()):
-            n_records, n_readings = self._step(p, self.parts.parts[p], batch)
+        for p, batch, tables, rows in decoded:
+            n_records, n_readings = self._step(p, self.parts.parts[p], batch, tables, rows)
             records += n_records
             readings += n_readings
         self.output.send(self._closed_until(), self._idle_marks)
         if records:
             self.counters.batch_done(records, readings, start_wall, start_cpu)
 
-    def _step(self, p: int, part: Partition, batch: list[Any]) -> tuple[int, int]:
-        """Decode one partition's messages into columns (skipping those handled before a
-        restart) and step stage 2 with them; returns (samples, GPU readings) taken."""
+    def _decode(self, p: int, part: Partition, batch: list[Any]) -> tuple[Any, np.ndarray]:
+        """One partition's messages as columns (those handled before a restart skipped, the
+        undecodable dead-lettered); returns (tables, message index of each row)."""
         agg = self.stage.aggregator(p)
         tables, rows, bad = self.columns.decode([m.value() or b"" for m in batch], agg.strings)
         reasons = dict(bad)
@@ -276,6 +294,14 @@ class HotStage:
             row += 1
         if not keep.all():
             tables, rows = select_rows(tables, keep), rows[keep]
+        return tables, rows
+
+    def _step(
+        self, p: int, part: Partition, batch: list[Any], tables: Any, rows: np.ndarray
+    ) -> tuple[int, int]:
+        """Step stage 2 with one partition's decoded samples (:meth:`_decode`); returns
+        (samples, GPU readings) taken."""
+        agg = self.stage.aggregator(p)
         self.clocks.observe(p, len(batch), tables, agg.name)
         unattributed_before = agg.unattributed
         closed_before = agg.closed_until_ms
@@ -298,12 +324,26 @@ class HotStage:
             self.output.marks[p] = agg.closed_until_ms
         return tables[""].n, tables["gpus."].n
 
-    def _process_nic(self) -> None:
-        """The NIC samples that arrived through stage 2's link rules (allocations synced
-        first), their findings published as the hard rules' are."""
+    def _nic_until(self) -> int | None:
+        """How far the NIC samples may go with no GPU samples at hand: all that arrived (None)
+        when every assigned samples partition is caught up, else no further than the newest
+        GPU sample taken (they wait for the samples' backlog: :mod:`.nic_input`). A worker
+        that holds no samples partition :data:`NIC_ALONE_AFTER_S` after it started (more
+        workers than partitions) reads the NIC samples alone."""
+        if self.nic is None:
+            return None
+        if not self.parts:  # none assigned yet: wait for the samples, unless none come
+            alone = time.monotonic() - self._started_s >= NIC_ALONE_AFTER_S
+            return None if alone else self._newest_ms
+        return None if len(self.parts.caught_up()) == len(self.parts) else self._newest_ms
+
+    def _process_nic(self, until_ms: int | None) -> None:
+        """The NIC samples that arrived, up to ``until_ms`` (event time; None: all), through
+        stage 2's link rules (allocations synced first), their findings published as the hard
+        rules' are."""
         if self.nic is None:
             return
-        samples = self.nic.read(self.batch_max)
+        samples = self.nic.read(self.batch_max, until_ms)
         if not samples:
             return
         self.jobs.sync()

@@ -4,11 +4,21 @@ A consumer group of its own: the NIC state is per node and the allocation view f
 the NIC partitions need not match the samples partitions. Undecodable records are
 dead-lettered; offsets are committed with the samples' (after a flush: their findings are out
 first), or alone when the worker holds no samples partition.
+
+**Joined in event time with the GPU samples.** A window's port summaries are made when the GPU
+samples close it, from the NIC readings stage 2 holds then; the in-process runner sees both
+streams in event-time order, so a live worker must too. While the samples have a backlog (a
+restart, a burst), :meth:`NicInput.read` hands on only the NIC samples at or before the newest
+GPU sample time it is given and holds the later ones, in order, per partition (a partition that
+holds :data:`HOLD_MOST` is paused until it drains), so the NIC input never runs ahead of the
+windows (its readings would be pruned before their window closed) nor behind them. When the
+samples are caught up, everything that arrived is handed on (the link rules act on arrival).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +29,9 @@ from peerwatch.settings import KafkaSettings
 from peerwatch.streams.live.delivery import FLUSH_TIMEOUT_S, OutputDelivery
 
 log = logging.getLogger(__name__)
+#: NIC samples held (ahead of the GPU samples) per partition before it is paused.
+HOLD_MOST = 4096
+_FIRST = -(1 << 62)  # the time of a record without a usable one: handed on at once
 
 
 class NicInput:
@@ -35,6 +48,10 @@ class NicInput:
         self._consumer: Any = None
         #: partition -> next offset to commit (committed after a flush)
         self._offsets: dict[int, int] = {}
+        #: partition -> (ts_ms, offset, decoded sample or None: dead-lettered) read ahead of the
+        #: GPU samples, in offset order; the paused partitions
+        self._held: dict[int, deque[tuple[int, int, Mapping[str, Any] | None]]] = {}
+        self._paused: set[int] = set()
 
     def start(self) -> None:
         from confluent_kafka import Consumer
@@ -48,19 +65,63 @@ class NicInput:
         if self._consumer is not None:
             self._consumer.close()
 
-    def read(self, most: int) -> list[Mapping[str, Any]]:
-        """The NIC samples that arrived (up to ``most``; none waited for), decoded; undecodable
-        ones dead-lettered."""
+    def read(self, most: int, until_ms: int | None = None) -> list[Mapping[str, Any]]:
+        """The NIC samples that arrived (reading up to ``most`` at a time, none waited for),
+        decoded, in each partition's order; undecodable ones dead-lettered. ``until_ms``: only
+        those at or before this event time (ms: the newest GPU sample time the hot stage is
+        about to take), the later ones held for a later call (module docstring); None: all."""
+        samples = self._release(until_ms)
+        while True:
+            messages = self._consumer.consume(most, timeout=0)
+            for m in messages:
+                if m.error() is not None:
+                    log.warning("hot stage NIC consume error: %s", m.error())
+                    continue
+                self._hold(m)
+            samples += self._release(until_ms)  # what stays held is past until_ms
+            if len(messages) < most or (until_ms is not None and self._ahead()):
+                return samples
+
+    def _hold(self, m: Any) -> None:
+        """One message into its partition's queue (decoded; undecodable: dead-lettered now,
+        its offset passed in order); a partition holding :data:`HOLD_MOST` past the time asked
+        is paused."""
+        sample: Mapping[str, Any] | None = None
+        try:
+            sample = self.codec.decode(m.value() or b"")
+        except CodecError as exc:
+            self.delivery.dead(m, "undecodable", str(exc))
+        ts = sample.get("ts_ms") if sample is not None else None
+        # a time that is no int is handed on at once: the link rules count it invalid
+        at = ts if isinstance(ts, int) and not isinstance(ts, bool) else _FIRST
+        queue = self._held.setdefault(m.partition(), deque())
+        queue.append((at, m.offset(), sample))
+        if len(queue) >= HOLD_MOST and m.partition() not in self._paused:
+            from confluent_kafka import TopicPartition
+
+            self._consumer.pause([TopicPartition(self.topic, m.partition())])
+            self._paused.add(m.partition())
+
+    def _ahead(self) -> bool:
+        """Whether every partition read holds a sample (after :meth:`_release`: past the time
+        asked; reading more would only hold more)."""
+        return bool(self._held) and all(self._held.values())
+
+    def _release(self, until_ms: int | None) -> list[Mapping[str, Any]]:
+        """The held samples at or before ``until_ms`` (None: all), partitions resumed once
+        drained below :data:`HOLD_MOST`."""
         samples: list[Mapping[str, Any]] = []
-        for m in self._consumer.consume(most, timeout=0):
-            if m.error() is not None:
-                log.warning("hot stage NIC consume error: %s", m.error())
-                continue
-            self._offsets[m.partition()] = m.offset() + 1
-            try:
-                samples.append(self.codec.decode(m.value() or b""))
-            except CodecError as exc:
-                self.delivery.dead(m, "undecodable", str(exc))
+        for p, queue in self._held.items():
+            while queue and (until_ms is None or queue[0][0] <= until_ms):
+                _, offset, sample = queue.popleft()
+                self._offsets[p] = offset + 1
+                if sample is not None:
+                    samples.append(sample)
+            if p in self._paused and len(queue) < HOLD_MOST:
+                from confluent_kafka import TopicPartition
+
+                self._consumer.resume([TopicPartition(self.topic, p)])
+                self._paused.discard(p)
         return samples
 
     def commit(self) -> None:
@@ -81,5 +142,7 @@ class NicInput:
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         self.commit()
-        for tp in partitions:
+        for tp in partitions:  # held samples not handed on: the next owner reads them again
             self._offsets.pop(tp.partition, None)
+            self._held.pop(tp.partition, None)
+            self._paused.discard(tp.partition)
