@@ -42,7 +42,7 @@ def fleet_records(nodes: int, seconds: int) -> tuple[list[list[dict[str, Any]]],
     ticks: list[list[dict[str, Any]]] = []
     events: list[Any] = []
     for _, recs in fleet.timed_ticks():
-        ticks.append([r.value for r in recs if r.stream == "nic-samples"])  # type: ignore[misc]
+        ticks.append([r.value for r in recs if r.stream == "nic-samples"])
         events += [r.value for r in recs if r.stream == "job-events"]
     spec = fleet.spec
     topology = parse_topology(topology_conf(spec.nodes, spec.nodes_per_leaf, spec.node_name))
