@@ -111,7 +111,8 @@ class NetworkStage:
             series.append((ts, reading))
             horizon = ts - self.readings_ms
             if series[0][0] < horizon:
-                ports[name] = [r for r in series if r[0] >= horizon]
+                # in time order: the old ones lead (in place, not a new list per reading)
+                del series[: bisect_left(series, horizon, key=_ts)]
 
     def port_windows(self, node: str, start_ms: int, end_ms: int) -> list[PortWindow]:
         """The node's ports summarised over ``[start_ms, end_ms)`` (readings up to two

@@ -178,3 +178,19 @@ def test_closed_summarises_the_kept_readings_of_the_features_counters_only() -> 
             assert w.readings == 5 and set(w.rates_per_s) <= FEATURE_COUNTERS
             assert "port_xmit_data" in w.rates_per_s and "port_xmit_packets" not in w.rates_per_s
     assert ports[0].nodes["gpu00003"][1].down_s == 5.0
+
+
+def test_the_readings_kept_are_those_within_readings_ms_of_the_newest() -> None:
+    """A port keeps its readings of the last ``readings_ms`` behind its newest one, in time
+    order (the old ones trimmed as new ones come; late ones dropped)."""
+    records, _ = port_down()
+    nic = [v for s, _, v in records if s == "nic-samples"]
+    stage = NetworkStage(AllocationTable(), readings_ms=10_000)
+    stage.add_nic(nic)
+    stage.add_nic(nic[:50])  # late: dropped
+    for node, ports in stage.readings.items():
+        newest = max(int(s["ts_ms"]) for s in nic if s["node"] == node)
+        want = sorted({int(s["ts_ms"]) for s in nic if s["node"] == node
+                       and int(s["ts_ms"]) >= newest - 10_000})  # fmt: skip
+        for series in ports.values():
+            assert [t for t, _ in series] == want
