@@ -192,11 +192,7 @@ class LinkWatch:
             self.stale_readings += 1
             return []
         values = self._values(reading)
-        fired = [
-            r.rule
-            for r in self._rules
-            if self._fires(r, mem, ts, reading, values, max_gap_ms, node)
-        ]
+        fired = self._fired(mem, ts, reading, values, max_gap_ms, node)
         self._remember(mem, ts, reading, values, max_gap_ms)
         out: list[StragglerFinding] = []
         for drain in (True, False):
@@ -223,43 +219,55 @@ class LinkWatch:
         return out
 
     # -- rules ----------------------------------------------------------------------------------
-    def _fires(
+    def _fired(
         self,
-        rule: _Rule,
         mem: PortMemory,
         ts: int,
         reading: Mapping[str, Any],
         values: Mapping[str, int | None],
         max_gap_ms: int,
         node: str,
-    ) -> bool:
-        kind = rule.kind
-        if kind == "down":
-            return self._down_fires(rule, mem, ts, reading.get("up"), max_gap_ms, node)
-        if kind == "below":
-            rate = reading.get("rate_gbps")
-            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate <= 0:
-                return False
-            rated = rule.limit or mem.best_gbps
-            return rated is not None and rate < rated
-        assert rule.counter is not None
-        current = values.get(rule.counter)
-        if current is None:
-            return False
-        if kind == "rise":
-            before = mem.counters.get(rule.counter)
-            # a first reading is a total since boot: never judged. Above the previous value is a
-            # rise (reaching the counter's maximum included); below it, a reset (new baseline);
-            # still at the maximum, unknown: the same as counter_delta, without its cost
-            return before is not None and current > before[1]
-        anchor = mem.anchors.get(rule.rule.name)
-        if anchor is None or current == anchor[1]:
-            return False  # no rate yet, or nothing counted since the span began
-        d = counter_delta(rule.counter, anchor[1], current, (ts - anchor[0]) / 1000)
-        if d.delta is None:
-            return False
-        span_s = max(rule.span_s, (ts - anchor[0]) / 1000)
-        return d.delta > rule.limit * span_s / rule.rule.per_s
+    ) -> list[LinkRule]:
+        """The rules of :data:`LINK_RULES` the reading shows firing, in their order (one call
+        per reading, not one per rule: a reading evaluates every rule)."""
+        fired: list[LinkRule] = []
+        for rule in self._rules:
+            kind = rule.kind
+            if kind == "down":
+                if self._down_fires(rule, mem, ts, reading.get("up"), max_gap_ms, node):
+                    fired.append(rule.rule)
+                continue
+            if kind == "below":
+                rate = reading.get("rate_gbps")
+                if not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate <= 0:
+                    continue
+                rated = rule.limit or mem.best_gbps
+                if rated is not None and rate < rated:
+                    fired.append(rule.rule)
+                continue
+            assert rule.counter is not None
+            current = values.get(rule.counter)
+            if current is None:
+                continue
+            if kind == "rise":
+                before = mem.counters.get(rule.counter)
+                # a first reading is a total since boot: never judged. Above the previous value
+                # is a rise (reaching the counter's maximum included); below it, a reset (new
+                # baseline); still at the maximum, unknown: the same as counter_delta, without
+                # its cost
+                if before is not None and current > before[1]:
+                    fired.append(rule.rule)
+                continue
+            anchor = mem.anchors.get(rule.rule.name)
+            if anchor is None or current == anchor[1]:
+                continue  # no rate yet, or nothing counted since the span began
+            d = counter_delta(rule.counter, anchor[1], current, (ts - anchor[0]) / 1000)
+            if d.delta is None:
+                continue
+            span_s = max(rule.span_s, (ts - anchor[0]) / 1000)
+            if d.delta > rule.limit * span_s / rule.rule.per_s:
+                fired.append(rule.rule)
+        return fired
 
     def _down_fires(
         self, rule: _Rule, mem: PortMemory, ts: int, up: Any, max_gap_ms: int, node: str
