@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, TypeGuard
 
 from peerwatch.producers.nic.counters import counter_delta
 from peerwatch.schemas.records import FindingStatus, StragglerFinding
@@ -98,6 +98,26 @@ class PortMemory:
         )
 
 
+class _Rule(NamedTuple):
+    """A rule of :data:`LINK_RULES` with its limit and span read once from the (frozen)
+    settings: a reading evaluates every rule, so what does not change is not looked up again."""
+
+    rule: LinkRule
+    kind: str
+    counter: str | None
+    #: the rule's limit (:meth:`LinkRule.threshold`)
+    limit: float
+    #: a rate rule's span (:meth:`LinkRule.span_s`), in s and ms
+    span_s: float
+    span_ms: float
+
+
+def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
+    """``isinstance(value, Mapping)``, a decoded dict answered without the ABC's check (a
+    reading asks three times)."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _int_value(value: Any) -> int | None:
     """A counter value as an int, or None when it is not an integer in ``[0, VALUE_LIMIT)``."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < VALUE_LIMIT:
@@ -121,6 +141,11 @@ class LinkWatch:
         self.settings = settings or NetworkSettings()
         self.detector = detector or DetectorSettings()
         self.ports: dict[tuple[str, str], PortMemory] = {}
+        s = self.settings
+        self._rules = [_Rule(r, r.kind, r.counter, r.threshold(s), r.span_s(s),
+                             r.span_s(s) * 1000) for r in LINK_RULES]  # fmt: skip
+        self._rate_rules = [r for r in self._rules if r.kind == "rate" and r.counter]
+        self._repeat_ms = s.repeat_after_s * 1000
         self.samples = 0
         self.invalid_samples = 0
         self.invalid_ports = 0
@@ -151,7 +176,7 @@ class LinkWatch:
         max_gap_ms = int(self.settings.max_gap_intervals * interval)
         out: list[StragglerFinding] = []
         for reading in ports:
-            name = reading.get("name") if isinstance(reading, Mapping) else None
+            name = reading.get("name") if _is_mapping(reading) else None
             if not isinstance(name, str) or not name:
                 self.invalid_ports += 1
                 continue
@@ -166,11 +191,8 @@ class LinkWatch:
         if ts <= mem.last_ts:
             self.stale_readings += 1
             return []
-        fired: list[LinkRule] = []
         values = self._values(reading)
-        for rule in LINK_RULES:
-            if self._fires(rule, mem, ts, reading, values, max_gap_ms, node):
-                fired.append(rule)
+        fired = self._fired(mem, ts, reading, values, max_gap_ms, node)
         self._remember(mem, ts, reading, values, max_gap_ms)
         out: list[StragglerFinding] = []
         for drain in (True, False):
@@ -184,55 +206,71 @@ class LinkWatch:
         out: dict[str, int | None] = {}
         for group in ("counters", "hw_counters"):
             raw = reading.get(group)
-            if not isinstance(raw, Mapping):
+            if not _is_mapping(raw):
                 continue
             for counter in RULE_COUNTERS:
-                if counter in raw and raw[counter] is not None:
-                    value = _int_value(raw[counter])
+                value = raw.get(counter)
+                if value is None:
+                    continue
+                if type(value) is not int or not 0 <= value < VALUE_LIMIT:  # the common case first
+                    value = _int_value(value)
                     self.bad_values += value is None
-                    out[counter] = value
+                out[counter] = value
         return out
 
     # -- rules ----------------------------------------------------------------------------------
-    def _fires(
+    def _fired(
         self,
-        rule: LinkRule,
         mem: PortMemory,
         ts: int,
         reading: Mapping[str, Any],
         values: Mapping[str, int | None],
         max_gap_ms: int,
         node: str,
-    ) -> bool:
-        if rule.kind == "down":
-            return self._down_fires(rule, mem, ts, reading.get("up"), max_gap_ms, node)
-        if rule.kind == "below":
-            rate = reading.get("rate_gbps")
-            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate <= 0:
-                return False
-            rated = rule.threshold(self.settings) or mem.best_gbps
-            return rated is not None and rate < rated
-        assert rule.counter is not None
-        current = values.get(rule.counter)
-        if current is None:
-            return False
-        if rule.kind == "rise":
-            before = mem.counters.get(rule.counter)
-            # a first reading is a total since boot: never judged. Above the previous value is a
-            # rise (reaching the counter's maximum included); below it, a reset (new baseline);
-            # still at the maximum, unknown: the same as counter_delta, without its cost
-            return before is not None and current > before[1]
-        anchor = mem.anchors.get(rule.name)
-        if anchor is None or current == anchor[1]:
-            return False  # no rate yet, or nothing counted since the span began
-        d = counter_delta(rule.counter, anchor[1], current, (ts - anchor[0]) / 1000)
-        if d.delta is None:
-            return False
-        span_s = max(rule.span_s(self.settings), (ts - anchor[0]) / 1000)
-        return d.delta > rule.threshold(self.settings) * span_s / rule.per_s
+    ) -> list[LinkRule]:
+        """The rules of :data:`LINK_RULES` the reading shows firing, in their order (one call
+        per reading, not one per rule: a reading evaluates every rule)."""
+        fired: list[LinkRule] = []
+        for rule in self._rules:
+            kind = rule.kind
+            if kind == "down":
+                if self._down_fires(rule, mem, ts, reading.get("up"), max_gap_ms, node):
+                    fired.append(rule.rule)
+                continue
+            if kind == "below":
+                rate = reading.get("rate_gbps")
+                if not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate <= 0:
+                    continue
+                rated = rule.limit or mem.best_gbps
+                if rated is not None and rate < rated:
+                    fired.append(rule.rule)
+                continue
+            assert rule.counter is not None
+            current = values.get(rule.counter)
+            if current is None:
+                continue
+            if kind == "rise":
+                before = mem.counters.get(rule.counter)
+                # a first reading is a total since boot: never judged. Above the previous value
+                # is a rise (reaching the counter's maximum included); below it, a reset (new
+                # baseline); still at the maximum, unknown: the same as counter_delta, without
+                # its cost
+                if before is not None and current > before[1]:
+                    fired.append(rule.rule)
+                continue
+            anchor = mem.anchors.get(rule.rule.name)
+            if anchor is None or current == anchor[1]:
+                continue  # no rate yet, or nothing counted since the span began
+            d = counter_delta(rule.counter, anchor[1], current, (ts - anchor[0]) / 1000)
+            if d.delta is None:
+                continue
+            span_s = max(rule.span_s, (ts - anchor[0]) / 1000)
+            if d.delta > rule.limit * span_s / rule.rule.per_s:
+                fired.append(rule.rule)
+        return fired
 
     def _down_fires(
-        self, rule: LinkRule, mem: PortMemory, ts: int, up: Any, max_gap_ms: int, node: str
+        self, rule: _Rule, mem: PortMemory, ts: int, up: Any, max_gap_ms: int, node: str
     ) -> bool:
         """Advance the port's down episode to ``ts`` and say whether it passes the limit."""
         if mem.up is False and mem.down_ms is not None:
@@ -244,9 +282,9 @@ class LinkWatch:
             mem.down_ms = 0
         if mem.down_ms is None or mem.down_fired:
             return False
-        if mem.down_ms <= rule.threshold(self.settings) * 1000:
+        if mem.down_ms <= rule.limit * 1000:
             return False
-        if rule.allocated_only and not self.allocations.segment(node, ts)[0]:
+        if rule.rule.allocated_only and not self.allocations.segment(node, ts)[0]:
             return False
         mem.down_fired = True
         return True
@@ -267,14 +305,12 @@ class LinkWatch:
         for counter, value in values.items():
             if value is not None:
                 mem.counters[counter] = (ts, value)
-        for rule in LINK_RULES:
-            if rule.kind != "rate" or rule.counter is None:
-                continue
-            value = values.get(rule.counter)
+        for rule in self._rate_rules:
+            value = values.get(rule.counter)  # type: ignore[arg-type]  # rate rules have one
             if value is None:
                 continue
-            anchor = mem.anchors.get(rule.name)
-            span_ms = rule.span_s(self.settings) * 1000
+            anchor = mem.anchors.get(rule.rule.name)
+            span_ms = rule.span_ms
             restart = (
                 anchor is None
                 or value < anchor[1]  # reset: new baseline
@@ -282,7 +318,7 @@ class LinkWatch:
                 or ts - mem.last_ts > max_gap_ms + span_ms  # a long silence: start over
             )
             if restart:
-                mem.anchors[rule.name] = (ts, value)
+                mem.anchors[rule.rule.name] = (ts, value)
         mem.last_ts = ts
 
     def _fresh(self, mem: PortMemory, ts: int, rules: list[LinkRule]) -> list[str]:
@@ -290,7 +326,7 @@ class LinkWatch:
         out = []
         for rule in rules:
             last = mem.fired.get(rule.name, _FAR_PAST)
-            if rule.kind == "down" or ts - last > self.settings.repeat_after_s * 1000:
+            if rule.kind == "down" or ts - last > self._repeat_ms:
                 out.append(rule.name)
             mem.fired[rule.name] = ts
         return sorted(out)

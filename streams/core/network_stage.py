@@ -9,7 +9,8 @@ out on the findings topic and through the drain policy. The rules themselves are
 input or rule is wired here once, never in a runner.
 
 At the window starts stage 2 closes, :meth:`NetworkStage.closed` summarises each job's nodes'
-ports over the window (:func:`~peerwatch.producers.nic.window.port_window`, from the readings kept
+ports over the window (:func:`~peerwatch.producers.nic.window.port_window` of the counters the
+network features read, :data:`~peerwatch.producers.nic.spans.FEATURE_COUNTERS`, from the readings kept
 since ``add_nic``, for ``readings_ms`` behind each node's newest one) into
 :class:`~peerwatch.streams.core.network_jobs.JobPorts`, which travel to stage 3 with the job's
 windows (there :class:`~peerwatch.streams.core.network_jobs.JobNetwork` compares them at the
@@ -25,9 +26,12 @@ longer than a horizon.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
+from peerwatch.producers.nic.spans import FEATURE_COUNTERS
 from peerwatch.producers.nic.window import PortWindow, port_window
 from peerwatch.schemas.records import StragglerFinding
 from peerwatch.streams.core.allocation import AllocationTable
@@ -38,6 +42,9 @@ from peerwatch.streams.core.settings import DetectorSettings, NetworkSettings, S
 from peerwatch.streams.core.switch_watch import SwitchWatch
 from peerwatch.streams.core.topology import Topology
 from peerwatch.streams.core.windows import ClosedWindows
+
+#: a kept reading's time (the key the readings are sorted by)
+_ts = itemgetter(0)
 
 
 def readings_ms(settings: StageSettings) -> int:
@@ -104,16 +111,19 @@ class NetworkStage:
             series.append((ts, reading))
             horizon = ts - self.readings_ms
             if series[0][0] < horizon:
-                ports[name] = [r for r in series if r[0] >= horizon]
+                # in time order: the old ones lead (in place, not a new list per reading)
+                del series[: bisect_left(series, horizon, key=_ts)]
 
     def port_windows(self, node: str, start_ms: int, end_ms: int) -> list[PortWindow]:
         """The node's ports summarised over ``[start_ms, end_ms)`` (readings up to two
         sampling intervals before the start set the initial link state)."""
         gap = 2 * self.interval_ms.get(node, 1000)
-        return [
-            port_window(name, [r for r in series if r[0] >= start_ms - gap], start_ms, end_ms, gap)
-            for name, series in sorted(self.readings.get(node, {}).items())
-        ]
+        out = []
+        for name, series in sorted(self.readings.get(node, {}).items()):
+            # the series is in time order; only the counters the network features read
+            recent = series[bisect_left(series, start_ms - gap, key=_ts) :]
+            out.append(port_window(name, recent, start_ms, end_ms, gap, FEATURE_COUNTERS))
+        return out
 
     def closed(
         self, closed: Sequence[ClosedWindows]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -352,3 +353,18 @@ def test_prune_forgets_silent_ports() -> None:
     w.add(sample("n2", 50_000, port()))
     assert w.prune(10_000) == 1
     assert list(w.ports) == [("n2", PORT)]
+
+
+@pytest.mark.parametrize("bad", [-3, 1 << 64, True, 2.5, "7", [1]])
+def test_every_kind_of_bad_value_is_counted_and_a_mapping_not_a_dict_is_read(bad: Any) -> None:
+    """A counter value that is not an integer in [0, 2**64) is missing (counted), whichever
+    way it is bad; a reading (or its counters) in a read-only mapping rather than a dict (a
+    caller's own decoding) is read the same as a dict."""
+    w = LinkWatch(allocated("n1"))
+    w.add(sample("n1", 0, port(link_downed=0, symbol_error=0)))
+    assert w.add(sample("n1", 1000, port(link_downed=bad, symbol_error=0))) == []
+    assert w.counters()["link_bad_values"] == 1
+    rising = port(link_downed=1)
+    rising["counters"] = MappingProxyType(rising["counters"])
+    found = w.add(sample("n1", 2000, MappingProxyType(rising)))  # type: ignore[arg-type]
+    assert [(f["port"], f["hard_rules"]) for f in found] == [(PORT, ["link_downed"])]

@@ -3,14 +3,20 @@ pipeline routes the ``nic-samples`` stream into it and its findings through the 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import numpy as np
+
+from peerwatch.producers.nic.spans import FEATURE_COUNTERS
+from peerwatch.producers.nic.window import port_window
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.settings import Settings
 from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.network_stage import NetworkStage
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, Pipeline
+from peerwatch.streams.core.windows import ClosedWindows
 
 T0 = 1_767_225_600_000
 Records = list[tuple[str, str, dict[str, Any]]]
@@ -129,3 +135,62 @@ def test_a_degraded_link_inside_a_32_node_job_is_named_with_cause_network() -> N
 def test_a_job_wide_slowdown_without_a_link_that_stands_out_names_no_port() -> None:
     out = list(Pipeline(Settings(), emit_windows=False).run(big_job(nic_fault=False)))
     assert [o.value["status"] for o in out if o.kind == FINDING] == ["JOB_WIDE"]
+
+
+def _closed(start: int, end: int, owner: dict[str, str]) -> ClosedWindows:
+    """The aggregator's closed columns of one window start: one slot per GPU of each node."""
+    names = sorted(owner)
+    code = {j: i for i, j in enumerate(sorted(set(owner.values())))}
+    node = np.repeat(np.arange(len(names)), 8)
+    job = np.repeat(np.array([code[owner[n]] for n in names]), 8)
+    jobs = {i: (j, None, None, None) for j, i in code.items()}
+    return ClosedWindows(start, end, {"job": job}, node, np.tile(np.arange(8), len(names)),
+                         names, jobs, {})  # fmt: skip
+
+
+def test_closed_summarises_the_kept_readings_of_the_features_counters_only() -> None:
+    """Each job's ports at a close are the window of the readings kept, over the counters the
+    network features read (:data:`FEATURE_COUNTERS`: the packet counters the simulator also
+    sends are summarised by no one); a restored stage gives the same."""
+    records, _ = port_down()
+    nic = [v for s, _, v in records if s == "nic-samples"]
+    alloc = AllocationTable()
+    for e in (v for s, _, v in records if s == "job-events"):
+        alloc.apply_event(e)
+    stage = NetworkStage(alloc, readings_ms=60_000)
+    stage.add_nic(nic[: len(nic) * 50 // 90])
+    start = T0 + 30_000  # 30..35 s in: node 3's port is down
+    twin = NetworkStage(AllocationTable.from_dict(alloc.to_dict()), readings_ms=60_000)
+    twin.restore(json.loads(json.dumps(stage.snapshot())))
+    part = _closed(start, start + 5000, {f"gpu{n:05d}": "1" for n in range(8)})
+    ports, switches = stage.closed([part])
+    assert (ports, switches) == twin.closed([part])
+    assert [(p.job_id, p.start_ms, sorted(p.nodes)) for p in ports] == [
+        ("1", start, [f"gpu{n:05d}" for n in range(8)])
+    ]
+    for node, windows in ports[0].nodes.items():
+        kept = stage.readings[node]
+        assert windows == tuple(
+            port_window(name, kept[name], start, start + 5000, 2000, FEATURE_COUNTERS)
+            for name in sorted(kept)
+        )
+        for w in windows:
+            assert w.readings == 5 and set(w.rates_per_s) <= FEATURE_COUNTERS
+            assert "port_xmit_data" in w.rates_per_s and "port_xmit_packets" not in w.rates_per_s
+    assert ports[0].nodes["gpu00003"][1].down_s == 5.0
+
+
+def test_the_readings_kept_are_those_within_readings_ms_of_the_newest() -> None:
+    """A port keeps its readings of the last ``readings_ms`` behind its newest one, in time
+    order (the old ones trimmed as new ones come; late ones dropped)."""
+    records, _ = port_down()
+    nic = [v for s, _, v in records if s == "nic-samples"]
+    stage = NetworkStage(AllocationTable(), readings_ms=10_000)
+    stage.add_nic(nic)
+    stage.add_nic(nic[:50])  # late: dropped
+    for node, ports in stage.readings.items():
+        newest = max(int(s["ts_ms"]) for s in nic if s["node"] == node)
+        want = sorted({int(s["ts_ms"]) for s in nic if s["node"] == node
+                       and int(s["ts_ms"]) >= newest - 10_000})  # fmt: skip
+        for series in ports.values():
+            assert [t for t, _ in series] == want

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -185,3 +186,53 @@ def test_a_window_s_counter_rate_is_the_sum_of_its_pairs(
             span += t1 - t0
     want = (None if saturated or span <= 0 else total / (span / 1000), reset, saturated)
     assert _counter_rate(name, points) == want
+
+
+_VALUE = st.one_of(st.integers(0, 300), st.sampled_from([65535, 65536, None, True, 1.5]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(-2000, 6000), min_size=0, max_size=7),
+    st.lists(st.tuples(_VALUE, _VALUE, _VALUE, _VALUE), min_size=7, max_size=7),
+    st.sampled_from([None, frozenset({"symbol_error", "out_of_sequence"}), frozenset()]),
+)
+def test_port_window_a_column_at_a_time_gives_what_a_reading_at_a_time_gives(
+    times: list[int], values: list[tuple[Any, ...]], only: frozenset[str] | None
+) -> None:
+    """Readings naming the same counters in the same order (what one agent sends) are summed a
+    column at a time; readings that differ go a reading at a time: the same window either way
+    (nulls, bools, floats, resets, saturation, equal times), and ``counters`` keeps only those
+    named."""
+    times.sort()
+
+    def one(ts: int, v: tuple[Any, ...], flip: bool) -> tuple[int, dict[str, Any]]:
+        ib = {"symbol_error": v[0], "link_downed": v[1], "port_xmit_data": v[2]}
+        if flip:  # the same counters in another order: not one agent's columns
+            ib = dict(reversed(ib.items()))
+        return ts, {"up": True, "rate_gbps": 400.0, "counters": ib,
+                    "hw_counters": {"out_of_sequence": v[3]}}  # fmt: skip
+
+    same = [one(t, v, False) for t, v in zip(times, values, strict=False)]
+    mixed = [one(t, v, i % 2 == 1) for i, (t, v) in enumerate(zip(times, values, strict=False))]
+    whole = port_window("p", same, 0, 4000, 2000)
+    assert port_window("p", mixed, 0, 4000, 2000) == whole
+    # each counter's rate is its own points' (the pairs' sum)
+    for name in ("symbol_error", "link_downed", "port_xmit_data", "out_of_sequence"):
+        group = "hw_counters" if name == "out_of_sequence" else "counters"
+        points = [(t, r[group][name]) for t, r in same if 0 <= t < 4000
+                  and type(r[group][name]) is int]  # fmt: skip
+        rate, reset, sat = _counter_rate(name, points) if points else (None, False, False)
+        assert whole.rates_per_s.get(name) == rate
+        assert (name in whole.resets, name in whole.saturated) == (reset, sat)
+    some = port_window("p", same, 0, 4000, 2000, only)
+    assert port_window("p", mixed, 0, 4000, 2000, only) == some
+    if only is not None:
+        assert some.rates_per_s == {k: v for k, v in whole.rates_per_s.items() if k in only}
+        assert some.resets == tuple(c for c in whole.resets if c in only)
+        assert some.saturated == tuple(c for c in whole.saturated if c in only)
+        assert (some.down_s, some.flaps, some.readings) == (
+            whole.down_s,
+            whole.flaps,
+            whole.readings,
+        )
