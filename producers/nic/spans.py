@@ -239,6 +239,9 @@ class PortSpans:
                     self._settle(span, name, seen)
                     span.base[name] = (ts_ms, value)
                     self.stats.counter_resets += 1
+                    if counter_delta(name, seen[1], value, 0.0).saturated:  # reset to its top
+                        span.saturated.add(name)
+                        self.stats.counter_saturations += 1
                 last[name] = (ts_ms, value)
 
     def _settle(self, span: _Span, name: str, upto: tuple[int, int]) -> None:
