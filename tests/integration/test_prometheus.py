@@ -344,6 +344,11 @@ def test_findings_and_recommendations_are_counters(fleet_run: FleetRun) -> None:
     assert any(node == XID_GPU[0] for node, _ in recs)
 
 
+#: This module's exporter's series (the session's Prometheus also holds other modules' ports of
+#: the same simulated node names, exported under their own service namespaces).
+OURS = 'job="peerwatch"'
+
+
 def test_per_port_nic_metrics_are_the_records_latest_span(fleet_run: FleetRun) -> None:
     """One series per node and port; the last span (the last pair of readings: the agent ticks
     every 2 s, the exporter closes a span every 1 s) read straight off the raw counters."""
@@ -356,12 +361,14 @@ def test_per_port_nic_metrics_are_the_records_latest_span(fleet_run: FleetRun) -
     # The simulated nodes' ports, and the real agent's (this machine's /sys/class/net).
     simulated = {k for k in readings if k[0].startswith("gpu")}
     assert len(simulated) == 8 * 2 and NIC_PORT in simulated and len(readings) > len(simulated)
-    up = fleet_run.wait_query("peerwatch_nic_link_up_ratio", lambda r: len(r) == len(readings))
+    up = fleet_run.wait_query(
+        f"peerwatch_nic_link_up_ratio{{{OURS}}}", lambda r: len(r) == len(readings)
+    )
     got_up = {(s["metric"]["host_name"], s["metric"]["network_interface_name"]): _value(s)
               for s in up}  # fmt: skip
     assert set(got_up) == set(readings)
     assert {got_up[k] for k in simulated} == {1.0}
-    speed = fleet_run.query("peerwatch_nic_link_speed_Gbit_per_second")
+    speed = fleet_run.query(f"peerwatch_nic_link_speed_Gbit_per_second{{{OURS}}}")
     assert {(s["metric"]["host_name"], s["metric"]["network_interface_name"]): _value(s)
             for s in speed if s["metric"]["host_name"].startswith("gpu")} == {
         k: readings[k][-1][1]["rate_gbps"] for k in simulated
@@ -371,7 +378,9 @@ def test_per_port_nic_metrics_are_the_records_latest_span(fleet_run: FleetRun) -
         (t0, r0), (t1, r1) = readings[key][-2:]
         return (r1["counters"][counter] - r0["counters"][counter]) * 4 / ((t1 - t0) / 1000)
 
-    tx = fleet_run.query('peerwatch_nic_io_rate_bytes_per_second{network_io_direction="transmit"}')
+    tx = fleet_run.query(
+        f'peerwatch_nic_io_rate_bytes_per_second{{{OURS}, network_io_direction="transmit"}}'
+    )
     got = {(s["metric"]["host_name"], s["metric"]["network_interface_name"]): _value(s) for s in tx}
     for key in simulated:
         assert math.isclose(got[key], last_rate(key, "port_xmit_data"), rel_tol=1e-9), key
@@ -379,12 +388,16 @@ def test_per_port_nic_metrics_are_the_records_latest_span(fleet_run: FleetRun) -
     # records (a NETWORK finding or recommendation).
     assert any(f.get("cause") == "NETWORK" and (f.get("node"), f.get("port")) == NIC_PORT
                for f in fleet_run.findings + fleet_run.recommendations)  # fmt: skip
-    down = fleet_run.query('peerwatch_nic_link_down_time_seconds_total{host_name=~"gpu.*"}')
+    down = fleet_run.query(
+        f'peerwatch_nic_link_down_time_seconds_total{{{OURS}, host_name=~"gpu.*"}}'
+    )
     assert len(down) == len(simulated) and all(_value(s) == 0.0 for s in down)
     # Bounded: one series per port and metric (io twice), and the exporter says how many.
-    per_port = fleet_run.query('count by (__name__) ({__name__=~"peerwatch_nic_.*"})')
+    per_port = fleet_run.query(f'count by (__name__) ({{{OURS}, __name__=~"peerwatch_nic_.*"}})')
     assert sum(int(_value(s)) for s in per_port) <= series_per_port() * len(readings)
-    active = fleet_run.wait_query("peerwatch_exporter_port_series_active", lambda r: r)
+    # (own metrics: under this module's exporter's service name, no other module's namespace)
+    active = fleet_run.wait_query('peerwatch_exporter_port_series_active{job!~".+/.+"}',
+                                  lambda r: r)  # fmt: skip
     assert [_value(s) for s in active] == [len(readings)]
 
 
