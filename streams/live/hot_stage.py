@@ -53,7 +53,7 @@ from peerwatch.settings import Settings
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.sample_stage import SampleStage
 from peerwatch.streams.core.topology import live_topology
-from peerwatch.streams.core.windows import SAMPLE_SPEC
+from peerwatch.streams.core.windows import SAMPLE_SPEC, VALUE_LIMIT
 from peerwatch.streams.live.closed_output import ClosedOutput
 from peerwatch.streams.live.delivery import OutputDelivery
 from peerwatch.streams.live.hot_clocks import HotClocks
@@ -64,8 +64,6 @@ from peerwatch.streams.live.nic_input import NicInput
 log = logging.getLogger(__name__)
 #: A worker without samples partitions this long after its start reads the NIC samples alone (s).
 NIC_ALONE_AFTER_S = 30.0
-#: Sample times at or past this are invalid (stage 2 refuses them), ms.
-VALID_TS_END = 1 << 53
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -258,7 +256,7 @@ class HotStage:
                    for p, batch in sorted(by_partition.items())]  # fmt: skip
         for _, _, tables, _ in decoded:
             ts = tables[""].values["ts_ms"]
-            ts = ts[(ts >= 0) & (ts < VALID_TS_END)]  # an invalid time moves nothing
+            ts = ts[(ts >= 0) & (ts < VALUE_LIMIT)]  # a time stage 2 refuses moves nothing
             if ts.size:
                 self._newest_ms = max(self._newest_ms, int(ts.max()))
         # the NIC readings of the windows these samples close, and none later (event-time join)
