@@ -12,12 +12,16 @@ restart, a burst), :meth:`NicInput.read` hands on only the NIC samples at or bef
 GPU sample time it is given and holds the later ones, in order, per partition (a partition that
 holds :data:`HOLD_MOST` is paused until it drains), so the NIC input never runs ahead of the
 windows (its readings would be pruned before their window closed) nor behind them. When the
-samples are caught up, everything that arrived is handed on (the link rules act on arrival).
+samples are caught up, everything that arrived is handed on (the link rules act on arrival). A
+sample is never held longer than :data:`MOST_HELD_S` of wall time (a node whose clock runs
+ahead, or a hostile time, must not stall its partition behind it); one whose time is no int in
+``[0, 2**53)`` goes on at once (the link rules count it invalid).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -26,11 +30,14 @@ from peerwatch.errors import CodecError
 from peerwatch.kafka_config import consumer_config
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import KafkaSettings
+from peerwatch.streams.core.windows import VALUE_LIMIT
 from peerwatch.streams.live.delivery import FLUSH_TIMEOUT_S, OutputDelivery
 
 log = logging.getLogger(__name__)
 #: NIC samples held (ahead of the GPU samples) per partition before it is paused.
 HOLD_MOST = 4096
+#: Most wall time a NIC sample is held for the GPU samples to reach its time (s).
+MOST_HELD_S = 5.0
 _FIRST = -(1 << 62)  # the time of a record without a usable one: handed on at once
 
 
@@ -50,7 +57,8 @@ class NicInput:
         self._offsets: dict[int, int] = {}
         #: partition -> (ts_ms, offset, decoded sample or None: dead-lettered) read ahead of the
         #: GPU samples, in offset order; the paused partitions
-        self._held: dict[int, deque[tuple[int, int, Mapping[str, Any] | None]]] = {}
+        #: (each with the monotonic s it was read at)
+        self._held: dict[int, deque[tuple[int, int, Mapping[str, Any] | None, float]]] = {}
         self._paused: set[int] = set()
 
     def start(self) -> None:
@@ -92,10 +100,12 @@ class NicInput:
         except CodecError as exc:
             self.delivery.dead(m, "undecodable", str(exc))
         ts = sample.get("ts_ms") if sample is not None else None
-        # a time that is no int is handed on at once: the link rules count it invalid
-        at = ts if isinstance(ts, int) and not isinstance(ts, bool) else _FIRST
+        # a time that is no int in [0, 2**53) goes on at once: the link rules count it invalid
+        at = _FIRST
+        if isinstance(ts, int) and not isinstance(ts, bool) and 0 <= ts < VALUE_LIMIT:
+            at = ts
         queue = self._held.setdefault(m.partition(), deque())
-        queue.append((at, m.offset(), sample))
+        queue.append((at, m.offset(), sample, time.monotonic()))
         if len(queue) >= HOLD_MOST and m.partition() not in self._paused:
             from confluent_kafka import TopicPartition
 
@@ -111,9 +121,10 @@ class NicInput:
         """The held samples at or before ``until_ms`` (None: all), partitions resumed once
         drained below :data:`HOLD_MOST`."""
         samples: list[Mapping[str, Any]] = []
+        overdue = time.monotonic() - MOST_HELD_S
         for p, queue in self._held.items():
-            while queue and (until_ms is None or queue[0][0] <= until_ms):
-                _, offset, sample = queue.popleft()
+            while queue and (until_ms is None or queue[0][0] <= until_ms or queue[0][3] <= overdue):
+                _, offset, sample, _ = queue.popleft()
                 self._offsets[p] = offset + 1
                 if sample is not None:
                     samples.append(sample)
