@@ -64,6 +64,8 @@ FLEET_JOB = "fleet"
 #: The stage-3 channel whose fleet watch judges (live: the censuses go there only) and
 #: publishes the fleet findings; the other channels get its verdicts.
 FLEET_CHANNEL = 0
+#: A fleet clock ratio a verdict may carry (clock / its maximum; more is a broken message).
+MAX_RATIO = 4.0
 #: Medians of this many shift-free windows make a partition's reference clock ratio.
 REFERENCE_WINDOWS = 12
 
@@ -324,6 +326,8 @@ class FleetVerdicts:
         if not isinstance(raw, dict) or not all(isinstance(r, dict) for r in raw.values()):
             raise TypeError("fleet verdict ratios are not start -> partition -> ratio")
         shifted = {int(s): {str(k): float(v) for k, v in r.items()} for s, r in raw.items()}
+        if any(not 0.0 <= v <= MAX_RATIO for r in shifted.values() for v in r.values()):
+            raise ValueError(f"fleet verdict ratio not in [0, {MAX_RATIO}] (or NaN)")
         if until is not None and (self.until_ms is None or until > self.until_ms):
             self.until_ms = until
         self.shifted.update(shifted)

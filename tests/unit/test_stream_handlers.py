@@ -525,7 +525,9 @@ def test_a_channels_fleet_verdicts_survive_a_rebalance_in_the_job_table() -> Non
 @pytest.mark.parametrize(
     "verdict",
     [{"until": "x", "shifted": {}}, {"until": 1}, {"until": 1, "shifted": {"a": {}}},
-     {"until": 1, "shifted": {"5": {"gpu": "slow"}}}, {"until": 1, "shifted": [1]}],
+     {"until": 1, "shifted": {"5": {"gpu": "slow"}}}, {"until": 1, "shifted": [1]},
+     {"until": 1, "shifted": {"5": {"gpu": float("nan")}}},
+     {"until": 1, "shifted": {"5": {"gpu": -0.5}}}, {"until": 1, "shifted": {"5": {"gpu": 1e9}}}],
 )  # fmt: skip
 def test_a_broken_fleet_verdict_is_refused_as_a_record_error(verdict: dict[str, Any]) -> None:
     import json
