@@ -133,9 +133,12 @@ class SourceCensus(NamedTuple):
         if len(raw) % 8:
             raise ValueError(f"clock ratios of {len(raw)} bytes, not float64s")
         ratios = np.frombuffer(raw, "<f8")
-        if np.isnan(ratios).any():
-            raise ValueError("a clock ratio is NaN")
-        return cls(int(gpus), int(capped), int(hot), tuple(ratios.tolist()))
+        if not ((ratios >= 0.0) & (ratios <= MAX_RATIO)).all():  # NaN fails both
+            raise ValueError(f"a clock ratio is NaN or not in [0, {MAX_RATIO}]")
+        counts = int(gpus), int(capped), int(hot)
+        if not 0 <= counts[1] <= counts[0] or not 0 <= counts[2] <= counts[0]:
+            raise ValueError(f"census counts {counts}: not 0 <= capped, hot <= gpus")
+        return cls(*counts, tuple(ratios.tolist()))
 
 
 def merge(parts: Sequence[SourceCensus]) -> WindowCensus:

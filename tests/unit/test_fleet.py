@@ -306,8 +306,18 @@ def test_a_census_sent_again_before_the_judgement_counts_once() -> None:
 def test_the_census_survives_json_and_the_state_a_restore() -> None:
     c = SourceCensus(3, 1, 0, (0.1, 0.30000000000000004, 1 / 3))
     assert SourceCensus.from_json(json.loads(json.dumps(c.to_json()))) == c
-    for bad in ([3, 1, 0, "AAAA"], [3, 1, 0, "not base64!"], [3, 1, 0], [3, 1, 0, "AAAAAAAA+H8="]):
-        with pytest.raises((ValueError, TypeError)):  # 3 bytes; not base64; short; a NaN
+    for bad in (
+        [3, 1, 0, "AAAA"],
+        [3, 1, 0, "not base64!"],
+        [3, 1, 0],
+        [3, 1, 0, "AAAAAAAA+H8="],
+        [3, 1, 0, "AAAAAAAA8H8="],
+        [3, 1, 0, "AAAAAAAA8L8="],
+        [3, 4, 0, "zczMzMzM7D8="],
+        [-1, 0, 0, "zczMzMzM7D8="],
+    ):
+        # 3 bytes; not base64; short; a NaN; an infinity; negative; more capped than GPUs
+        with pytest.raises((ValueError, TypeError)):
             SourceCensus.from_json(bad)
     a = FleetWatch(SETTINGS)
     run(a, _episode()[:14])
