@@ -29,6 +29,7 @@ HOT_FIELDS = (
     "consumer_lag", "unattributed", "hard_findings", "silence_findings",
     "outputs_refused", "outputs_failed", "clock_offsets_ms", "clock_skewed_nodes",
     "first_batch_wall_s", "first_batch_cpu_s", "last_batch_wall_s", "last_batch_cpu_s",
+    "nic_waits_given_up",
 )  # fmt: skip
 #: Hot batches kept in ``batch_log``.
 BATCH_LOG_MAX = 20_000
@@ -98,6 +99,9 @@ class StreamCounters:
     last_window_batch_wall_s: float | None = None
     #: Dead letters of a hot stage running in its own process (see merge_hot).
     hot_deadletter: int = 0
+    #: Times the hot stage went on without the NIC samples of a batch's time (the NIC input
+    #: did not reach it within nic_input.MOST_WAIT_S): windows may then lack ports.
+    nic_waits_given_up: int = 0
 
     def batch_done(
         self, node_records: int, gpu_readings: int, start_wall_s: float, start_cpu_s: float

@@ -18,6 +18,8 @@ from peerwatch.streams.live.delivery import OutputDelivery
 from peerwatch.streams.live.hot_progress import PartitionProgress
 
 log = logging.getLogger(__name__)
+#: Longest wait for the broker's answer whether a partition is empty (s).
+EMPTY_ASK_S = 1.0
 
 
 class Partition:
@@ -49,6 +51,8 @@ class Partitions:
         self.parts: dict[int, Partition] = {}
         #: called after each successful commit (the NIC offsets ride on it)
         self.after_commit: Callable[[], None] = lambda: None
+        #: partition -> the latest closed-until its idle marks were confirmed empty for (ms)
+        self._confirmed: dict[int, int] = {}
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.parts)
@@ -85,6 +89,7 @@ class Partitions:
         gone = [tp.partition for tp in partitions]
         for p in gone:
             self.parts.pop(p, None)
+            self._confirmed.pop(p, None)
         return gone
 
     def caught_up(self) -> set[int]:
@@ -105,6 +110,19 @@ class Partitions:
         except KafkaException as exc:  # not known yet: no partition counts as caught up
             log.debug("hot stage: positions unavailable (%s)", exc)
         return out
+
+    def quiet(self, quiet_after_s: float, never_after_s: float) -> set[int]:
+        """Assigned partitions with nothing to read (:meth:`caught_up`) that received no sample
+        for ``quiet_after_s``, or none at all since their assignment ``never_after_s`` ago
+        (wall s): their nodes send nothing now (or they hold none)."""
+        wall = time.time()
+        waited = [p for p, q in self.parts.items()
+                  if wall - q.arrival_wall_s
+                  >= (quiet_after_s if q.max_ts_ms is not None else never_after_s)]  # fmt: skip
+        if not waited:
+            return set()
+        caught_up = self.caught_up()
+        return {p for p in waited if p in caught_up}
 
     def event_clock(
         self, wall_s: float, quiet_after_s: float, silent_after_ms: int
@@ -136,13 +154,41 @@ class Partitions:
         close). They follow the worker's ``latest`` closed-until, so the fleet watches, which
         wait for every samples partition, are not held back by a partition without nodes (a
         node that appears there later sends its censuses for windows the fleet may have judged
-        already: those are ignored)."""
+        already: those are ignored).
+
+        Empty is asked of the broker (:meth:`_empty`), not of the consumer's cache: at a start
+        on a backlog, a partition whose first fetch has not come back looks empty in the cache
+        while another runs ahead, and a mark following that one released job windows before
+        the slow partition's batches came (stage 3 then dropped them as late; found by the
+        demo's live = replay test). Asked again only when ``latest`` moved past what it was
+        confirmed for."""
         empty = [p for p, q in self.parts.items()
                  if closed_until.get(p) is None and q.max_ts_ms is None]  # fmt: skip
         if not empty:
             return {}
         caught_up = self.caught_up()
-        return {p: latest for p in empty if p in caught_up}
+        return {p: latest for p in empty if p in caught_up and self._empty(p, latest)}
+
+    def _empty(self, p: int, latest: int) -> bool:
+        """Whether partition ``p`` has nothing to read at the broker now (its high watermark
+        asked, :data:`EMPTY_ASK_S` at most; unanswered: not empty, the marks wait), confirmed
+        once per ``latest`` (ms) a mark may carry."""
+        if self._confirmed.get(p, -1) >= latest:
+            return True
+        from confluent_kafka import KafkaException, TopicPartition
+
+        tp = TopicPartition(self.topic, p)
+        try:
+            position = self.consumer.position([tp])[0].offset
+            low, high = self.consumer.get_watermark_offsets(tp, timeout=EMPTY_ASK_S,
+                                                            cached=False)  # fmt: skip
+        except KafkaException as exc:
+            log.debug("hot stage: watermarks of partition %d unavailable (%s)", p, exc)
+            return False
+        if not (position >= high or (position < 0 and high == low)):
+            return False
+        self._confirmed[p] = latest
+        return True
 
     def commit_dirty(self) -> None:
         """:meth:`commit` the partitions that closed windows since their last commit."""

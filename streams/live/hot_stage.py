@@ -48,7 +48,7 @@ import numpy as np
 
 from peerwatch.kafka_config import consumer_config, producer_config
 from peerwatch.schemas.codec import AvroCodec
-from peerwatch.schemas.columns import MessageColumns, select_rows
+from peerwatch.schemas.columns import MessageColumns, select_rows, slice_rows
 from peerwatch.settings import Settings
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.sample_stage import SampleStage
@@ -64,6 +64,11 @@ from peerwatch.streams.live.nic_input import NicInput
 log = logging.getLogger(__name__)
 #: A worker without samples partitions this long after its start reads the NIC samples alone (s).
 NIC_ALONE_AFTER_S = 30.0
+#: The newest sample time of a partition that took none yet (ms): earlier than any; the bound
+#: of a quiet partition's NIC samples: later than any.
+NO_TIME_MS, FREE_MS = -(1 << 62), 1 << 62
+#: A samples partition caught up and without samples this long (s) leaves its NIC samples free.
+NIC_QUIET_S = 1.0
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -73,6 +78,14 @@ def samples_partition(node: str, partitions: int) -> int:
     from aiokafka.partitioner import murmur2
 
     return int(murmur2(node.encode()) & 0x7FFFFFFF) % partitions
+
+
+def _newest_time(tables: Any) -> int | None:
+    """The newest sample time of decoded samples that stage 2 takes (ms; None: none): a time
+    outside ``[0, VALUE_LIMIT)`` moves nothing."""
+    ts = tables[""].values["ts_ms"]
+    ts = ts[(ts >= 0) & (ts < VALUE_LIMIT)]
+    return int(ts.max()) if ts.size else None
 
 
 @dataclass(frozen=True)
@@ -148,8 +161,11 @@ class HotStage:
         if self.nic is not None:
             self.parts.after_commit = self.nic.commit
         self.clocks = HotClocks(counters, int(stream.clock_skew_warn_s * 1000))
-        #: the newest GPU sample time taken (ms): how far the NIC samples may go
-        self._newest_ms = -(1 << 62)
+        #: samples partition -> the newest GPU sample time taken (ms): how far the NIC samples
+        #: of its nodes may go; before a batch the NIC samples are read up to its newest time
+        #: less this (ms: half the lateness, the windows it may close end before)
+        self._newest_ms: dict[int, int] = {}
+        self._nic_slack_ms = int(stream.lateness_s * 1000) // 2
         self._started_s = time.monotonic()
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
@@ -233,6 +249,7 @@ class HotStage:
         for p in self.parts.drop(partitions):  # not ours any more (lost: no commit)
             self.stage.close_source(p)
             self.clocks.forget(p)
+            self._newest_ms.pop(p, None)
 
     # -- the source ----------------------------------------------------------------------------
     def _process(self, messages: list[Any]) -> None:
@@ -254,16 +271,18 @@ class HotStage:
                 by_partition.setdefault(m.partition(), []).append(m)
         decoded = [(p, batch, *self._decode(p, self.parts.parts[p], batch))
                    for p, batch in sorted(by_partition.items())]  # fmt: skip
-        for _, _, tables, _ in decoded:
-            ts = tables[""].values["ts_ms"]
-            ts = ts[(ts >= 0) & (ts < VALUE_LIMIT)]  # a time stage 2 refuses moves nothing
-            if ts.size:
-                self._newest_ms = max(self._newest_ms, int(ts.max()))
-        # the NIC readings of the windows these samples close, and none later (event-time join)
-        self._process_nic(self._newest_ms)
+        # the NIC samples read up to each partition's time in this batch (less a slack: they
+        # are given to stage 2 part by part below), handed on up to the time already taken
+        if self.nic is not None:
+            reach: dict[int, int] = {}
+            for p, _, tables, _ in decoded:
+                newest = _newest_time(tables)
+                if newest is not None:
+                    reach[p] = max(self._newest_ms.get(p, newest), newest) - self._nic_slack_ms
+            self._process_nic(self._nic_bounds(), reach_ms=reach)
         records = readings = 0
         for p, batch, tables, rows in decoded:
-            n_records, n_readings = self._step(p, self.parts.parts[p], batch, tables, rows)
+            n_records, n_readings = self._step_parts(p, self.parts.parts[p], batch, tables, rows)
             records += n_records
             readings += n_readings
         self.output.send(self._closed_until(), self._idle_marks)
@@ -294,6 +313,32 @@ class HotStage:
             tables, rows = select_rows(tables, keep), rows[keep]
         return tables, rows
 
+    def _step_parts(
+        self, p: int, part: Partition, batch: list[Any], tables: Any, rows: np.ndarray
+    ) -> tuple[int, int]:
+        """Step stage 2 with one partition's decoded samples in the parts the in-process runner
+        cuts (each ends with the first sample at or past the stage's next close), each after
+        the NIC readings of its partition up to its newest time: the windows a part closes are
+        summarised from the NIC readings the in-process runner has at that point (one step
+        over a backlog batch spanning many windows gave the first of them readings from far
+        past their end, which stage 2 had dropped by then). Returns (samples, GPU readings)."""
+        n = tables[""].n
+        ts = tables[""].values["ts_ms"]
+        records = readings = start = 0
+        while start < n:
+            hits = np.flatnonzero(ts[start:] >= self.stage.next_close_ms(p))
+            end = n if not hits.size else start + int(hits[0]) + 1
+            piece = tables if start == 0 and end == n else slice_rows(tables, start, end)
+            newest = _newest_time(piece)
+            if newest is not None:
+                self._newest_ms[p] = max(self._newest_ms.get(p, newest), newest)
+                self._release_nic(p, self._newest_ms[p])
+            n_records, n_readings = self._step(p, part, batch, piece, rows[start:end])
+            records += n_records
+            readings += n_readings
+            start = end
+        return records, readings
+
     def _step(
         self, p: int, part: Partition, batch: list[Any], tables: Any, rows: np.ndarray
     ) -> tuple[int, int]:
@@ -322,34 +367,61 @@ class HotStage:
             self.output.marks[p] = agg.closed_until_ms
         return tables[""].n, tables["gpus."].n
 
-    def _nic_until(self) -> int | None:
-        """How far the NIC samples may go with no GPU samples at hand: all that arrived (None)
-        when every assigned samples partition is caught up, else no further than the newest
-        GPU sample taken (they wait for the samples' backlog: :mod:`.nic_input`). A worker
-        that holds no samples partition :data:`NIC_ALONE_AFTER_S` after it started (more
-        workers than partitions) reads the NIC samples alone."""
+    def _nic_until(self) -> dict[int, int] | None:
+        """How far the NIC samples may go (:meth:`_nic_bounds`). A worker that holds no samples
+        partition :data:`NIC_ALONE_AFTER_S` after it started (more workers than partitions)
+        reads the NIC samples alone (None: all)."""
         if self.nic is None:
             return None
         if not self.parts:  # none assigned yet: wait for the samples, unless none come
             alone = time.monotonic() - self._started_s >= NIC_ALONE_AFTER_S
-            return None if alone else self._newest_ms
-        return None if len(self.parts.caught_up()) == len(self.parts) else self._newest_ms
+            return None if alone else {}
+        return self._nic_bounds()
 
-    def _process_nic(self, until_ms: int | None) -> None:
+    def _nic_bounds(self) -> dict[int, int]:
+        """Each assigned samples partition's newest sample time taken (ms): the NIC partition of
+        the same number holds the same nodes (co-partitioned topics) and goes no further
+        (:func:`.nic_input.bound`), as in the in-process runner's one stream in event order.
+        Unbounded once the samples partition is quiet (nothing to read, and no sample for
+        :attr:`quiet_after_s`, or none since its assignment :data:`NIC_ALONE_AFTER_S` ago:
+        its nodes' GPU samples stopped, the NIC samples go on alone); not before its first
+        sample (NIC readings that ran ahead of their windows would be dropped before those
+        closed)."""
+        free = self.parts.quiet(NIC_QUIET_S, NIC_ALONE_AFTER_S)
+        return {p: FREE_MS if p in free else self._newest_ms.get(p, NO_TIME_MS)
+                for p in self.parts}  # fmt: skip
+
+    def _process_nic(
+        self, until_ms: dict[int, int] | None, reach_ms: dict[int, int] | None = None
+    ) -> None:
         """The NIC samples that arrived, up to ``until_ms`` (event time; None: all), through
         stage 2's link rules (allocations synced first), their findings published as the hard
-        rules' are."""
+        rules' are. ``reach_ms``: first wait for the NIC samples to reach that time
+        (:meth:`NicInput.read`)."""
         if self.nic is None:
             return
-        samples = self.nic.read(self.batch_max, until_ms)
+        samples = self.nic.read(self.batch_max, until_ms, reach_ms)
+        self.counters.nic_waits_given_up = self.nic.waits_given_up
         if not samples:
             return
+        self._add_nic(samples)
+        if not self.parts:  # no samples partition: no samples commit to ride on
+            self.nic.commit()
+
+    def _release_nic(self, p: int, until_ms: int) -> None:
+        """NIC partition ``p``'s samples held up to ``until_ms`` into stage 2 (co-partitioned:
+        the nodes of samples partition ``p``), their findings published."""
+        if self.nic is None:
+            return
+        samples = self.nic.release(p, until_ms)
+        if samples:
+            self._add_nic(samples)
+
+    def _add_nic(self, samples: list[Any]) -> None:
         self.jobs.sync()
         for f in self.stage.add_nic(samples):
             self.counters.hard_findings += 1
             self._publish_finding(f)
-        if not self.parts:  # no samples partition: no samples commit to ride on
-            self.nic.commit()
 
     def _closed_until(self) -> dict[int, int | None]:
         return {p: self.stage.aggregator(p).closed_until_ms for p in self.parts}
