@@ -156,15 +156,22 @@ class GrowingRows:
         first = self.size
         need = first + count
         if need > self.cap:
-            cap = max(need, 2 * self.cap, 64)
-            for k, a in self.arrays.items():
-                grown = np.empty((cap, *a.shape[1:]), a.dtype)
-                grown[first:] = self.fill[k]
-                grown[:first] = a[:first]
-                self.arrays[k] = grown
-            self.cap = cap
+            self.reserve(max(need, 2 * self.cap, 64))
         self.size = need
         return first
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows in all (no more growing until then); the rows stay
+        ``size``."""
+        if rows <= self.cap:
+            return
+        size = self.size
+        for k, a in self.arrays.items():
+            grown = np.empty((rows, *a.shape[1:]), a.dtype)
+            grown[size:] = self.fill[k]
+            grown[:size] = a[:size]
+            self.arrays[k] = grown
+        self.cap = rows
 
     def keep(self, rows: np.ndarray) -> None:
         """Only ``rows`` stay (in that order)."""

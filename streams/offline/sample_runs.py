@@ -36,6 +36,7 @@ from peerwatch.schemas.columns import (
 from peerwatch.schemas.compiled import Unsupported
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.windows import SAMPLE_SPEC
+from peerwatch.streams.offline.read_ahead import read_ahead
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +65,26 @@ TablesOf = Callable[[Path, ReadStats | None, dict[str, int]], tuple[Any, Iterato
 
 
 def decoded_here(decoder: ColumnDecoder, blocks_of: BlocksOf = raw_blocks) -> TablesOf:
-    """Blocks read by ``blocks_of`` and decoded by ``decoder`` in this process."""
+    """Blocks read by ``blocks_of`` (in a thread, ahead: :func:`read_ahead`) and decoded by
+    ``decoder`` in this thread."""
 
     def tables_of(
         path: Path, stats: ReadStats | None, strings: dict[str, int]
     ) -> tuple[Any, Iterator[DecodedBlock]]:
-        writer_schema, blocks = blocks_of(path, stats)
-        return writer_schema, (
-            DecodedBlock(count, len(data), *decoder.block(data, 0, count, strings))
-            for count, data in blocks
-        )
+        # the reading thread counts what it skips apart (added once the file is read): the
+        # caller's counts are this thread's to change
+        skipped = None if stats is None else ReadStats()
+        writer_schema, blocks = blocks_of(path, skipped)
+
+        def decoded() -> Iterator[DecodedBlock]:
+            try:
+                for count, data in read_ahead(blocks):
+                    yield DecodedBlock(count, len(data), *decoder.block(data, 0, count, strings))
+            finally:
+                if stats is not None and skipped is not None:
+                    stats.add(skipped)
+
+        return writer_schema, decoded()
 
     return tables_of
 
