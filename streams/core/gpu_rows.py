@@ -84,7 +84,8 @@ class GpuKeys:
             and int(node.min()) >= 0
             and int(node.max()) < len(dense)
         ):
-            rows: np.ndarray = dense[node, index]
+            # one gather on the flat table: half the time of indexing it by (node, index)
+            rows: np.ndarray = dense.reshape(-1)[node * self.DENSE_INDEXES + index]
             if int(rows.min()) >= 0:
                 return rows
         return self._sorted_lookup(node, index, add)
@@ -156,15 +157,22 @@ class GrowingRows:
         first = self.size
         need = first + count
         if need > self.cap:
-            cap = max(need, 2 * self.cap, 64)
-            for k, a in self.arrays.items():
-                grown = np.empty((cap, *a.shape[1:]), a.dtype)
-                grown[first:] = self.fill[k]
-                grown[:first] = a[:first]
-                self.arrays[k] = grown
-            self.cap = cap
+            self.reserve(max(need, 2 * self.cap, 64))
         self.size = need
         return first
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows in all (no more growing until then); the rows stay
+        ``size``."""
+        if rows <= self.cap:
+            return
+        size = self.size
+        for k, a in self.arrays.items():
+            grown = np.empty((rows, *a.shape[1:]), a.dtype)
+            grown[size:] = self.fill[k]
+            grown[:size] = a[:size]
+            self.arrays[k] = grown
+        self.cap = rows
 
     def keep(self, rows: np.ndarray) -> None:
         """Only ``rows`` stay (in that order)."""

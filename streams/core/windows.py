@@ -245,9 +245,12 @@ class ClosedWindows(NamedTuple):
 class _Bucket:
     """The accumulators of one window start, all nodes: one slot per (GPU, job)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int = 0) -> None:
+        """``rows``: the slots to make room for at once (the last window's: a fleet keeps its
+        size from one window to the next, and growing by doubling copies every slot twice)."""
         self.accs = GrowingRows({"gid": -1, "job": -1, "uuid": -1, "seq": 0}, (),
                                 {"ints": _INT_FILL, "sums": np.zeros(len(SUMS))})  # fmt: skip
+        self.accs.reserve(rows)
         self.slot_of_gid = np.full(0, -1, np.int64)  # the GPU's first (usual) slot
         self.extra: dict[tuple[int, int], int] = {}  # (gid, job) -> slot of another job
         self.xids: dict[int, list[int]] = {}
@@ -344,6 +347,7 @@ class WindowAggregator:
                                 {"mem": np.zeros(len(MEMORY), np.int64),
                                  "mem_ok": np.zeros(len(MEMORY), np.bool_)})  # fmt: skip
         self._buckets: dict[int, _Bucket] = {}
+        self._bucket_rows = 0  # the slots of the last window closed
         self._seq = 0  # samples seen, for the arrival order of XIDs against readings
         self.readings = 0
         self.unattributed = 0
@@ -514,11 +518,17 @@ class WindowAggregator:
             sel = np.flatnonzero(attributed & (wstart == start))
             bucket = self._buckets.get(start)
             if bucket is None:
-                bucket = self._buckets[start] = _Bucket()
+                bucket = self._buckets[start] = self._new_bucket()
             slot = bucket.slots(gid[sel], job[sel], seq[parent[sel]], uuid[sel], n_gids)
             a = bucket.accs.arrays
             accumulate(sel, slot, rows, lost, values, valid, sm_active, sm_active_ok, deltas,
                        a["ints"], a["sums"])  # fmt: skip
+
+    def _new_bucket(self) -> _Bucket:
+        """The accumulators of a new window start, with room for as many slots as the largest
+        window open or the last one closed (a fleet keeps its size from window to window)."""
+        open_rows = (b.accs.size for b in self._buckets.values())
+        return _Bucket(max([self._bucket_rows, *open_rows]))
 
     def _add_xids(self, xids: Table, keep: np.ndarray, node: np.ndarray, ts: np.ndarray,
                   seq: np.ndarray, closed: int) -> None:  # fmt: skip
@@ -548,7 +558,7 @@ class WindowAggregator:
             start = at - at % self.window_ms
             bucket = self._buckets.get(start)
             if bucket is None:
-                bucket = self._buckets[start] = _Bucket()
+                bucket = self._buckets[start] = self._new_bucket()
             gid = int(self._gids(np.asarray([nc]), np.asarray([idx]))[0])
             slot = bucket.slot_for_xid(gid, code, int(seq[s]), self._gpu.size)
             bucket.xids.setdefault(slot, []).append(int(xids.values["xid"][i]))
@@ -593,7 +603,7 @@ class WindowAggregator:
         """One closed bucket as columns: its accumulators, each slot's node and GPU index, and
         the job of each job code (with the metadata a GpuWindow carries)."""
         self._sync_names()
-        n = bucket.accs.size
+        n = self._bucket_rows = bucket.accs.size
         a = bucket.accs.arrays
         accs = {k: a[k][:n] for k in ("gid", "job", "uuid", "seq")}
         for wide, names in (("ints", _INT_ACCS), ("sums", SUMS)):

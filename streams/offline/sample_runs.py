@@ -36,6 +36,7 @@ from peerwatch.schemas.columns import (
 from peerwatch.schemas.compiled import Unsupported
 from peerwatch.schemas.registry import raw_schema, strip_logical_types
 from peerwatch.streams.core.windows import SAMPLE_SPEC
+from peerwatch.streams.offline.read_ahead import read_ahead
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +65,26 @@ TablesOf = Callable[[Path, ReadStats | None, dict[str, int]], tuple[Any, Iterato
 
 
 def decoded_here(decoder: ColumnDecoder, blocks_of: BlocksOf = raw_blocks) -> TablesOf:
-    """Blocks read by ``blocks_of`` and decoded by ``decoder`` in this process."""
+    """Blocks read by ``blocks_of`` (in a thread, ahead: :func:`read_ahead`) and decoded by
+    ``decoder`` in this thread."""
 
     def tables_of(
         path: Path, stats: ReadStats | None, strings: dict[str, int]
     ) -> tuple[Any, Iterator[DecodedBlock]]:
-        writer_schema, blocks = blocks_of(path, stats)
-        return writer_schema, (
-            DecodedBlock(count, len(data), *decoder.block(data, 0, count, strings))
-            for count, data in blocks
-        )
+        # the reading thread counts what it skips apart (added once the file is read): the
+        # caller's counts are this thread's to change
+        skipped = None if stats is None else ReadStats()
+        writer_schema, blocks = blocks_of(path, skipped)
+
+        def decoded() -> Iterator[DecodedBlock]:
+            try:
+                for count, data in read_ahead(blocks):
+                    yield DecodedBlock(count, len(data), *decoder.block(data, 0, count, strings))
+            finally:
+                if stats is not None and skipped is not None:
+                    stats.add(skipped)
+
+        return writer_schema, decoded()
 
     return tables_of
 
@@ -145,9 +156,12 @@ class SampleRuns:
         self._seq += n
         self.newest = hi if self.newest is None else max(self.newest, hi)
 
-    def release(self, below_ms: int) -> dict[str, Table] | None:
-        """Every held sample before ``below_ms``, in replay order (None: none). Only the parts
-        that straddle ``below_ms`` are cut; the rest go out or stay whole."""
+    def release(self, below_ms: int) -> list[dict[str, Table]]:
+        """Every held sample before ``below_ms``, in replay order, as runs to take one after
+        another (empty: none). Only the parts that straddle ``below_ms`` are cut; the rest go
+        out or stay whole. Parts that follow one another in replay order (blocks written in
+        that order: the usual case) go out as they are, views of the decoded blocks: joining
+        them would copy every column once more (about a tenth of a replay)."""
         self.released_below = max(self.released_below, below_ms)
         out: list[_Part] = []
         kept: list[_Part] = []
@@ -171,14 +185,13 @@ class SampleRuns:
                 out.append(_Part(select_rows(part.tables, before), part.seq[before], part.lo, 0))
         self._parts = kept
         if not out:
-            return None
-        tables = concat_tables([p.tables for p in out])
+            return []
         seq = np.concatenate([p.seq for p in out])
-        top = tables[""].values
-        ts, rank = top["ts_ms"], self._name_rank()[top["node"]]
-        if len(ts) < 2 or _in_order(ts, rank, seq):  # written in replay order (the usual case)
-            return tables
-        return take_rows(tables, np.lexsort((seq, rank, ts)))
+        ts = np.concatenate([p.tables[""].values["ts_ms"] for p in out])
+        rank = self._name_rank()[np.concatenate([p.tables[""].values["node"] for p in out])]
+        if len(ts) < 2 or _in_order(ts, rank, seq):
+            return [p.tables for p in out]
+        return [take_rows(concat_tables([p.tables for p in out]), np.lexsort((seq, rank, ts)))]
 
     def _name_rank(self) -> np.ndarray:
         """Per string code, its rank in name order (node names sort as strings)."""
@@ -207,27 +220,27 @@ def in_scope(tables: Mapping[str, Table], from_ms: int, to_ms: int, strings: Map
     return dict(tables) if keep.all() else select_rows(tables, keep)
 
 
-def merge(waiting: deque[tuple[str, str, Any]], run: dict[str, Table] | None,
+def merge(waiting: deque[tuple[str, str, Any]], runs: Sequence[Mapping[str, Table]],
           below_ms: int) -> Iterator[tuple[str, str, Any]]:  # fmt: skip
-    """``run`` (released samples, replay order) cut into SAMPLE_RUN records around the records
-    of other streams from ``waiting`` under ``below_ms``: a record at T comes before the
-    samples of T."""
-    pos = 0
-    n = run[""].n if run is not None else 0
-    ts = run[""].values["ts_ms"] if run is not None else np.empty(0, np.int64)
+    """``runs`` (released samples, replay order, one run after another) cut into SAMPLE_RUN
+    records around the records of other streams from ``waiting`` under ``below_ms``: a record
+    at T comes before the samples of T."""
+    for run in runs:
+        n = run[""].n
+        ts = run[""].values["ts_ms"]
+        pos = 0
+        while waiting and (at := record_time_ms(waiting[0][2]) or 0) < below_ms:
+            cut = int(np.searchsorted(ts, at, side="left"))
+            if cut == n:  # after this run's samples: in a later run, or after them all
+                break
+            if cut > pos:
+                yield SAMPLE_RUN, "", slice_rows(run, pos, cut)
+                pos = cut
+            yield waiting.popleft()
+        if pos < n:
+            yield SAMPLE_RUN, "", slice_rows(run, pos, n) if pos else dict(run)
     while waiting and (record_time_ms(waiting[0][2]) or 0) < below_ms:
-        record = waiting.popleft()
-        cut = int(np.searchsorted(ts, record_time_ms(record[2]) or 0, side="left"))
-        if cut > pos:
-            yield SAMPLE_RUN, "", _rows(run, pos, cut)
-            pos = cut
-        yield record
-    if pos < n:
-        yield SAMPLE_RUN, "", _rows(run, pos, n)
-
-
-def _rows(tables: Any, lo: int, hi: int) -> dict[str, Table]:
-    return slice_rows(tables, lo, hi)
+        yield waiting.popleft()
 
 
 def sample_decoder() -> ColumnDecoder:

@@ -115,3 +115,17 @@ def test_cached_gpu_keys_equal_fresh_ones_and_are_made_once_per_gpu() -> None:
     assert again == ["n1/7", "n2/1", "n1/3"]
     assert again[0] is cache[(0 << 32) | 7]  # the string made the first time
     assert len(cache) == 5
+
+
+def test_reserve_makes_room_without_adding_rows() -> None:
+    rows = GrowingRows({"ts": -1}, wide={"acc": np.array([0, -5], np.int64)})
+    rows.add(2)
+    rows.arrays["ts"][:2] = [4, 5]
+    rows.reserve(1000)
+    assert rows.size == 2 and rows.cap == 1000 and rows.arrays["ts"][:3].tolist() == [4, 5, -1]
+    assert rows.arrays["acc"].shape == (1000, 2) and rows.arrays["acc"][999].tolist() == [0, -5]
+    before = rows.arrays["ts"]
+    rows.add(998)  # within the room made: no copy
+    assert rows.arrays["ts"] is before and rows.size == 1000
+    rows.reserve(10)  # never shrinks
+    assert rows.cap == 1000

@@ -200,10 +200,60 @@ def test_a_block_cut_by_a_release_keeps_every_sample_once_with_its_gpus(shuffled
     runs.add(_block(times, strings))
     first = runs.release(T0 + 450)  # straddles the block: times 0..400 go, 500.. stay
     rest = runs.release(FAR_FUTURE)
-    got = _rows(first) + _rows(rest)
-    assert [r[0] for r in _rows(first)] == [T0 + 100 * k for k in range(5)]
+    got = [r for run in first + rest for r in _rows(run)]
+    assert [r[0] for run in first for r in _rows(run)] == [T0 + 100 * k for k in range(5)]
     assert sorted(got) == sorted(whole) and len(got) == len(whole)
     assert [r[0] for r in got] == sorted(times)  # replay order: by time
 
 
 FAR_FUTURE = 1 << 62
+
+
+def test_blocks_in_replay_order_are_released_without_a_copy() -> None:
+    from peerwatch.streams.offline.sample_runs import SampleRuns
+
+    strings: dict[str, int] = {}
+    first, second = _block([T0, T0 + 100, T0 + 200], strings), _block([T0 + 300, T0 + 400], strings)
+    runs = SampleRuns(strings)
+    runs.add(first)
+    runs.add(second)
+    released = runs.release(FAR_FUTURE)
+    assert [_rows(r) for r in released] == [_rows(first), _rows(second)]
+    for run, block in zip(released, (first, second), strict=True):
+        for path, table in block.items():  # the decoded arrays themselves
+            assert all(run[path].values[k] is v for k, v in table.values.items())
+
+
+def test_blocks_out_of_replay_order_are_released_as_one_sorted_run() -> None:
+    from peerwatch.streams.offline.sample_runs import SampleRuns
+
+    strings: dict[str, int] = {}
+    runs = SampleRuns(strings)
+    runs.add(_block([T0 + 300, T0 + 400], strings))
+    runs.add(_block([T0, T0 + 100], strings))  # an earlier block read second
+    (released,) = runs.release(FAR_FUTURE)
+    assert [r[0] for r in _rows(released)] == [T0, T0 + 100, T0 + 300, T0 + 400]
+
+
+def test_records_of_other_streams_go_between_runs_at_their_time() -> None:
+    from collections import deque
+
+    from peerwatch.streams.offline.sample_runs import merge
+
+    strings: dict[str, int] = {}
+    runs = [_block([T0, T0 + 100], strings), _block([T0 + 200, T0 + 300], strings)]
+
+    def event(t: int) -> tuple[str, str, dict[str, Any]]:
+        return ("job-events", "j", {"ts_ms": t})
+
+    # before a run, inside one, between two, after all, and one not yet due (at the bound)
+    waiting = deque(event(t) for t in (T0 - 5, T0 + 100, T0 + 150, T0 + 300, T0 + 999, T0 + 1000))
+    got = [
+        ("e", v["ts_ms"]) if s != SAMPLE_RUN else ("s", [r[0] for r in _rows(v)])
+        for s, _, v in merge(waiting, runs, T0 + 1000)
+    ]
+    assert got == [
+        ("e", T0 - 5), ("s", [T0]), ("e", T0 + 100), ("s", [T0 + 100]), ("e", T0 + 150),
+        ("s", [T0 + 200]), ("e", T0 + 300), ("s", [T0 + 300]), ("e", T0 + 999),
+    ]  # fmt: skip
+    assert list(waiting) == [event(T0 + 1000)]

@@ -368,3 +368,17 @@ def test_fields_most_windows_share_are_right_in_the_windows_that_differ() -> Non
     assert all(w["xids"] == [] for w in by_gpu.values())
     assert len({id(w["xids"]) for w in by_gpu.values()}) == len(by_gpu)  # a list of its own each
     assert list(by_gpu[("J", 0)]) == list(by_gpu[("K", 6)])  # every field, in one order
+
+
+def test_a_window_makes_room_for_as_many_slots_as_the_last_closed_one() -> None:
+    # A fleet keeps its size from one window to the next: the next window's accumulators are
+    # made that size at once instead of growing by doubling (a copy of every slot each time).
+    gpus = list(range(8))
+    a = WindowAggregator(table(("J", T0 - 60 * S, None, {f"n{k}": gpus for k in range(40)})), 30, 0)
+    for k in range(40):  # a node a batch
+        a.add_batch([sample(T0 + S, *(reading(g) for g in gpus), node=f"n{k}")])
+    first = a._buckets[T0]
+    assert first.accs.size == 320 and first.accs.cap == 512  # grown by doubling
+    a.add_batch([sample(T0 + 30 * S, reading(0), node="n0")])  # closes the first window
+    assert len(windows(a.close_ready())) == 320
+    assert a._buckets[T0 + 30 * S].accs.cap == 320  # made that size at once
