@@ -13,7 +13,8 @@ owns the Kafka side only:
 
 * the source: the samples consumer (partitions assigned as sources), the job events
   (:mod:`~peerwatch.streams.live.job_event_sync`, applied before each batch) and the NIC
-  samples (:mod:`~peerwatch.streams.live.nic_input`);
+  samples (:mod:`~peerwatch.streams.live.nic_join`: joined in event time, each partition's
+  batch stepped in the parts the in-process runner cuts);
 * the clock: event time, as replay; when every assigned partition is quiet, the wall clock
   moves the silence checks on (:meth:`HotStage.silence_due`, the one rule a replay cannot
   follow);
@@ -53,22 +54,16 @@ from peerwatch.settings import Settings
 from peerwatch.streams.core import loops
 from peerwatch.streams.core.sample_stage import SampleStage
 from peerwatch.streams.core.topology import live_topology
-from peerwatch.streams.core.windows import SAMPLE_SPEC, VALUE_LIMIT
+from peerwatch.streams.core.windows import SAMPLE_SPEC
 from peerwatch.streams.live.closed_output import ClosedOutput
 from peerwatch.streams.live.delivery import OutputDelivery
 from peerwatch.streams.live.hot_clocks import HotClocks
 from peerwatch.streams.live.hot_partitions import Partition, Partitions
 from peerwatch.streams.live.job_event_sync import JobEventSync
 from peerwatch.streams.live.nic_input import NicInput
+from peerwatch.streams.live.nic_join import NicJoin
 
 log = logging.getLogger(__name__)
-#: A worker without samples partitions this long after its start reads the NIC samples alone (s).
-NIC_ALONE_AFTER_S = 30.0
-#: The newest sample time of a partition that took none yet (ms): earlier than any; the bound
-#: of a quiet partition's NIC samples: later than any.
-NO_TIME_MS, FREE_MS = -(1 << 62), 1 << 62
-#: A samples partition caught up and without samples this long (s) leaves its NIC samples free.
-NIC_QUIET_S = 1.0
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -78,14 +73,6 @@ def samples_partition(node: str, partitions: int) -> int:
     from aiokafka.partitioner import murmur2
 
     return int(murmur2(node.encode()) & 0x7FFFFFFF) % partitions
-
-
-def _newest_time(tables: Any) -> int | None:
-    """The newest sample time of decoded samples that stage 2 takes (ms; None: none): a time
-    outside ``[0, VALUE_LIMIT)`` moves nothing."""
-    ts = tables[""].values["ts_ms"]
-    ts = ts[(ts >= 0) & (ts < VALUE_LIMIT)]
-    return int(ts.max()) if ts.size else None
 
 
 @dataclass(frozen=True)
@@ -156,17 +143,14 @@ class HotStage:
         self.output = ClosedOutput(self.delivery, topics.batches, topics.job_partitions)
         self.jobs = JobEventSync(settings.kafka, topics.job_events, self.group,
                                  self.stage.apply_job_event, self._stop)  # fmt: skip
-        self.nic = (NicInput(settings.kafka, topics.nic_samples, self.group, self.delivery)
-                    if topics.nic_samples else None)  # fmt: skip
-        if self.nic is not None:
-            self.parts.after_commit = self.nic.commit
+        #: the NIC samples, joined with the samples in event time (None: no NIC topic)
+        self.nic: NicJoin | None = None
+        if topics.nic_samples:
+            nic = NicInput(settings.kafka, topics.nic_samples, self.group, self.delivery)
+            self.nic = NicJoin(nic, self.parts, self._add_nic, counters,
+                               int(stream.lateness_s * 1000), stream.batch_max)  # fmt: skip
+            self.parts.after_commit = nic.commit
         self.clocks = HotClocks(counters, int(stream.clock_skew_warn_s * 1000))
-        #: samples partition -> the newest GPU sample time taken (ms): how far the NIC samples
-        #: of its nodes may go; before a batch the NIC samples are read up to its newest time
-        #: less this (ms: half the lateness, the windows it may close end before)
-        self._newest_ms: dict[int, int] = {}
-        self._nic_slack_ms = int(stream.lateness_s * 1000) // 2
-        self._started_s = time.monotonic()
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
 
@@ -199,7 +183,6 @@ class HotStage:
         from confluent_kafka import Consumer, Producer
 
         loops.warm()  # compiled (or loaded) before the group join, not in the first assignment
-        self._started_s = time.monotonic()
         kafka = self.settings.kafka
         self.delivery.producer = Producer(
             producer_config(kafka, **{"linger.ms": 5, "on_delivery": self.delivery.delivered})
@@ -219,8 +202,8 @@ class HotStage:
                 if messages:  # the NIC samples up to their time first (take)
                     self.jobs.sync()
                     self._process(messages)
-                else:
-                    self._process_nic(self._nic_until())
+                elif self.nic is not None:
+                    self.nic.idle()
                 self.clocks.measure_lag(self._consumer, self.topics.samples, self.parts)
                 self._check_silence()
                 self.output.heartbeat_when_idle(self._closed_until(), self._idle_marks)
@@ -228,13 +211,13 @@ class HotStage:
                 self.delivery.resend_refused()
             self.parts.commit(list(self.parts))
             if self.nic is not None:
-                self.nic.commit()
+                self.nic.nic.commit()
         finally:
             self.delivery.producer.flush(10)
             self._consumer.close()
             self.jobs.close()
             if self.nic is not None:
-                self.nic.close()
+                self.nic.nic.close()
 
     # -- assignment ----------------------------------------------------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
@@ -249,7 +232,8 @@ class HotStage:
         for p in self.parts.drop(partitions):  # not ours any more (lost: no commit)
             self.stage.close_source(p)
             self.clocks.forget(p)
-            self._newest_ms.pop(p, None)
+            if self.nic is not None:
+                self.nic.forget(p)
 
     # -- the source ----------------------------------------------------------------------------
     def _process(self, messages: list[Any]) -> None:
@@ -271,15 +255,8 @@ class HotStage:
                 by_partition.setdefault(m.partition(), []).append(m)
         decoded = [(p, batch, *self._decode(p, self.parts.parts[p], batch))
                    for p, batch in sorted(by_partition.items())]  # fmt: skip
-        # the NIC samples read up to each partition's time in this batch (less a slack: they
-        # are given to stage 2 part by part below), handed on up to the time already taken
-        if self.nic is not None:
-            reach: dict[int, int] = {}
-            for p, _, tables, _ in decoded:
-                newest = _newest_time(tables)
-                if newest is not None:
-                    reach[p] = max(self._newest_ms.get(p, newest), newest) - self._nic_slack_ms
-            self._process_nic(self._nic_bounds(), reach_ms=reach)
+        if self.nic is not None:  # NIC samples read up to the batch's times (nic_join)
+            self.nic.before_batch([(p, tables) for p, _, tables, _ in decoded])
         records = readings = 0
         for p, batch, tables, rows in decoded:
             n_records, n_readings = self._step_parts(p, self.parts.parts[p], batch, tables, rows)
@@ -329,10 +306,8 @@ class HotStage:
             hits = np.flatnonzero(ts[start:] >= self.stage.next_close_ms(p))
             end = n if not hits.size else start + int(hits[0]) + 1
             piece = tables if start == 0 and end == n else slice_rows(tables, start, end)
-            newest = _newest_time(piece)
-            if newest is not None:
-                self._newest_ms[p] = max(self._newest_ms.get(p, newest), newest)
-                self._release_nic(p, self._newest_ms[p])
+            if self.nic is not None:
+                self.nic.before_part(p, piece)
             n_records, n_readings = self._step(p, part, batch, piece, rows[start:end])
             records += n_records
             readings += n_readings
@@ -367,57 +342,9 @@ class HotStage:
             self.output.marks[p] = agg.closed_until_ms
         return tables[""].n, tables["gpus."].n
 
-    def _nic_until(self) -> dict[int, int] | None:
-        """How far the NIC samples may go (:meth:`_nic_bounds`). A worker that holds no samples
-        partition :data:`NIC_ALONE_AFTER_S` after it started (more workers than partitions)
-        reads the NIC samples alone (None: all)."""
-        if self.nic is None:
-            return None
-        if not self.parts:  # none assigned yet: wait for the samples, unless none come
-            alone = time.monotonic() - self._started_s >= NIC_ALONE_AFTER_S
-            return None if alone else {}
-        return self._nic_bounds()
-
-    def _nic_bounds(self) -> dict[int, int]:
-        """Each assigned samples partition's newest sample time taken (ms): the NIC partition of
-        the same number holds the same nodes (co-partitioned topics) and goes no further
-        (:func:`.nic_input.bound`), as in the in-process runner's one stream in event order.
-        Unbounded once the samples partition is quiet (nothing to read, and no sample for
-        :attr:`quiet_after_s`, or none since its assignment :data:`NIC_ALONE_AFTER_S` ago:
-        its nodes' GPU samples stopped, the NIC samples go on alone); not before its first
-        sample (NIC readings that ran ahead of their windows would be dropped before those
-        closed)."""
-        free = self.parts.quiet(NIC_QUIET_S, NIC_ALONE_AFTER_S)
-        return {p: FREE_MS if p in free else self._newest_ms.get(p, NO_TIME_MS)
-                for p in self.parts}  # fmt: skip
-
-    def _process_nic(
-        self, until_ms: dict[int, int] | None, reach_ms: dict[int, int] | None = None
-    ) -> None:
-        """The NIC samples that arrived, up to ``until_ms`` (event time; None: all), through
-        stage 2's link rules (allocations synced first), their findings published as the hard
-        rules' are. ``reach_ms``: first wait for the NIC samples to reach that time
-        (:meth:`NicInput.read`)."""
-        if self.nic is None:
-            return
-        samples = self.nic.read(self.batch_max, until_ms, reach_ms)
-        self.counters.nic_waits_given_up = self.nic.waits_given_up
-        if not samples:
-            return
-        self._add_nic(samples)
-        if not self.parts:  # no samples partition: no samples commit to ride on
-            self.nic.commit()
-
-    def _release_nic(self, p: int, until_ms: int) -> None:
-        """NIC partition ``p``'s samples held up to ``until_ms`` into stage 2 (co-partitioned:
-        the nodes of samples partition ``p``), their findings published."""
-        if self.nic is None:
-            return
-        samples = self.nic.release(p, until_ms)
-        if samples:
-            self._add_nic(samples)
-
     def _add_nic(self, samples: list[Any]) -> None:
+        """NIC samples into stage 2's link rules (allocations synced first), their findings
+        published as the hard rules' are."""
         self.jobs.sync()
         for f in self.stage.add_nic(samples):
             self.counters.hard_findings += 1

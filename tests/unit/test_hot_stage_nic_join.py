@@ -92,10 +92,10 @@ def live_ports(records: list[tuple[str, str, dict[str, Any]]]) -> list[bytes]:
     hot._on_assign(NoCommits(), [TopicPartition("s", 0)])
     nic_codec, gpu_codec = AvroCodec("NodeNicSample"), AvroCodec("NodeGpuSample")
     assert hot.nic is not None
-    hot.nic._consumer = Partitions(
+    hot.nic.nic._consumer = Partitions(
         {0: [nic_codec.encode(v) for s, _, v in records if s == "nic-samples"]}
     )
-    hot.nic._assigned = {0}
+    hot.nic.nic._assigned = {0}
     for stream, _, value in records:
         if stream == "job-events":
             hot.stage.apply_job_event(value)
