@@ -22,6 +22,29 @@ log = logging.getLogger(__name__)
 EMPTY_ASK_S = 1.0
 
 
+def nothing_to_read(position: int, low: int, high: int) -> bool:
+    """Whether a partition at ``position`` (the next offset to read; negative: none read yet)
+    with watermarks ``low``/``high`` has nothing left to read (an unknown high: it may)."""
+    return high >= 0 and (position >= high or (position < 0 and high == low))
+
+
+def caught_up(consumer: Any, topic: str, partitions: list[int]) -> set[int]:
+    """Those of ``partitions`` of ``topic`` with nothing left to read, as far as ``consumer``
+    knows (its position against the high watermark librdkafka caches from its fetches: one
+    not fetched since data came may look caught up; ask the broker where that matters)."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    out: set[int] = set()
+    try:
+        for tp in consumer.position([TopicPartition(topic, p) for p in partitions]):
+            marks = consumer.get_watermark_offsets(tp, cached=True)
+            if marks and nothing_to_read(tp.offset, *marks):
+                out.add(tp.partition)
+    except KafkaException as exc:  # not known yet: none caught up
+        log.debug("%s: positions unavailable (%s)", topic, exc)
+    return out
+
+
 class Partition:
     """One assigned samples partition: its offsets and when it was last heard from."""
 
@@ -93,23 +116,8 @@ class Partitions:
         return gone
 
     def caught_up(self) -> set[int]:
-        """Assigned partitions with nothing left to read (local: the consumer's position
-        against the high watermark librdkafka caches from its fetches)."""
-        from confluent_kafka import KafkaException, TopicPartition
-
-        out: set[int] = set()
-        try:
-            tps = [TopicPartition(self.topic, p) for p in self.parts]
-            for tp in self.consumer.position(tps):
-                marks = self.consumer.get_watermark_offsets(tp, cached=True)
-                if not marks:
-                    continue
-                low, high = marks
-                if high >= 0 and (tp.offset >= high or (tp.offset < 0 and high == low)):
-                    out.add(tp.partition)
-        except KafkaException as exc:  # not known yet: no partition counts as caught up
-            log.debug("hot stage: positions unavailable (%s)", exc)
-        return out
+        """Assigned partitions with nothing left to read (:func:`caught_up`)."""
+        return caught_up(self.consumer, self.topic, list(self.parts))
 
     def quiet(self, quiet_after_s: float, never_after_s: float) -> set[int]:
         """Assigned partitions with nothing to read (:meth:`caught_up`) that received no sample
@@ -185,7 +193,7 @@ class Partitions:
         except KafkaException as exc:
             log.debug("hot stage: watermarks of partition %d unavailable (%s)", p, exc)
             return False
-        if not (position >= high or (position < 0 and high == low)):
+        if not nothing_to_read(position, low, high):
             return False
         self._confirmed[p] = latest
         return True

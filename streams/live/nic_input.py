@@ -41,6 +41,7 @@ from peerwatch.kafka_config import consumer_config
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import KafkaSettings
 from peerwatch.streams.core.windows import VALUE_LIMIT
+from peerwatch.streams.live import hot_partitions
 from peerwatch.streams.live.delivery import FLUSH_TIMEOUT_S, OutputDelivery
 
 log = logging.getLogger(__name__)
@@ -188,27 +189,9 @@ class NicInput:
         if not late:
             return []
         quiet_before = now - QUIET_S
-        caught_up = self._caught_up(late)
+        caught_up = hot_partitions.caught_up(self._consumer, self.topic, late)
         return [p for p in late
                 if p not in caught_up or self._arrived_s.get(p, 0.0) > quiet_before]  # fmt: skip
-
-    def _caught_up(self, partitions: list[int]) -> set[int]:
-        """Those of ``partitions`` with nothing left to read, as far as the consumer knows (its
-        position against the high watermark librdkafka caches from its fetches)."""
-        from confluent_kafka import KafkaException, TopicPartition
-
-        out: set[int] = set()
-        try:
-            for tp in self._consumer.position([TopicPartition(self.topic, p) for p in partitions]):
-                marks = self._consumer.get_watermark_offsets(tp, cached=True)
-                if not marks:
-                    continue
-                low, high = marks
-                if high >= 0 and (tp.offset >= high or (tp.offset < 0 and high == low)):
-                    out.add(tp.partition)
-        except KafkaException as exc:  # not known yet: none caught up
-            log.debug("hot stage: NIC positions unavailable (%s)", exc)
-        return out
 
     def _hold(self, m: Any) -> None:
         """One message into its partition's queue (decoded; undecodable: dead-lettered now,
