@@ -546,13 +546,19 @@ class JobReleaser:
         one of its nodes. A source not heard from yet counts as not started: at start on a
         backlog the first partition processed runs far ahead, and the minimum over the sources
         heard from would release windows before the others' nodes arrived. Sources without the
-        job's nodes are not waited for (an idle one must not stall it); without known nodes,
-        the slowest source heard from."""
+        job's nodes are not waited for (an idle one must not stall it). A job whose nodes are
+        not known yet (live, its window batches read before its start event on this channel:
+        one agent reads both topics, in no order between them) waits for every source: its
+        nodes may be in any, and the slowest one heard from released windows before the
+        batches of sources not heard from yet (found by the demo's live = replay test).
+        Offline (one source), the slowest source heard from."""
         marks = self.watermarks.get(self.channel_of.get(job_id, -1), {})
         partition_of = self.partition_of
-        nodes = self.jobs.nodes_of(job_id) if partition_of is not None else None
-        if not nodes or partition_of is None:
+        if partition_of is None:
             return min(marks.values()) if marks else NEVER_MS
+        nodes = self.jobs.nodes_of(job_id)
+        if not nodes:
+            return min(marks.get(s, NEVER_MS) for s in range(max(1, self.fleet_sources)))
         return min(marks.get(partition_of(n), NEVER_MS) for n in nodes)
 
     def prune(self, watermark_ms: int, idle_ms: int) -> None:

@@ -73,6 +73,24 @@ def test_heartbeats_out_of_order_release_at_the_slowest_source_of_the_job() -> N
     assert stage.watermarks[0] == {0: WINDOW_MS, 1: 2 * WINDOW_MS, 2: 0}
 
 
+def test_a_job_whose_start_was_not_read_yet_waits_for_every_source() -> None:
+    """Live, one agent reads a channel's job events and window batches in no order between
+    the topics: a job's batches can come before its start. Its nodes may then be in any
+    source, so its windows wait for all of them (the slowest one heard from released windows
+    before a slower source's batches came: the demo's live = replay test found it)."""
+    table = AllocationTable()  # job 7's start not read yet
+    stage = JobReleaser(replace(SETTINGS_30S, job_wide_report_min_gpus=1), table,
+                        partition_of=SOURCE.__getitem__, fleet_sources=3)  # fmt: skip
+    stage.fleet().closed(0, 1 << 60)
+    stage.fleet().closed(1, 1 << 60)
+    stage.fleet().closed(2, 1 << 60)
+    assert stage.add(batch(0, "a", [0, 1]), src=0)
+    far = 20 * WINDOW_MS
+    assert starts(stage.heartbeats({0: far, 2: far})) == []  # source 1 not heard from yet
+    assert stage.watermark_ms("7") < 0
+    assert starts(stage.heartbeat(1, far)) == [0]
+
+
 def test_heartbeats_of_another_channel_release_nothing() -> None:
     stage = releaser()
     stage.add(batch(0, "a", [0, 1]), src=0, channel=3)
