@@ -26,7 +26,7 @@ from peerwatch.schemas.codec import AvroCodec, decode_any
 from peerwatch.settings import KafkaSettings
 from peerwatch.streams.tools.bench import FloorResult, ProcSnapshot, read_proc_tree
 from peerwatch.topic_admin import ensure_topics
-from peerwatch.topics import RECOMMENDATIONS, SAMPLES, catalogue
+from peerwatch.topics import JOB_EVENTS, RECOMMENDATIONS, SAMPLES, catalogue
 
 #: (topic, key, value, timestamp ms or None): one record to publish as it is.
 Raw = tuple[str, bytes | None, bytes, int | None]
@@ -80,10 +80,18 @@ class _ConfluentSink:
 
 
 def produce_raw(kafka: KafkaSettings, records: Sequence[Raw]) -> None:
-    """Publish ``(topic, key, value, timestamp_ms or None)`` records as they are (test input)."""
+    """Publish ``(topic, key, value, timestamp_ms or None)`` records as they are (test input).
+
+    A job event is at the broker before any record after it is sent (flushed), as the Slurm
+    prolog's is before the job's GPUs are used: otherwise one producer's batching (a lone job
+    event waits out ``linger.ms`` while the samples' batches fill and go) puts a job's first
+    samples on the broker before its start, and the hot stage, which applies the job events
+    appended before each batch, counts them idle where a replay in event order does not."""
     sink = _ConfluentSink(kafka)
     for topic, key, value, ts_ms in records:
         sink.send(topic, key, value, (), ts_ms or 0)
+        if topic.endswith(JOB_EVENTS.name):
+            sink.flush()
     sink.flush()
 
 
