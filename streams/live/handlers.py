@@ -439,9 +439,9 @@ class JobsHandler:
             if offset is None:
                 self.pending_table[entry.key.encode()] = pending_entry(partition, bytes(value))
             else:  # in memory until released, or written after hold_s (see the class)
-                before = self.held.get(entry)  # re-sent: the newer message stands for it
-                since_s = self.monotonic_s() if before is None else before.since_s
-                low = offset if before is None else min(before.offset, offset)
+                older = self.held.get(entry)  # re-sent: the newer message stands for it
+                since_s = self.monotonic_s() if older is None else older.since_s
+                low = offset if older is None else min(older.offset, offset)
                 self.held[entry] = HeldBatch(partition, bytes(value), low, since_s)
         return self.outputs(released)
 
