@@ -94,14 +94,15 @@ def handle_all(events: list[tuple[bytes, bytes]], batches: list[tuple[bytes, byt
     handler = JobsHandler(
         JobReleaser(settings.detector, meta, grace_ms=int(settings.stream.job_grace_s * 1000)), meta,
         JsonTable(), {}, job_events_topic="je", step_times_topic="st", retention_ms=3_600_000,
-        counters=StreamCounters(),
+        counters=StreamCounters(), hold_s=settings.stream.pending_hold_s,
     )  # fmt: skip
     for key, value in events:
         handler.handle("je", 0, key, value)
     windows: list[bytes] = []
     start = time.process_time()
-    for key, value in batches:
-        windows += [o.value for o in handler.handle("b", 0, key, value) if o.topic == "windows"]
+    for offset, (key, value) in enumerate(batches):  # with offsets: batches wait in memory, as live
+        out = handler.handle("b", 0, key, value, offset=offset)
+        windows += [o.value for o in out if o.topic == "windows"]
     return time.process_time() - start, windows
 
 

@@ -49,6 +49,13 @@ class StreamSettings:
     job_grace_s: float = setting(
         30.0, "how long past a window's end a job waits for nodes still missing (s)", lo=0, hi=3600
     )
+    pending_hold_s: float = setting(
+        5.0,
+        "how long stage 3 keeps a waiting window batch in memory only, its input offset "
+        "uncommitted, before writing it to its pending changelog (s): most are released sooner "
+        "and never written; a crash re-reads at most this much of the window batches",
+        lo=0, hi=600,
+    )  # fmt: skip
     batch_max: int = setting(
         2000, "most samples the hot stage aggregates in one batch", lo=1, hi=1000000
     )

@@ -47,6 +47,7 @@ from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.job_stage import JobReleaser
 from peerwatch.streams.core.network_jobs import JobNetwork
 from peerwatch.streams.core.policy_stage import PolicyStage
+from peerwatch.streams.live.commit_floor import hold_commits
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler, PolicyHandler
 from peerwatch.streams.live.hot_process import HotProcess
@@ -242,7 +243,11 @@ def build_app(settings: Settings) -> faust.App:
         job_events_topic=job_events_t.get_topic_name(), step_times_topic=step_times_name,
         retention_ms=cfg.allocation_retention_s * 1000, counters=counters,
         network=JobNetwork(settings.network, settings.detector), channels=job_partitions,
+        hold_s=cfg.pending_hold_s,
     )  # fmt: skip
+    batches_name = batches_t.get_topic_name()
+    hold_commits(app.consumer, lambda topic, partition: (
+        jobs_handler.commit_floor(partition) if topic == batches_name else None))  # fmt: skip
     # "batches": the fleet watch's verdicts, from its channel to the others (see handlers)
     out_topics = {"stragglers": stragglers_out, "findings": findings_t, "batches": batches_t}
     # Scored windows leave through librdkafka, flushed before each commit (see window_output).
@@ -262,8 +267,11 @@ def build_app(settings: Settings) -> faust.App:
     async def jobs(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
+            # A window batch may wait in memory, its offset not committed (commit_floor).
+            offset = msg.offset if msg.topic == batches_name else None
             try:
-                outputs = jobs_handler.handle(msg.topic, msg.partition, event.key, event.value)
+                outputs = jobs_handler.handle(msg.topic, msg.partition, event.key, event.value,
+                                              offset=offset)  # fmt: skip
                 for out in outputs:
                     if out.topic == "windows":
                         window_output.send(out.key, out.value)

@@ -135,11 +135,31 @@ class Output(NamedTuple):
     partition: int | None = None
 
 
+class HeldBatch(NamedTuple):
+    """A pending window batch kept in memory only: the stage-3 ``channel`` it came on, its
+    message ``value`` and ``offset`` on the window-batches topic, and since when it waits
+    (monotonic s)."""
+
+    channel: int
+    value: bytes
+    offset: int
+    since_s: float
+
+
 class JobsHandler:
     """Stage 3 (job events, window batches and step times, key job): the pure
     :class:`~peerwatch.streams.core.job_stage.JobReleaser` fed one message at a time, its state
     kept in ``job_table`` (job -> state and latest job events) and ``pending_table`` (one entry
-    per pending (job, window, source))."""
+    per pending (job, window, source)).
+
+    Held batches: a caller that passes each window batch's ``offset`` to :meth:`handle`, and
+    commits no offset of a channel past its :meth:`commit_floor`
+    (:mod:`~peerwatch.streams.live.commit_floor`), lets a pending batch wait in memory only; it
+    is written to the pending table at the first heartbeat or verdict of its channel after
+    ``hold_s`` (``stream.pending_hold_s``). Most batches are released by the heartbeat or
+    verdict that follows them and never reach the changelog (writing each there, and a
+    tombstone after it, cost about a tenth of the worker's CPU); a crash meanwhile re-reads the
+    message from the committed offset. Without an offset, a pending batch is written at once."""
 
     def __init__(
         self,
@@ -155,8 +175,12 @@ class JobsHandler:
         channels: int = 1,
         monotonic_s: Callable[[], float] = time.monotonic,
         network: JobNetwork | None = None,
+        hold_s: float = 0.0,
     ) -> None:
-        """``network``: stage 3's network comparison (default: one with default settings)."""
+        """``network``: stage 3's network comparison (default: one with default settings);
+        ``hold_s``: how long a pending batch with an offset stays in memory only (s, see the
+        class)."""
+        self.hold_s = hold_s
         self.stage3 = releaser
         self.job_meta = job_meta
         self.job_table = job_table
@@ -181,6 +205,8 @@ class JobsHandler:
         self.heads: dict[tuple[str, int], dict[GpuIdent, bytes]] = {}
         #: Channels whose fleet watch was recovered from ``job_table`` (:meth:`fleet`).
         self._fleet_restored: set[int] = set()
+        #: Pending batches in memory only, their offsets not to be committed (see the class).
+        self.held: dict[PendingEntry, HeldBatch] = {}
 
     def forget(self) -> None:
         """Partitions were revoked (a rebalance; faust's eager protocol revokes them all): forget
@@ -194,6 +220,9 @@ class JobsHandler:
         self.closed_wall.clear()
         self._pending_scan_s = 0.0
         self._fleet_restored.clear()
+        # Their offsets were not committed (faust commits before it tells of a revocation):
+        # whoever gets their partitions reads them again.
+        self.held.clear()
 
     def fleet(self, channel: int) -> FleetWatch | FleetVerdicts:
         """The fleet watch (channel FLEET_CHANNEL) or the verdicts of another channel, recovered
@@ -305,9 +334,19 @@ class JobsHandler:
                 else:
                     slot[gpu] = head
 
-    def handle(self, topic: str, partition: int, key: Any, value: Any) -> list[Output]:
-        """Handle one message; returns the records to send. Raises one of :data:`RECORD_ERRORS`
-        for a message it cannot use (the agent dead-letters it)."""
+    def commit_floor(self, channel: int) -> int | None:
+        """The lowest window-batches offset of ``channel`` held in memory only: no offset past it
+        may be committed (None: no limit)."""
+        offsets = [h.offset for h in self.held.values() if h.channel == channel]
+        return min(offsets) if offsets else None
+
+    def handle(
+        self, topic: str, partition: int, key: Any, value: Any, offset: int | None = None
+    ) -> list[Output]:
+        """Handle one message; returns the records to send. ``offset``: the message's (a
+        pending window batch then waits in memory, see the class; None: it is written to the
+        pending table at once). Raises one of :data:`RECORD_ERRORS` for a message it cannot use
+        (the agent dead-letters it)."""
         if topic == self.step_times_topic:
             step = self.codecs["StepTime"].decode(_bytes(value))
             self.counters.step_times += 1
@@ -341,6 +380,8 @@ class JobsHandler:
         if b.get("kind") == NETWORK_KIND:  # a job's ports over a window, before its batches
             self.network.add(b)
             return []
+        if b.get("kind") in ("fleet", "watermark"):
+            self._write_held(partition, self.monotonic_s() - self.hold_s)
         if b.get("kind") == "fleet":  # the judging channel's verdict
             self.fleet(partition)
             released = self.stage3.verdict(b, partition)
@@ -395,8 +436,24 @@ class JobsHandler:
         entry = PendingEntry(job_id, start, min(held))
         released = self.stage3.release(job_id)
         if entry not in released.retired:
-            self.pending_table[entry.key.encode()] = pending_entry(partition, bytes(value))
+            if offset is None:
+                self.pending_table[entry.key.encode()] = pending_entry(partition, bytes(value))
+            else:  # in memory until released, or written after hold_s (see the class)
+                older = self.held.get(entry)  # re-sent: the newer message stands for it
+                since_s = self.monotonic_s() if older is None else older.since_s
+                low = offset if older is None else min(older.offset, offset)
+                self.held[entry] = HeldBatch(partition, bytes(value), low, since_s)
         return self.outputs(released)
+
+    def _write_held(self, channel: int, before_s: float) -> None:
+        """Write the batches of ``channel`` held in memory since ``before_s`` or earlier
+        (monotonic s) to the pending table; their offsets may then be committed. Called while
+        handling a message of that channel: faust writes a table entry to the changelog
+        partition of the message being handled."""
+        for entry, held in list(self.held.items()):
+            if held.channel == channel and held.since_s <= before_s:
+                self.pending_table[entry.key.encode()] = pending_entry(channel, held.value)
+                del self.held[entry]
 
     def fleet_outputs(self, released: Released) -> list[Output]:
         """The fleet findings a heartbeat judged (on channel FLEET_CHANNEL, the only one that
@@ -411,7 +468,8 @@ class JobsHandler:
     def outputs(self, released: Released) -> list[Output]:
         """Keep what ``released`` changed in the tables; its windows and findings, encoded."""
         for entry in released.retired:
-            self.pending_table.pop(entry.key.encode(), None)
+            if self.held.pop(entry, None) is None:  # held ones were never written
+                self.pending_table.pop(entry.key.encode(), None)
         for job_id, state in released.saved.items():
             old = self.job_table.get(job_id.encode()) or {}
             self.job_table[job_id.encode()] = {**old, **state}

@@ -168,8 +168,10 @@ def wait_for_windows(
     return live_windows(kafka, prefix)
 
 
-def new_worker(bootstrap: str, prefix: str, tmp: Path, name: str, app: str) -> WorkerProcess:
-    return WorkerProcess(bootstrap, prefix, app, tmp, name=name, args=WORKER_ARGS)
+def new_worker(
+    bootstrap: str, prefix: str, tmp: Path, name: str, app: str, env: dict[str, str] | None = None
+) -> WorkerProcess:
+    return WorkerProcess(bootstrap, prefix, app, tmp, name=name, args=WORKER_ARGS, env=env or {})
 
 
 def wait_joined(*workers: WorkerProcess) -> None:
@@ -253,15 +255,20 @@ def test_scaling_workers_1_3_1_loses_and_duplicates_no_window(
 
 
 # -- b2. a worker restarted while stage 3 holds windows pending ------------------------------------
+@pytest.mark.parametrize("held_in", ["table", "memory"])
 def test_windows_pending_in_stage_3_survive_a_worker_restart(
-    kafka_settings: KafkaSettings, tmp_path: Path
+    kafka_settings: KafkaSettings, tmp_path: Path, held_in: str
 ) -> None:
     """One 24-GPU job on three nodes; one node's samples partition gets only that node's first
     sample at first (a partition the worker has seen nothing of counts as holding no node and
-    would not hold the windows back), so the job's later windows wait in stage 3 (its pending
-    table, a changelog-backed faust table) for that node when the worker stops. The next worker recovers the table and releases each
-    window whole once the late node's samples come. (faust read the table's raw entries as JSON,
-    failed on each, and the recovery never completed: no window at all was released.)"""
+    would not hold the windows back), so the job's later windows wait in stage 3 for that node
+    when the worker goes. ``table``: written to its pending table (a changelog-backed faust
+    table) at the first heartbeat (``stream.pending_hold_s`` 0), then a clean stop; the next
+    worker recovers the table and releases each window whole once the late node's samples come.
+    (faust read the table's raw entries as JSON, failed on each, and the recovery never
+    completed: no window at all was released.) ``memory``: kept in memory only (hold 600 s),
+    their messages' offsets uncommitted, and the worker killed (SIGKILL): the next worker reads
+    the window batches again from the committed offset, and releases the same windows."""
     data = Input(duration_s=120, seed=23, nodes=3)
     expected = data.expected_windows()
     late_node = "gpu00002"
@@ -281,13 +288,23 @@ def test_windows_pending_in_stage_3_survive_a_worker_restart(
 
     first = [r for r in first_minute if not held(r)]
     app = f"app-{uuid.uuid4().hex[:6]}"
-    with new_worker(kafka_settings.bootstrap_servers, prefix, tmp_path, "before", app) as w:
+    hold = {"PEERWATCH_STREAM_PENDING_HOLD_S": "0" if held_in == "table" else "600"}
+    with new_worker(kafka_settings.bootstrap_servers, prefix, tmp_path, "before", app, hold) as w:
         produce_raw(kafka_settings, first)
         wait_processed(w, samples_in(first))
-        pending = read_topic(kafka_settings, f"{prefix}{app}-pending-changelog")
-        assert pending, f"no pending window in stage 3:\n{w.log_tail()}"
         assert int(w.counters().get("windows", 0)) == 0  # all wait for the late node
-        w.stop(timeout_s=60)
+        if held_in == "table":
+            pending = wait_stable(
+                lambda: read_topic(kafka_settings, f"{prefix}{app}-pending-changelog"),
+                bool, HANG_S, settle_s=0,
+            )  # fmt: skip
+            assert pending, f"no pending window in stage 3:\n{w.log_tail()}"
+            w.stop(timeout_s=60)
+        else:
+            assert w.counters().get("last_window_batch_wall_s"), w.log_tail()  # batches came
+            w.kill()  # SIGKILL: the batches held in memory are gone with it
+            pending = read_topic(kafka_settings, f"{prefix}{app}-pending-changelog")
+            assert not pending, "a batch reached the pending table within its hold time"
     # Damaged entries in the three state tables' changelogs (of a job and a node that are not
     # in the input): each is dropped and counted when read; none may stop the recovery.
     changelog, now_ms = f"{prefix}{app}-{{}}-changelog".format, int(time.time() * 1000)

@@ -309,6 +309,79 @@ def test_a_batch_that_completes_its_window_is_released_without_a_pending_entry()
     assert len(pending.sets) == 1 and pending == {}  # complete at once: nothing kept
 
 
+def two_source_batches(wms: int) -> tuple[bytes, bytes, bytes]:
+    """Job 7's batches of window 0 from sources 0 and 1, and the heartbeat that releases both."""
+    import json
+
+    from windowgen import window
+
+    msgs = [json.dumps({"kind": "windows", "src": src, "job_id": "7", "window_start_ms": 0,
+                        "window_end_ms": wms, "windows": [{**window("7", 0, 0), "node": node}]}
+                       ).encode() for src, node in ((0, "a"), (1, "b"))]  # fmt: skip
+    beat = json.dumps({"kind": "watermark", "marks": {"0": wms, "1": wms}}).encode()
+    return msgs[0], msgs[1], beat
+
+
+def test_a_batch_released_within_the_hold_time_never_reaches_the_pending_table() -> None:
+    """Given its offset, a waiting batch stays in memory, its offset the channel's commit
+    floor (a crash re-reads it), until the heartbeat that releases it; the pending changelog
+    never sees it. Before, every waiting batch was written to the changelog and deleted at its
+    release (about 1 µs per GPU sample of the worker's CPU)."""
+    handler, _, _ = jobs_handler()
+    handler.pending_table = pending = RecordingTable()
+    handler.hold_s = 5.0
+    first, second, beat = two_source_batches(handler.stage3.stage.settings.window_ms)
+    assert handler.handle("b", 0, b"7", first, offset=40) == []
+    assert handler.handle("b", 0, b"7", second, offset=41) == []
+    assert handler.commit_floor(0) == 40 and handler.commit_floor(1) is None
+    out = handler.handle("b", 0, b"~watermark", beat)
+    assert sorted(o.topic for o in out) == ["windows", "windows"]
+    assert handler.commit_floor(0) is None  # released: its offset may be committed
+    assert pending.sets == [] and handler.held == {}
+
+
+def test_a_batch_held_past_the_hold_time_is_written_at_its_channels_next_heartbeat() -> None:
+    """A batch still waiting ``hold_s`` after it came is written to the pending table at the
+    next heartbeat of its channel, and only then does its offset stop holding the commits back
+    (so it is in the table or read again after a crash, never lost); a restarted worker
+    releases it from the table."""
+    import json
+
+    handler, job_table, _ = jobs_handler()
+    handler.pending_table = pending = RecordingTable()
+    now = [100.0]
+    handler.monotonic_s, handler.hold_s = (lambda: now[0]), 5.0
+    wms = handler.stage3.stage.settings.window_ms
+    first, _, beat = two_source_batches(wms)
+    assert handler.handle("b", 0, b"7", first, offset=7) == []
+    only_0 = json.dumps({"kind": "watermark", "marks": {"0": wms, "1": 0}}).encode()
+    now[0] += 4.9
+    assert handler.handle("b", 0, b"~watermark", only_0) == []
+    assert handler.commit_floor(0) == 7 and pending.sets == []  # not yet: still in memory
+    now[0] += 0.2
+    assert handler.handle("b", 0, b"~watermark", only_0) == []
+    assert handler.commit_floor(0) is None and list(pending) == [b"7|0|0"]
+    again, _, _ = jobs_handler()  # a restarted worker: the same tables
+    again.job_table, again.pending_table = job_table, pending
+    out = again.handle("b", 0, b"~watermark", beat)
+    assert [o.topic for o in out] == ["windows"] and pending == {}
+
+
+def test_a_held_batch_sent_again_keeps_the_lower_offset_and_a_rebalance_drops_it() -> None:
+    """A batch sent again (a restarted hot stage) replaces the one held, as it replaced the
+    table entry, but the floor stays at the older message (committing past it is never needed).
+    A rebalance forgets held batches: their offsets were never committed, so whoever gets the
+    partition reads them again."""
+    handler, _, _ = jobs_handler()
+    handler.hold_s = 5.0
+    first, _, _ = two_source_batches(handler.stage3.stage.settings.window_ms)
+    handler.handle("b", 0, b"7", first, offset=3)
+    handler.handle("b", 0, b"7", first, offset=9)
+    assert handler.commit_floor(0) == 3 and len(handler.held) == 1
+    handler.forget()
+    assert handler.commit_floor(0) is None and handler.held == {}
+
+
 def test_a_job_handed_back_after_a_rebalance_is_read_from_the_tables_not_from_memory() -> None:
     """Workers w1 and w2 share the changelog tables. The job's partition goes w1 -> w2 -> w1;
     w2 kept a batch pending in the table. w1, told of the revocation, restores the job from the
