@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from confluent_kafka import TopicPartition
+from test_nic_input import Message, Partitions
 
 from peerwatch.producers.sim.fleet import Fleet
 from peerwatch.producers.sim.scenario import parse_scenario
@@ -26,8 +27,6 @@ from peerwatch.streams.core.network_jobs import JobPorts, job_ports_messages
 from peerwatch.streams.core.pipeline import Pipeline
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.hot_stage import HotStage, HotTopics
-
-from tests.unit.test_nic_input import Message, Partitions
 
 
 class Producer:
