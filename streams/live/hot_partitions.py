@@ -66,8 +66,18 @@ class Partitions:
     """The assigned samples partitions of ``topic`` on one consumer (set :attr:`consumer`
     before the first assignment)."""
 
-    def __init__(self, topic: str, window_ms: int, delivery: OutputDelivery) -> None:
+    def __init__(
+        self,
+        topic: str,
+        window_ms: int,
+        delivery: OutputDelivery,
+        admin: Callable[[], Any] | None = None,
+    ) -> None:
+        """``admin``: the admin client the broker is asked through whether a partition is
+        empty (made at first use; None: never asked, no idle marks)."""
         self.topic = topic
+        self._admin_factory = admin
+        self._admin: Any = None
         self.window_ms = window_ms
         self.delivery = delivery
         self.consumer: Any = None
@@ -76,6 +86,12 @@ class Partitions:
         self.after_commit: Callable[[], None] = lambda: None
         #: partition -> the latest closed-until its idle marks were confirmed empty for (ms)
         self._confirmed: dict[int, int] = {}
+
+    def admin(self) -> Any:
+        """The admin client (made at first use)."""
+        if self._admin is None and self._admin_factory is not None:
+            self._admin = self._admin_factory()
+        return self._admin
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.parts)
@@ -175,28 +191,35 @@ class Partitions:
         if not empty:
             return {}
         caught_up = self.caught_up()
-        return {p: latest for p in empty if p in caught_up and self._empty(p, latest)}
+        ask = [p for p in empty if p in caught_up and self._confirmed.get(p, -1) < latest]
+        for p in self._broker_empty(ask) if ask else ():
+            self._confirmed[p] = latest
+        return {p: latest for p in empty
+                if p in caught_up and self._confirmed.get(p, -1) >= latest}  # fmt: skip
 
-    def _empty(self, p: int, latest: int) -> bool:
-        """Whether partition ``p`` has nothing to read at the broker now (its high watermark
-        asked, :data:`EMPTY_ASK_S` at most; unanswered: not empty, the marks wait), confirmed
-        once per ``latest`` (ms) a mark may carry."""
-        if self._confirmed.get(p, -1) >= latest:
-            return True
+    def _broker_empty(self, partitions: list[int]) -> set[int]:
+        """Those of ``partitions`` with nothing to read at the broker now: their log's start
+        and end asked through the admin client, one request each for all (on the consumer's
+        own connection each would queue behind its long-polling fetch, up to fetch.wait.max.ms
+        a partition), :data:`EMPTY_ASK_S` at most; unanswered: none (the marks wait)."""
         from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
-        tp = TopicPartition(self.topic, p)
+        if self._admin_factory is None:
+            return set()
+        tps = [TopicPartition(self.topic, p) for p in partitions]
         try:
-            position = self.consumer.position([tp])[0].offset
-            low, high = self.consumer.get_watermark_offsets(tp, timeout=EMPTY_ASK_S,
-                                                            cached=False)  # fmt: skip
+            positions = {tp.partition: tp.offset for tp in self.consumer.position(tps)}
+            ends = {}
+            for name, spec in (("low", OffsetSpec.earliest()), ("high", OffsetSpec.latest())):  # type: ignore[no-untyped-call]
+                futures = self.admin().list_offsets({tp: spec for tp in tps},
+                                                    request_timeout=EMPTY_ASK_S)  # fmt: skip
+                ends[name] = {tp.partition: f.result().offset for tp, f in futures.items()}
         except KafkaException as exc:
-            log.debug("hot stage: watermarks of partition %d unavailable (%s)", p, exc)
-            return False
-        if not nothing_to_read(position, low, high):
-            return False
-        self._confirmed[p] = latest
-        return True
+            log.debug("hot stage: offsets of partitions %s unavailable (%s)", partitions, exc)
+            return set()
+        return {p for p in partitions
+                if nothing_to_read(positions[p], ends["low"][p], ends["high"][p])}  # fmt: skip
 
     def commit_dirty(self) -> None:
         """:meth:`commit` the partitions that closed windows since their last commit."""

@@ -75,6 +75,15 @@ def samples_partition(node: str, partitions: int) -> int:
     return int(murmur2(node.encode()) & 0x7FFFFFFF) % partitions
 
 
+def _admin_client(settings: Settings) -> Any:
+    """An admin client of the worker's Kafka settings."""
+    from confluent_kafka.admin import AdminClient
+
+    from peerwatch.kafka_config import admin_config
+
+    return AdminClient(admin_config(settings.kafka))
+
+
 @dataclass(frozen=True)
 class HotTopics:
     samples: str
@@ -139,7 +148,8 @@ class HotStage:
         self.quiet_after_s = max(1.0, stream.silent_group_s)
         self._stop = threading.Event()
         self.delivery = OutputDelivery(topics.deadletter, counters)
-        self.parts = Partitions(topics.samples, settings.detector.window_ms, self.delivery)
+        self.parts = Partitions(topics.samples, settings.detector.window_ms, self.delivery,
+                                admin=functools.partial(_admin_client, settings))  # fmt: skip
         self.output = ClosedOutput(self.delivery, topics.batches, topics.job_partitions)
         self.jobs = JobEventSync(settings.kafka, topics.job_events, self.group,
                                  self.stage.apply_job_event, self._stop)  # fmt: skip

@@ -21,26 +21,52 @@ from peerwatch.streams.live.hot_progress import PartitionProgress
 
 
 class Consumer:
-    """Positions (none read yet: -1001) and high watermarks as cached and at the broker."""
+    """Positions (none read yet: -1001) and the high watermarks librdkafka cached."""
 
-    def __init__(self, cached: dict[int, int], broker: dict[int, int]) -> None:
-        self.cached, self.broker = cached, broker
-        self.asked: list[int] = []  # partitions whose broker watermark was asked
+    def __init__(self, cached: dict[int, int]) -> None:
+        self.cached = cached
 
     def position(self, tps: list[Any]) -> list[Any]:
         return [TopicPartition(tp.topic, tp.partition, -1001) for tp in tps]
 
-    def get_watermark_offsets(
-        self, tp: Any, timeout: float | None = None, cached: bool = False
-    ) -> tuple[int, int]:
-        if cached:
-            return 0, self.cached[tp.partition]
-        self.asked.append(tp.partition)
-        return 0, self.broker[tp.partition]
+    def get_watermark_offsets(self, tp: Any, cached: bool = False) -> tuple[int, int]:
+        assert cached  # the broker is asked through the admin client
+        return 0, self.cached[tp.partition]
 
 
-def partitions(consumer: Consumer) -> Partitions:
-    parts = Partitions("s", 10_000, OutputDelivery("dead", StreamCounters(), producer=object()))
+class Offset:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def result(self) -> Offset:
+        return self
+
+
+class Admin:
+    """The broker's log ends per partition (start 0), asked through ``list_offsets``."""
+
+    def __init__(self, ends: dict[int, int]) -> None:
+        self.ends = ends
+        self.asked: list[int] = []  # partitions asked, per request
+        self.refuse = False
+
+    def list_offsets(self, specs: dict[Any, Any], request_timeout: float) -> dict[Any, Offset]:
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import OffsetSpec
+
+        if self.refuse:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        out = {}
+        for tp, spec in specs.items():
+            latest = repr(spec) == repr(OffsetSpec.latest())
+            self.asked.append(tp.partition)
+            out[tp] = Offset(self.ends[tp.partition] if latest else 0)
+        return out
+
+
+def partitions(consumer: Consumer, admin: Admin) -> Partitions:
+    parts = Partitions("s", 10_000, OutputDelivery("dead", StreamCounters(), producer=object()),
+                       admin=lambda: admin)  # fmt: skip
     parts.consumer = consumer
     for p in consumer.cached:
         parts.parts[p] = Partition(PartitionProgress(10_000))
@@ -48,28 +74,20 @@ def partitions(consumer: Consumer) -> Partitions:
 
 
 def test_a_partition_empty_only_in_the_cache_gets_no_idle_mark() -> None:
-    consumer = Consumer(cached={0: 0, 1: 0}, broker={0: 0, 1: 250})  # 1's records not fetched
-    parts = partitions(consumer)
+    consumer, admin = Consumer(cached={0: 0, 1: 0}), Admin(ends={0: 0, 1: 250})
+    parts = partitions(consumer, admin)  # 1's records are at the broker, not fetched yet
     assert parts.idle_marks(60_000, {0: None, 1: None}) == {0: 60_000}
     # once the broker says so, asked again only when the mark would move
-    consumer.broker[1] = 0
+    admin.ends[1] = 0
     assert parts.idle_marks(60_000, {0: None, 1: None}) == {0: 60_000, 1: 60_000}
-    asked = len(consumer.asked)
+    asked = len(admin.asked)
     assert parts.idle_marks(60_000, {0: None, 1: None}) == {0: 60_000, 1: 60_000}
-    assert len(consumer.asked) == asked
+    assert len(admin.asked) == asked
     assert parts.idle_marks(70_000, {0: None, 1: None}) == {0: 70_000, 1: 70_000}
-    assert len(consumer.asked) == asked + 2
+    assert len(admin.asked) == asked + 4  # both partitions, start and end: two requests
 
 
 def test_a_broker_that_does_not_answer_sends_no_idle_mark() -> None:
-    from confluent_kafka import KafkaError, KafkaException
-
-    consumer = Consumer(cached={0: 0}, broker={0: 0})
-
-    def refuse(tp: Any, timeout: float | None = None, cached: bool = False) -> tuple[int, int]:
-        if cached:
-            return 0, 0
-        raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
-
-    consumer.get_watermark_offsets = refuse  # type: ignore[method-assign]
-    assert partitions(consumer).idle_marks(60_000, {0: None}) == {}
+    admin = Admin(ends={0: 0})
+    admin.refuse = True
+    assert partitions(Consumer(cached={0: 0}), admin).idle_marks(60_000, {0: None}) == {}
