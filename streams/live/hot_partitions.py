@@ -217,6 +217,9 @@ class Partitions:
                 ends[name] = {tp.partition: f.result().offset for tp, f in futures.items()}
         except KafkaException as exc:
             log.debug("hot stage: offsets of partitions %s unavailable (%s)", partitions, exc)
+            # a fresh client next time: after a broker restart an old one kept asking with the
+            # partitions' old leader epoch (see job_event_sync)
+            self._admin = None
             return set()
         return {p for p in partitions
                 if nothing_to_read(positions[p], ends["low"][p], ends["high"][p])}  # fmt: skip
