@@ -162,7 +162,7 @@ class NicInput:
         behind not waited for during :data:`UNWAITED_AFTER_GIVE_UP_S`."""
         late = self.behind(reach_ms)
         self.waits_given_up += 1
-        log.warning("hot stage: NIC partitions %s did not reach %d ms within %.0f s; going on "
+        log.warning("hot stage: NIC partitions %s did not reach %s ms within %.0f s; going on "
                     "without them (not waited for during %.0f s)", late, reach_ms, MOST_WAIT_S,
                     UNWAITED_AFTER_GIVE_UP_S)  # fmt: skip
         until = time.monotonic() + UNWAITED_AFTER_GIVE_UP_S

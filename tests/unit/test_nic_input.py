@@ -221,7 +221,9 @@ def test_the_samples_wait_for_a_nic_partition_that_lags_behind_their_time(monkey
     assert source.behind(7500) == [0]
 
 
-def test_a_nic_partition_that_never_catches_up_is_waited_for_once(monkeypatch: Any) -> None:
+def test_a_nic_partition_that_never_catches_up_is_waited_for_once(
+    monkeypatch: Any, caplog: Any
+) -> None:
     """A partition still receiving samples older than the batch's time (a node whose clock
     runs behind) is waited for at most MOST_WAIT_S, counted, then not again for a while."""
     monkeypatch.setattr(nic_input, "MOST_WAIT_S", 0.05)
@@ -232,6 +234,11 @@ def test_a_nic_partition_that_never_catches_up_is_waited_for_once(monkeypatch: A
     polls = consumer.polls
     source.read(most=10, until_ms=10_000, reach_ms=7500)
     assert consumer.polls == polls and source.waits_given_up == 1
+    # per partition, as the hot stage asks: the warning names them (no logging error)
+    source._unwaited_until.clear()
+    with caplog.at_level("WARNING"):
+        source.read(most=10, until_ms={0: 10_000}, reach_ms={0: 7500})
+    assert source.waits_given_up == 2 and "{0: 7500} ms" in caplog.text
 
 
 def test_before_its_assignment_the_nic_input_is_waited_for_then_not(monkeypatch: Any) -> None:
