@@ -1,5 +1,5 @@
 """CPU of the live hot stage (stage 2) per GPU sample, without Kafka: the bench fleet's samples
-decoded and aggregated (``HotStage._step``) and the closed windows turned into channel
+decoded and aggregated (``HotStage._step_parts``) and the closed windows turned into channel
 messages (``ClosedOutput.send``: WindowBatch and census encoding) by the input fuzzer's hot
 stage (a recording producer instead of librdkafka), in batches of 2,000 samples, per round.
 
@@ -49,7 +49,7 @@ def main() -> int:
                      for i, (k, v, ts) in enumerate(samples[lo : lo + 2000])]  # fmt: skip
             t = time.process_time()
             part = hot.parts.parts[0]
-            hot._step(0, part, batch, *hot._decode(0, part, batch))
+            hot._step_parts(0, part, batch, *hot._decode(0, part, batch))
             aggregate += time.process_time() - t
             t = time.process_time()
             hot.output.send(hot._closed_until(), hot._idle_marks)

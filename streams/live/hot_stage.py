@@ -309,6 +309,8 @@ class HotStage:
         summarised from the NIC readings the in-process runner has at that point (one step
         over a backlog batch spanning many windows gave the first of them readings from far
         past their end, which stage 2 had dropped by then). Returns (samples, GPU readings)."""
+        # the node clocks from the whole batch, once (its receive time is the batch's)
+        self.clocks.observe(p, len(batch), tables, self.stage.aggregator(p).name)
         n = tables[""].n
         ts = tables[""].values["ts_ms"]
         records = readings = start = 0
@@ -330,7 +332,6 @@ class HotStage:
         """Step stage 2 with one partition's decoded samples (:meth:`_decode`); returns
         (samples, GPU readings) taken."""
         agg = self.stage.aggregator(p)
-        self.clocks.observe(p, len(batch), tables, agg.name)
         unattributed_before = agg.unattributed
         closed_before = agg.closed_until_ms
         result = self.stage.step(tables, p)
