@@ -816,19 +816,76 @@ class StragglerFinding(TypedDict):
     switch: str | None
 
 
+class WindowXids(TypedDict):
+    #: The window (0-based, in this part).
+    row: int
+
+    #: The XIDs seen in it, in arrival order.
+    xids: list[int]
+
+
+class WindowColumnsPart(TypedDict):
+    """The part's windows as the aggregator's per-window accumulators, one value per window in each
+    column (little-endian arrays): stage 3 makes every GpuWindow field from them as the
+    aggregator would.
+    """
+
+    #: Windows in this part.
+    rows: int
+
+    #: The node names and GPU UUIDs that node and uuid index.
+    names: list[str]
+
+    #: int32 per window: its node's index in names.
+    node: bytes
+
+    #: int32 per window: the GPU's index on its node.
+    gpu_index: bytes
+
+    #: int32 per window: its GPU UUID's index in names, -1 when unknown.
+    uuid: bytes
+
+    #: The job's user (Slurm).
+    user: str | None
+
+    #: The job's Slurm partition.
+    partition: str | None
+
+    #: The job's Slurm account.
+    account: str | None
+
+    #: The integer accumulators in ints, in order.
+    int_names: list[str]
+
+    #: int64, one row of rows values per name in int_names.
+    ints: bytes
+
+    #: The float accumulators in floats, in order.
+    float_names: list[str]
+
+    #: float64 (IEEE 754), one row of rows values per name in float_names.
+    floats: bytes
+
+    #: The windows with XIDs (few).
+    xids: list[WindowXids]
+
+
 class WindowBatchPart(TypedDict):
     #: The samples partition whose aggregator closed these windows.
     source: int
 
     #: GpuWindow records, each Avro single-object encoded (score, gated and step_ms null: stage 3
-    #: sets them).
+    #: sets them); empty when the part carries its windows as columns.
     windows: list[bytes]
+
+    #: The part's windows as columns (null: they are in windows, written by an older worker).
+    columns: WindowColumnsPart | None
 
 
 class WindowBatch(TypedDict):
-    """Internal, stage 2 -> stage 3 (topic <app id>-window-batches): one job's GpuWindows of one
-    event-time window, as one hot batch of the stream worker closed them, grouped by the samples
-    partition (source) that aggregated them. Key: job_id.
+    """Internal, stage 2 -> stage 3 (topic <app id>-window-batches): one job's GpuWindows (as
+    columns) of one event-time window, as one hot batch of the stream worker closed them, grouped
+    by the samples partition (source) that aggregated them. Key: job_id.
     """
 
     #: Slurm job id (an idle pseudo-job for unallocated GPUs).

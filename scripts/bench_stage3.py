@@ -66,15 +66,13 @@ def window_batches(nodes: int, seconds: int) -> tuple[list[tuple[bytes, bytes]],
 
 def as_json(batches: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The same messages in the JSON form of older workers."""
-    from peerwatch.streams.live.window_batches import WindowBatchCodec, is_window_batch
+    from peerwatch.streams.live.window_batches import WindowBatchCodec, is_window_batch, older_json
 
     codec = WindowBatchCodec()
     out = []
     for key, value in batches:
         if is_window_batch(value):
-            message, _ = codec.decode_batch(value)
-            message["parts"] = {str(src): ws for src, ws in message["parts"].items()}
-            value = json.dumps(message).encode()
+            value = older_json(codec.decode_batch(value))
         out.append((key, value))
     return out
 

@@ -658,15 +658,13 @@ def kafka_corpus() -> dict[str, list[tuple[bytes | None, bytes]]]:
                                 "shifted": {str(s): {"": 0.93}} if i % 2 else {}}).encode())
         for i, s in enumerate(starts)
     ]  # fmt: skip
-    from peerwatch.streams.live.window_batches import WindowBatchCodec, is_window_batch
+    from peerwatch.streams.live.window_batches import WindowBatchCodec, is_window_batch, older_json
 
     batches = WindowBatchCodec()
     corpus["window-batches-json"] = []  # as older workers sent them
     for key, value in corpus["window-batches"]:
         if is_window_batch(value):
-            message, _ = batches.decode_batch(value)
-            message["parts"] = {str(src): ws for src, ws in message["parts"].items()}
-            corpus["window-batches-json"].append((key, json.dumps(message).encode()))
+            corpus["window-batches-json"].append((key, older_json(batches.decode_batch(value))))
     corpus["network"] = _network_messages()
     _KAFKA_CORPUS.update(corpus)
     return corpus

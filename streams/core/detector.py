@@ -68,13 +68,35 @@ GATE_PHASE_CHANGE = "phase_change"
 _CLEAN, _CONFIRMING, _FLAGGED = 0, 1, 2
 
 _JobWideGroup = tuple[str, Sequence[GpuWindow], list[GpuVerdict]]
-#: What :func:`detect_job_window` returns as scored windows.
-ScoredWindows = Literal["copies", "in_place", "none"]
+#: What :func:`detect_job_window` returns as scored windows: copies of the dicts with their
+#: ``score`` and ``gated``, the dicts themselves so scored, nothing, or each window's values
+#: beside the untouched windows (:class:`ScoredValues`: a publisher that encodes the windows
+#: from their columns never makes a dict of them).
+ScoredWindows = Literal["copies", "in_place", "none", "values"]
 #: The fields every GpuWindow given to the detector must hold.
 _KEY_FIELDS = ("job_id", "node", "gpu_index", "window_start_ms", "window_end_ms")
 #: What the detector reads of every window first: the key fields, then whether it reports
 #: (a GPU not lost, with readings).
 _READ = (*_KEY_FIELDS, "lost", "samples")
+
+
+@dataclass
+class ScoredValues:
+    """The scored windows as values: ``windows`` (the detector's input, untouched, in GPU
+    order) and each one's ``score`` and ``gated``, in the same order."""
+
+    windows: Sequence[GpuWindow]
+    scores: list[float | None]
+    gates: list[str | None]
+
+    def in_place(self) -> list[GpuWindow]:
+        """The windows with their ``score`` and ``gated`` set in them (for a caller that owns
+        the dicts and publishes them as dicts)."""
+        out = list(self.windows)
+        for w, score, gated in zip(out, self.scores, self.gates, strict=True):
+            w["score"] = score
+            w["gated"] = gated
+        return out
 
 
 @dataclass
@@ -98,6 +120,8 @@ class DetectionResult:
     job_step_ms: float | None = None
     recorded_xids: list[RecordedXid] = field(default_factory=list)
     skipped: str | None = None
+    #: with ``scored_windows="values"``: the windows and their scores (``windows`` stays empty)
+    scored: ScoredValues | None = None
 
 
 def detect_job_window(
@@ -112,8 +136,9 @@ def detect_job_window(
 
     ``windows``: the job's GpuWindow dicts for one window (any order; at most one per GPU).
     ``scored_windows``: ``"copies"`` (result.windows are copies), ``"in_place"`` (the input
-    dicts themselves get ``score`` and ``gated``: a caller that owns them saves a copy of each)
-    or ``"none"`` (``result.windows`` stays empty: nothing to publish). Findings and state are
+    dicts themselves get ``score`` and ``gated``: a caller that owns them saves a copy of each),
+    ``"none"`` (``result.windows`` stays empty: nothing to publish) or ``"values"``
+    (``result.scored``: the windows untouched and their values). Findings and state are
     the same either way. ``columns``: what the detector reads of every window, made by the
     window aggregator with the windows (:mod:`~peerwatch.streams.core.window_columns`); the
     caller vouches that ``windows`` are then valid (one job and start, sorted by GPU, each
@@ -179,11 +204,17 @@ def detect_job_window(
 
     if scored_windows == "none":
         return result
+    score_of = [scores.get(key) if gate is None else None for key in keys]
+    gate_of = [gate or gpu_gate.get(key) or (None if reporting else GATE_NO_DATA)
+               for key, reporting in zip(keys, reports, strict=True)]  # fmt: skip
+    if scored_windows == "values":
+        result.scored = ScoredValues(ordered, score_of, gate_of)
+        return result
     copies = scored_windows != "in_place"
-    for key, window, reporting in zip(keys, ordered, reports, strict=True):
+    for window, score, gated in zip(ordered, score_of, gate_of, strict=True):
         out = window.copy() if copies else window
-        out["score"] = scores.get(key) if gate is None else None
-        out["gated"] = gate or gpu_gate.get(key) or (None if reporting else GATE_NO_DATA)
+        out["score"] = score
+        out["gated"] = gated
         result.windows.append(out)
     return result
 

@@ -42,7 +42,9 @@ from peerwatch.streams.core.fleet import (
 )
 from peerwatch.streams.core.model import JOB_WIDE, InvalidRecordError, JobContext
 from peerwatch.streams.core.settings import DetectorSettings
-from peerwatch.streams.core.windows import JobWindowBatch
+from peerwatch.streams.core.window_columns import WindowColumns
+from peerwatch.streams.core.window_dicts import LazyWindows
+from peerwatch.streams.core.windows import JobWindowBatch, merge_closed
 
 #: A watermark before any event time (a source not heard from yet).
 NEVER_MS = -(1 << 62)
@@ -72,9 +74,15 @@ class JobStage:
 
     A window is released when every expected GPU reported, or when ``watermark >= end +
     grace``; a complete window still waits for older incomplete ones of the same job, because
-    the detector needs increasing window starts. Released windows are scored in place (their
-    dicts are this stage's, from :meth:`add`); ``scored_windows``: False when no scored window
-    is published (results then hold findings only; see :func:`detect_job_window`).
+    the detector needs increasing window starts. Released windows come with their scores
+    (``result.scored``: the windows untouched, see :func:`detect_job_window`'s ``"values"``);
+    ``scored_windows``: False when no scored window is published (results then hold findings
+    only).
+
+    A window's batches held as the aggregator made them (its columns, each GPU once) stay so,
+    several sources' batches side by side, and are merged as columns when released
+    (:func:`~peerwatch.streams.core.windows.merge_closed`); a batch of dicts, or a GPU given
+    twice (a re-sent batch: the later window stands), keys the window's dicts by GPU instead.
     """
 
     def __init__(
@@ -91,9 +99,11 @@ class JobStage:
         #: job -> window start -> (node, GPU index) -> [sum of step ms, steps] (StepTime).
         self.steps: dict[str, dict[int, dict[tuple[str, int], list[float]]]] = {}
         self.steps_late = 0
-        #: (job, window start) -> the one batch held for it, when it came with its columns
-        #: (the aggregator's: released as it is, the detector reading its columns)
-        self.whole: dict[tuple[str, int], JobWindowBatch] = {}
+        #: (job, window start) -> the batches held for it as they came with their columns (the
+        #: aggregator's: released as they are, merged, the detector reading their columns)
+        self.whole: dict[tuple[str, int], list[JobWindowBatch]] = {}
+        #: (job, window start) -> the GPU keys of its batches in ``whole`` (when several)
+        self._whole_keys: dict[tuple[str, int], set[str]] = {}
 
     def add(self, batch: JobWindowBatch) -> bool:
         """Hold the windows of ``batch`` (one job, one window, some nodes). A batch for a window
@@ -102,15 +112,25 @@ class JobStage:
             self.dropped += 1
             return False
         starts = self.pending.setdefault(batch.job_id, {})
+        at = (batch.job_id, batch.window_start_ms)
         slot = starts.get(batch.window_start_ms)
         if slot is None:
             slot = starts[batch.window_start_ms] = {}
             keys = batch.columns.keys if batch.columns is not None else None
-            if keys is not None and len(set(keys)) == len(keys):  # each GPU once: held whole,
-                self.whole[(batch.job_id, batch.window_start_ms)] = batch  # keyed if another
-                return True  # batch of the window comes
-        else:
-            self._slot(batch.job_id, batch.window_start_ms)
+            if keys is not None and len(set(keys)) == len(keys):  # each GPU once: held whole
+                self.whole[at] = [batch]
+                return True
+        elif at in self.whole and _mergeable(batch) and _mergeable(self.whole[at][0]):
+            held = self.whole[at]
+            seen = self._whole_keys.get(at)
+            if seen is None:
+                seen = self._whole_keys[at] = set(held[0].columns.keys)  # type: ignore[union-attr]
+            keys = batch.columns.keys  # type: ignore[union-attr]
+            if seen.isdisjoint(keys) and len(set(keys)) == len(keys):
+                seen.update(keys)
+                held.append(batch)
+                return True
+        self._slot(batch.job_id, batch.window_start_ms)
         _fill(slot, batch.windows)
         return True
 
@@ -120,15 +140,16 @@ class JobStage:
         if whole is None:
             return list(self.pending[job_id][start].values())
         keyed: dict[tuple[str, int], dict[str, Any]] = {}
-        _fill(keyed, whole.windows)
+        for batch in whole:
+            _fill(keyed, batch.windows)
         return list(keyed.values())
 
     def _slot(self, job_id: str, start: int) -> dict[tuple[str, int], dict[str, Any]]:
         """The held windows of a job's window by GPU (those of a batch held whole keyed now)."""
         slot = self.pending[job_id][start]
-        whole = self.whole.pop((job_id, start), None)
-        if whole is not None:
-            _fill(slot, whole.windows)
+        self._whole_keys.pop((job_id, start), None)
+        for batch in self.whole.pop((job_id, start), ()):
+            _fill(slot, batch.windows)
         return slot
 
     def add_step(self, record: Mapping[str, Any]) -> bool:
@@ -202,8 +223,8 @@ class JobStage:
         while starts:
             start = min(starts)
             whole = self.whole.get((job_id, start))
-            have = starts[start]  # empty while a batch is held whole
-            count = len(whole.windows) if whole is not None else len(have)
+            have = starts[start]  # empty while batches are held whole
+            count = sum(len(b.windows) for b in whole) if whole is not None else len(have)
             complete = ctx.expected_gpus is not None and count >= ctx.expected_gpus
             if judged is None or start + wms > judged:
                 break  # the fleet watch has not judged the window start yet
@@ -211,13 +232,14 @@ class JobStage:
                 break
             del starts[start]
             self.whole.pop((job_id, start), None)
+            self._whole_keys.pop((job_id, start), None)
             self.released[job_id] = max(self.released.get(job_id, start), start)
             state = self.states.get(job_id)
             if state is None:
                 state = self.states[job_id] = JobDetectorState(job_id=job_id)
             columns = None
-            if whole is not None:  # the aggregator's batch, sorted by GPU, each GPU once
-                windows, columns = whole.windows, whole.columns
+            if whole is not None:  # the aggregator's batches, sorted by GPU, each GPU once
+                windows, columns = _merged(whole)
             else:
                 windows = [have[k] for k in sorted(have)]
             if fleet is not None:
@@ -226,8 +248,8 @@ class JobStage:
             typed = cast(list[GpuWindow], windows)
             if self._with_steps(job_id, start, windows) and columns is not None:
                 columns.set_float("step_ms", typed)
-            # the held windows are this stage's own: scored in place, or not at all
-            scored: ScoredWindows = "in_place" if self.scored_windows else "none"
+            # scored as values beside the windows (a publisher encodes them from their columns)
+            scored: ScoredWindows = "values" if self.scored_windows else "none"
             out.append(
                 (start, detect_job_window(ctx, typed, state, self.settings, scored, columns))
             )
@@ -376,21 +398,32 @@ def batch_of_message(message: Mapping[str, Any]) -> tuple[JobWindowBatch, int]:
     return batch, int(message["src"])
 
 
-def batches_of_message(message: Mapping[str, Any]) -> list[tuple[JobWindowBatch, int]]:
+def batches_of_message(message: Mapping[str, Any]) -> list[tuple[JobWindowBatch, list[int]]]:
     """The window batches and their sources of a stage 2 -> 3 message, as the hot stage sends
-    it and the live driver keeps it in its pending table: one job and window, with ``parts``
-    (source -> its windows: every samples partition of a hot batch that closed the window), or
-    one ``src`` and its ``windows`` (older workers). Raises KeyError, ValueError or TypeError
-    for a malformed one."""
+    it and the live driver keeps it in its pending table: one job and window, with ``batch``
+    (its windows as the aggregator made them, of every source in ``sources``) and ``parts``
+    (source -> its windows as dicts: older workers), or one ``src`` and its ``windows`` (older
+    still). Raises KeyError, ValueError or TypeError for a malformed one."""
     if "parts" not in message:
-        return [batch_of_message(message)]
+        batch, src = batch_of_message(message)
+        return [(batch, [src])]
     parts = message["parts"]
-    if not isinstance(parts, Mapping) or not parts:
+    whole = message.get("batch")
+    if not isinstance(parts, Mapping) or not (parts or whole):
         raise ValueError("window batch without parts")
     job_id, start, end = (
         str(message["job_id"]), int(message["window_start_ms"]), int(message["window_end_ms"])
     )  # fmt: skip
-    return [(JobWindowBatch(job_id, start, end, list(ws)), int(src)) for src, ws in parts.items()]
+    out = [(JobWindowBatch(job_id, start, end, list(ws)), [int(src)]) for src, ws in parts.items()]
+    if whole is not None:
+        if not isinstance(whole, JobWindowBatch) or (
+            whole.job_id,
+            whole.window_start_ms,
+            whole.window_end_ms,
+        ) != (job_id, start, end):
+            raise ValueError("window batch of another job or window than its message")
+        out.insert(0, (whole, [int(src) for src in message["sources"]]))
+    return out
 
 
 class JobReleaser:
@@ -437,18 +470,19 @@ class JobReleaser:
         self._seen: set[str] = set()
 
     # -- input ----------------------------------------------------------------------------------
-    def add(self, batch: JobWindowBatch, src: int, channel: int = 0) -> bool:
-        """Hold a window batch from source ``src``; nothing is released (:meth:`release`).
-        False when the job already released that window (a restarted hot stage re-sent it):
-        the batch is dropped and there is nothing to keep."""
+    def add(self, batch: JobWindowBatch, src: int | Iterable[int], channel: int = 0) -> bool:
+        """Hold a window batch from source ``src`` (or sources: one batch of several);
+        nothing is released (:meth:`release`). False when the job already released that window
+        (a restarted hot stage re-sent it): the batch is dropped and there is nothing to
+        keep."""
         self._seen.add(batch.job_id)
         self.channel_of[batch.job_id] = channel
-        return self._hold(batch, src)
+        return self._hold(batch, [src] if isinstance(src, int) else src)
 
-    def _hold(self, batch: JobWindowBatch, src: int) -> bool:
+    def _hold(self, batch: JobWindowBatch, srcs: Iterable[int]) -> bool:
         if not self.stage.add(batch):
             return False
-        self.sources.setdefault((batch.job_id, batch.window_start_ms), set()).add(src)
+        self.sources.setdefault((batch.job_id, batch.window_start_ms), set()).update(srcs)
         return True
 
     def add_step(self, record: Mapping[str, Any]) -> bool:
@@ -614,12 +648,31 @@ class JobReleaser:
             self.stage.released[job_id] = int(saved["released_ms"])
         stale: list[PendingEntry] = []
         for message in pending:
-            for batch, src in batches_of_message(message):
+            for batch, srcs in batches_of_message(message):
                 if message.get("channel") is not None:
                     self.channel_of.setdefault(batch.job_id, int(message["channel"]))
-                if not self._hold(batch, src):
-                    stale.append(PendingEntry(batch.job_id, batch.window_start_ms, src))
+                if not self._hold(batch, srcs):
+                    stale += [PendingEntry(batch.job_id, batch.window_start_ms, s) for s in srcs]
         return stale
+
+
+def _mergeable(batch: JobWindowBatch) -> bool:
+    """Whether a batch's windows are the aggregator's, as columns no one changed (merged as
+    columns with other such batches of its window)."""
+    w = batch.windows
+    return batch.columns is not None and isinstance(w, LazyWindows) and w.untouched
+
+
+def _merged(batches: list[JobWindowBatch]) -> tuple[Sequence[dict[str, Any]], WindowColumns]:
+    """The windows and columns of a window's batches held whole (several: merged as columns,
+    sorted by GPU as the aggregator sorts them)."""
+    if len(batches) == 1:
+        columns = batches[0].columns
+        assert columns is not None
+        return batches[0].windows, columns
+    parts = [cast(LazyWindows, b.windows).closed() for b in batches]
+    [(_, windows, columns)] = merge_closed(parts).by_job()
+    return windows, columns
 
 
 def _fill(slot: dict[tuple[str, int], dict[str, Any]], ws: Sequence[dict[str, Any]]) -> None:

@@ -339,10 +339,11 @@ class Pipeline:
         ]
         for r in released.releases:
             job_id = r.context.job_id
-            if self.emit_windows:  # scored in place: the aggregator made them for this use only
+            scored = r.result.scored
+            if scored is not None:  # scored in place: the aggregator made them for this use only
                 out += [
                     Output(WINDOW, job_id, cast(dict[str, Any], w), self._stream_ms)
-                    for w in r.result.windows
+                    for w in scored.in_place()
                 ]
             for f, copies in zip(r.result.findings, r.to_nodes, strict=True):
                 out.append(Output(FINDING, job_id, dict(f), self._stream_ms))

@@ -109,6 +109,23 @@ def _numbers(name: str, values: np.ndarray, present: np.ndarray | None) -> ce.Pi
     return ce.nullable(piece, present) if nullable else piece
 
 
+def _given(name: str, values: Sequence[Any], n: int) -> ce.Piece:
+    """A field's column from a value per window (None: absent): a float field from its numbers,
+    any other field from the encodings of its distinct values."""
+    if len(values) != n:
+        raise ce.Unfit(f"{name}: {len(values)} values for {n} windows")
+    t = _gpu_window_types()[name]
+    if (t[1] if isinstance(t, list) else t) == "double":
+        present = np.fromiter((v is not None for v in values), np.bool_, n)
+        numbers = np.array([0.0 if v is None else v for v in values], np.float64)
+        return _numbers(name, numbers, present)
+    value = _value_encoder(name)
+    code_of: dict[Any, int] = {}
+    codes = np.fromiter((code_of.setdefault(v, len(code_of)) for v in values), np.int64, n)
+    table = [value(v) for v in code_of]
+    return ce.by_code(table, codes)
+
+
 class WindowDicts:
     """The GpuWindow dicts of one :class:`ClosedWindows` (see the module docstring), by slot."""
 
@@ -118,8 +135,6 @@ class WindowDicts:
         self.job_codes: list[int] = closed.accs["job"].tolist()
         self._fields = self.values()
         self._every: list[dict[str, Any]] | None = None
-        #: (header, every slot's message) once made (:meth:`LazyWindows.encoded`)
-        self.messages: tuple[bytes, list[bytes]] | None = None
 
     def values(self) -> list[tuple[str, str, Any]]:
         """Every field in order: ``(name, kind, what)``; kind ``"job"`` (the job's), ``"same"``
@@ -192,16 +207,22 @@ class WindowDicts:
                 w[name] = None if absent is not None and v == absent else v
         return w
 
-    def encoded(self, header: bytes) -> list[bytes]:
+    def encoded(
+        self, header: bytes, given: Mapping[str, Sequence[Any]] | None = None
+    ) -> list[bytes]:
         """Every slot's GpuWindow message (``header`` + the Avro record), in slot order, made
         from the columns without a dict: the bytes the codec writes for :meth:`every`'s dicts
-        (tested). Raises :class:`~peerwatch.schemas.column_encoder.Unfit` for a value the
-        schema cannot hold (encode the dicts then: that encoder names the field)."""
+        (tested). ``given``: fields whose value each slot gets from here instead (field -> a
+        value per slot; stage 3's ``score`` and ``gated``). Raises
+        :class:`~peerwatch.schemas.column_encoder.Unfit` for a value the schema cannot hold
+        (encode the dicts then: that encoder names the field)."""
         c, n = self.closed, self.n
         pieces = [ce.constant(header)]
         for name, kind, what in self._fields:
             value = _value_encoder(name)
-            if kind == "job":
+            if given is not None and name in given:
+                pieces.append(_given(name, given[name], n))
+            elif kind == "job":
                 codes, local = np.unique(c.accs["job"], return_inverse=True)
                 at = _JOB_FIELDS.index(name)
                 table = [value(c.jobs[code][at]) for code in codes.tolist()]
@@ -325,21 +346,38 @@ class LazyWindows(Sequence[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.materialized())
 
-    def encoded(self, header: bytes) -> list[bytes] | None:
-        """Every window's GpuWindow message (``header`` + Avro), in order, made from the columns
-        (:meth:`WindowDicts.encoded`, once for all jobs of the closed windows); None once a
-        dict was made (a caller may have changed it) or when a value does not fit the schema
-        (encode the dicts then: their encoder raises EncodeError naming the field)."""
-        if self._all is not None or self._made:
+    @property
+    def untouched(self) -> bool:
+        """Whether no caller could have changed a window: none was iterated (a dict made by
+        index is read only where a finding is made)."""
+        return self._all is None
+
+    def closed(self) -> ClosedWindows:
+        """These windows as columns of their own, in this order (see
+        :meth:`~peerwatch.streams.core.windows.ClosedWindows.subset`); only while
+        :attr:`untouched`."""
+        return self._dicts.closed.subset(np.asarray(self._slots, np.int64))
+
+    def scored_messages(
+        self, header: bytes, scores: Sequence[float | None], gates: Sequence[str | None]
+    ) -> list[bytes] | None:
+        """Every window's GpuWindow message (``header`` + Avro), in order, with its ``score``
+        and ``gated`` (one each, in order), made from the columns (:meth:`WindowDicts.encoded`);
+        None when a window may have been changed (not :attr:`untouched`) or a value does not
+        fit the schema (encode the dicts then: their encoder raises EncodeError naming the
+        field)."""
+        if not self.untouched:
             return None
-        dicts = self._dicts
-        if dicts.messages is None or dicts.messages[0] != header:
-            try:
-                dicts.messages = (header, dicts.encoded(header))
-            except (ValueError, TypeError, OverflowError, KeyError, AttributeError):  # Unfit, or
-                return None  # a value a field encoder refuses: the dicts' encoder names it
-        every = dicts.messages[1]
-        return [every[s] for s in self._slots]
+        dicts, slots = self._dicts, self._slots
+        given: dict[str, list[Any]] = {"score": [None] * dicts.n, "gated": [None] * dicts.n}
+        for slot, score, gated in zip(slots, scores, gates, strict=True):
+            given["score"][slot] = score
+            given["gated"][slot] = gated
+        try:
+            every = dicts.encoded(header, given)
+        except (ValueError, TypeError, OverflowError, KeyError, AttributeError):  # Unfit, or
+            return None  # a value a field encoder refuses: the dicts' encoder names it
+        return [every[s] for s in slots]
 
     def materialized(self) -> list[dict[str, Any]]:
         """Every window as a dict (made now if not yet), in order."""

@@ -132,6 +132,40 @@ class JobWindowBatch:
     columns: WindowColumns | None = None
 
 
+def merge_closed(parts: Sequence[ClosedWindows]) -> ClosedWindows:
+    """Closed windows of one window start from several parts (sources) as one: each part's
+    node, UUID and job codes renumbered into one table, its rows after the parts before it."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    names: list[str] = []
+    jobs: dict[int, tuple[str, str | None, str | None, str | None]] = {}
+    code_of: dict[tuple[str, str | None, str | None, str | None], int] = {}
+    nodes, uuids, job_codes, xids = [], [], [], {}
+    rows = 0
+    for p in parts:
+        if p.start_ms != first.start_ms or p.end_ms != first.end_ms:
+            raise ValueError(f"windows of {p.start_ms} merged with windows of {first.start_ms}")
+        shift = len(names)
+        names.extend(p.names)
+        nodes.append(p.node + shift)
+        uuid = p.accs["uuid"]
+        uuids.append(np.where(uuid >= 0, uuid + shift, -1))
+        recode = np.zeros(max(p.jobs, default=-1) + 1, np.int64)
+        for code, meta in p.jobs.items():
+            recode[code] = code_of.setdefault(meta, len(code_of))
+            jobs[recode[code].item()] = meta
+        job_codes.append(recode[p.accs["job"]])
+        xids.update({rows + r: x for r, x in p.xids.items()})
+        rows += len(p.node)
+    accs = {k: np.concatenate([p.accs[k] for p in parts]) for k in first.accs}
+    accs["uuid"], accs["job"] = np.concatenate(uuids), np.concatenate(job_codes)
+    accs["gid"] = np.arange(rows)  # an aggregator's GPU codes mean nothing across parts
+    gpu_index = np.concatenate([p.gpu_index for p in parts])
+    return ClosedWindows(first.start_ms, first.end_ms, accs, np.concatenate(nodes), gpu_index,
+                         names, jobs, xids)  # fmt: skip
+
+
 @dataclass
 class BatchResult:
     """What :meth:`WindowAggregator.add_columns` did not accumulate: row numbers of late and of
@@ -159,6 +193,18 @@ class ClosedWindows(NamedTuple):
     #: GPU keys (``node/index``) already made from ``names``, by :func:`gpu_code_key` (the
     #: owner's, kept across closes; None: made afresh)
     key_cache: dict[int, str] | None = None
+
+    def subset(self, slots: np.ndarray) -> ClosedWindows:
+        """The windows of ``slots`` only, in that order (the XIDs follow their windows)."""
+        take = np.asarray(slots, np.int64)
+        xids: dict[int, list[int]] = {}
+        if self.xids:
+            row = np.full(len(self.node), -1, np.int64)
+            row[take] = np.arange(len(take))
+            xids = {int(row[s]): x for s, x in self.xids.items() if row[s] >= 0}
+        accs = {k: v[take] for k, v in self.accs.items()}
+        return self._replace(accs=accs, node=self.node[take], gpu_index=self.gpu_index[take],
+                             xids=xids, key_cache=None)  # fmt: skip
 
     def ratio(self, total: str, count: str) -> tuple[np.ndarray, np.ndarray]:
         """The mean of one accumulator per slot (``total / count``; 0.0 where ``count`` is 0),

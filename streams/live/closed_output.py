@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from peerwatch.errors import CodecError
 from peerwatch.streams.core.fleet import FLEET_CHANNEL
 from peerwatch.streams.core.network_jobs import JobPorts, job_ports_messages
 from peerwatch.streams.core.sample_stage import Census
-from peerwatch.streams.core.windows import ClosedWindows, WindowAggregator
+from peerwatch.streams.core.windows import ClosedWindows
 from peerwatch.streams.live.delivery import OutputDelivery
-from peerwatch.streams.live.window_batches import WindowBatchCodec
+from peerwatch.streams.live.window_batches import WindowBatchCodec, job_parts
 
 #: A heartbeat goes to stage 3 at least this often while windows close (or not) (s).
 HEARTBEAT_EVERY_S = 1.0
@@ -38,8 +38,9 @@ class ClosedOutput:
         self.job_partitions = job_partitions
         self.batch_codec = WindowBatchCodec()
         #: (job, window start, end) -> (samples partition -> the windows it closed in this
-        #: batch, wall ms when the last of them closed it): one message each, after the batch.
-        self._out: dict[tuple[str, int, int], tuple[dict[int, Sequence[Any]], float]] = {}
+        #: batch, as columns; wall ms when the last of them closed it): one message each, after
+        #: the batch.
+        self._out: dict[tuple[str, int, int], tuple[dict[int, dict[str, Any]], float]] = {}
         #: (key, value) of the network messages of the windows closed in this batch: sent
         #: before the batch's window batches
         self._net_out: list[tuple[bytes, bytes]] = []
@@ -52,23 +53,23 @@ class ClosedOutput:
     def add(
         self,
         src: int,
-        agg: WindowAggregator,
         closed: list[ClosedWindows],
         censuses: list[Census],
         ports: list[JobPorts],
         closed_wall_ms: float,
     ) -> None:
-        """What source ``src`` closed in this batch (``agg``: its aggregator, which makes the
-        window records; ``ports``: each job's ports over those windows)."""
+        """What source ``src`` closed in this batch (``ports``: each job's ports over those
+        windows)."""
         self._net_out += [(jp.job_id.encode(), m) for jp in ports for m in job_ports_messages(jp)]
         for start, end, seen in censuses:
             self._census.append({"kind": "census", "src": src, "start": start, "end": end,
                                  "census": {n: c.to_json() for n, c in seen.items()}})  # fmt: skip
-        for b in agg.group(closed):  # sent after the whole batch, one message per job and window
-            key = (b.job_id, b.window_start_ms, b.window_end_ms)
-            parts = self._out[key][0] if key in self._out else {}
-            parts[src] = b.windows  # the aggregator's lazy windows: encoded from their columns
-            self._out[key] = (parts, closed_wall_ms)
+        for c in closed:  # sent after the whole batch, one message per job and window
+            for job_id, part in sorted(job_parts(c).items()):
+                key = (job_id, c.start_ms, c.end_ms)
+                parts = self._out[key][0] if key in self._out else {}
+                parts[src] = part  # the job's windows as columns (WindowColumnsPart)
+                self._out[key] = (parts, closed_wall_ms)
 
     def send(self, closed_until: Mapping[int, int | None], idle: Callable[[int], dict[int, int]]
              ) -> None:  # fmt: skip

@@ -31,7 +31,7 @@ from peerwatch.streams.core.network_jobs import NETWORK_KIND, JobNetwork
 from peerwatch.streams.core.policy_stage import PolicyStage
 from peerwatch.streams.core.policy_state import NodePolicyState
 from peerwatch.streams.live.job_network import LiveJobNetwork
-from peerwatch.streams.live.window_batches import GpuIdent, WindowBatchCodec, is_window_batch
+from peerwatch.streams.live.window_batches import WindowBatchCodec, is_window_batch
 
 log = logging.getLogger(__name__)
 
@@ -200,9 +200,6 @@ class JobsHandler:
         #: (job, window start) -> wall ms when the last samples partition closed it (latency).
         self.closed_wall: dict[tuple[str, int], float] = {}
         self.batch_codec = WindowBatchCodec()
-        #: (job, window start) -> GPU -> the head of its pending window's GpuWindow message
-        #: (:mod:`~peerwatch.streams.live.window_batches`): only the tail is encoded again.
-        self.heads: dict[tuple[str, int], dict[GpuIdent, bytes]] = {}
         #: Channels whose fleet watch was recovered from ``job_table`` (:meth:`fleet`).
         self._fleet_restored: set[int] = set()
         #: Pending batches in memory only, their offsets not to be committed (see the class).
@@ -216,7 +213,6 @@ class JobsHandler:
         heartbeat walks the pending table for jobs that get no batch."""
         self.stage3.forget()
         self.network.forget()
-        self.heads.clear()
         self.closed_wall.clear()
         self._pending_scan_s = 0.0
         self._fleet_restored.clear()
@@ -265,19 +261,15 @@ class JobsHandler:
             return
         saved = self.job_table.get(job_id.encode()) or {}
         pending = []
-        heads = []
         for held, b in self.pending_entries():
             if not b or held.job_id != job_id:
                 continue
             try:
-                message, message_heads = self.read_pending(b)
+                pending.append(self.read_pending(b))
             except (CodecError, ValueError, TypeError) as exc:  # damaged: dropped, rest kept
                 self.counters.pending_damaged += 1
                 log.warning("stage 3: pending entry %r dropped: %s", held.key, exc)
                 self.pending_table.pop(held.key.encode(), None)
-                continue
-            pending.append(message)
-            heads.append((message, message_heads))
         try:
             for ev in saved.get("events") or []:
                 self.job_meta.apply_event(ev)
@@ -292,10 +284,6 @@ class JobsHandler:
             stale = self.stage3.restore(job_id, {}, pending)
         for entry in stale:
             self.pending_table.pop(entry.key.encode(), None)
-        for message, message_heads in heads:
-            start = int(message["window_start_ms"])
-            if (job_id, start) in self.stage3.sources:  # still pending (not a stale entry)
-                self._keep_heads(job_id, start, message_heads, list(message_heads))
 
     def pending_entries(self) -> list[tuple[PendingEntry, Any]]:
         """The pending table's entries by key; a key that is not an entry's (damaged) is
@@ -310,29 +298,14 @@ class JobsHandler:
                 self.pending_table.pop(key, None)
         return out
 
-    def read_pending(self, entry: Any) -> tuple[dict[str, Any], dict[int, list[Any]]]:
-        """A pending-table entry as its batch message (with ``channel``) and the heads of its
-        windows; entries of JSON messages (older workers) have no heads. Raises CodecError,
+    def read_pending(self, entry: Any) -> dict[str, Any]:
+        """A pending-table entry as its batch message (with ``channel``). Raises CodecError,
         ValueError or TypeError for a damaged entry."""
         if isinstance(entry, bytes | bytearray):
             head, sep, body = bytes(entry).partition(b"\n")
             if sep and head.isdigit() and len(head) <= 9 and is_window_batch(body):
-                message, heads = self.batch_codec.decode_batch(body)
-                return {**message, "channel": int(head)}, heads
-        return pending_message(entry), {}
-
-    def _keep_heads(
-        self, job_id: str, start: int, heads: dict[int, list[Any]], sources: list[int]
-    ) -> None:
-        """Keep the heads of the windows of ``sources`` (as :meth:`JobStage.add` keeps their
-        windows: a GPU's later window replaces an earlier one)."""
-        slot = self.heads.setdefault((job_id, start), {})
-        for src in sources:
-            for gpu, head in heads.get(src, ()):
-                if head is None:
-                    slot.pop(gpu, None)
-                else:
-                    slot[gpu] = head
+                return {**self.batch_codec.decode_batch(body), "channel": int(head)}
+        return pending_message(entry)
 
     def commit_floor(self, channel: int) -> int | None:
         """The lowest window-batches offset of ``channel`` held in memory only: no offset past it
@@ -362,11 +335,9 @@ class JobsHandler:
             saved["events"] = [*(saved.get("events") or []), job][-8:]
             self.job_table[key] = saved
             return []
-        heads: dict[int, list[Any]] = {}
-        if isinstance(value, bytes | bytearray) and is_window_batch(value):
-            b, heads = self.batch_codec.decode_batch(bytes(value))
-        else:
-            b = json_object(value)  # a heartbeat, or a window batch of an older worker
+        binary = isinstance(value, bytes | bytearray) and is_window_batch(value)
+        # JSON: a heartbeat, or a window batch of an older worker
+        b = self.batch_codec.decode_batch(bytes(value)) if binary else json_object(value)
         if b.get("kind") == "census":  # a source's fleet census of a window start
             if partition != FLEET_CHANNEL:
                 return []  # an older hot stage sent it to every channel: judged on one only
@@ -402,8 +373,6 @@ class JobsHandler:
                     self.job_meta.prune(low_ms)
                     self.stage3.prune(low_ms, self.retention_ms)
                     self.network.prune(low_ms - self.retention_ms)
-                for gone in [k for k in self.heads if k not in self.stage3.sources]:
-                    del self.heads[gone]
             decides = self.fleet(partition)
             judges = isinstance(decides, FleetWatch)
             judged_before = decides.last_start_ms if isinstance(decides, FleetWatch) else None
@@ -411,21 +380,17 @@ class JobsHandler:
             verdicts = self._judged(judged_before) if judges else []
             return self.fleet_outputs(released) + verdicts + self.outputs(released)
         parts = batches_of_message(b)
-        if not heads:
+        if not binary:
             bytes(value).decode()  # JSON in UTF-16 or -32 parses, but is not kept (ValueError)
         wall = b.get("closed_wall_ms")
         wall_ms = None if wall is None else float(wall)
         job_id, start = parts[0][0].job_id, parts[0][0].window_start_ms
         self.restore(job_id)
         self.counters.last_window_batch_wall_s = time.time()
-        held = [src for batch, src in parts if self.stage3.add(batch, src, channel=partition)]
+        held = [src for batch, srcs in parts if self.stage3.add(batch, srcs, channel=partition)
+                for src in srcs]  # fmt: skip
         if not held:
             return []  # a window already released (re-sent after a hot-stage restart)
-        if not heads and (job_id, start) in self.heads:  # JSON windows replace heads kept
-            heads = {src: [((str(w["node"]), int(w["gpu_index"])), None) for w in batch.windows]
-                     for batch, src in parts}  # fmt: skip
-        if heads:
-            self._keep_heads(job_id, start, heads, held)
         if wall_ms is not None:
             before = self.closed_wall.get((job_id, start), 0.0)
             self.closed_wall[(job_id, start)] = max(before, wall_ms)
@@ -477,12 +442,10 @@ class JobsHandler:
         for r in released.releases:
             key = r.context.job_id.encode()
             closed_ms = self.closed_wall.pop((r.context.job_id, r.window_start_ms), None)
-            heads = self.heads.pop((r.context.job_id, r.window_start_ms), {})
-            scored = self.batch_codec.scored
-            for w in r.result.windows:
-                self.counters.windows += 1
-                head = heads.get((w["node"], w["gpu_index"]))
-                out.append(Output("windows", key, scored(head, w)))
+            if r.result.scored is not None:
+                scored = self.batch_codec.scored(r.result.scored)
+                self.counters.windows += len(scored)
+                out += [Output("windows", key, value) for value in scored]
             for f, copies in zip(r.result.findings, r.to_nodes, strict=True):
                 self.counters.findings += 1
                 value = self.codecs["StragglerFinding"].encode(f)

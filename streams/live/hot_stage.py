@@ -346,7 +346,7 @@ class HotStage:
             self.delivery.dead(batch[rows[r]], "late", "sample for a window already closed")
         for r in result.invalid.tolist():
             self.delivery.dead(batch[rows[r]], "invalid", "sample time outside [0, 2**53) ms")
-        self.output.add(p, agg, result.closed, result.censuses, result.ports, closed_wall_ms)
+        self.output.add(p, result.closed, result.censuses, result.ports, closed_wall_ms)
         if agg.closed_until_ms is not None and agg.closed_until_ms != closed_before:
             part.progress.closed(agg.closed_until_ms)
             part.dirty = True

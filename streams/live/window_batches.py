@@ -2,41 +2,49 @@
 records stage 3 writes from it.
 
 The hot stage sends, per job and window, one ``WindowBatch``: every samples partition's
-(source's) GpuWindows of that window, each a GpuWindow record in Avro single-object encoding
-with ``step_ms``, ``score`` and ``gated`` still null. Stage 3 decodes them with the schema's C
-reader (JSON was the largest item of its time before) and writes each scored window back out.
+(source's) windows of that window, each part as columns (``WindowColumnsPart``): the
+aggregator's per-window accumulators, little-endian arrays, one value per window. Stage 3
+rebuilds the aggregator's :class:`~peerwatch.streams.core.windows.ClosedWindows` from them and
+makes the job's windows and the detector's columns with the same code as replay
+(:meth:`~peerwatch.streams.core.windows.ClosedWindows.by_job`): no GpuWindow dict or record
+exists between the stages, and live and replay read the same arrays. A scored GpuWindow is
+encoded from the columns with its ``score`` and ``gated`` (:meth:`WindowBatchCodec.scored`).
 
-Writing a scored window re-encodes only its tail. An Avro record is the concatenation of its
-fields' encodings, in schema order, and stage 3 sets only :data:`STAGE3_FIELDS`: the bytes of
-every field before the first of them are the hot stage's own bytes, unchanged. So a scored
-record is the received message up to that field (its *head*) followed by the encoding of the
-fields from there on (its *tail*), made from the scored dict. The head is kept only when the
-received message ends with exactly the tail the decoded dict re-encodes to (current schema,
-canonical bytes); otherwise the whole record is encoded, with the same result. Tests check
-head + tail equals the whole encoding, field by field.
+Parts written by older workers (the previous version: one Avro GpuWindow record per window)
+are still read, as dicts, e.g. from a pending table written before an upgrade.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from peerwatch.schemas import registry
-from peerwatch.schemas.codec import HEADER_LEN, MAGIC, AvroCodec
-from peerwatch.schemas.compiled import compile_encoder
-from peerwatch.schemas.records import GpuWindow
-from peerwatch.streams.core.window_dicts import LazyWindows
+import numpy as np
 
-#: The GpuWindow fields stage 3 sets; every field from the first of them on is re-encoded.
+from peerwatch.schemas.codec import HEADER_LEN, MAGIC, AvroCodec
+from peerwatch.streams.core.detector import ScoredValues
+from peerwatch.streams.core.loops import COUNTS, DELTAS, SUMS
+from peerwatch.streams.core.window_dicts import LazyWindows
+from peerwatch.streams.core.windows import ClosedWindows, JobWindowBatch, merge_closed
+
+#: The GpuWindow fields stage 3 sets.
 STAGE3_FIELDS = ("step_ms", "score", "gated")
 
 #: (node, GPU index): a window's GPU inside one job and window.
 GpuIdent = tuple[str, int]
 
 #: A job's window goes to stage 3 in messages of at most about this size, whole samples
-#: partitions (sources) each: well under Kafka's default 1 MB record limit. A GpuWindow is about
-#: 190 bytes, so one message holds some 2,700 GPUs; a 16,000-GPU job's window is a few messages.
+#: partitions (sources) each: well under Kafka's default 1 MB record limit. A window's
+#: accumulators are about 300 bytes, so one message holds some 1,700 GPUs; a 16,000-GPU job's
+#: window is a few messages.
 MAX_BATCH_BYTES = 512 * 1024
+
+#: The accumulators a part carries (the aggregator's, see ``windows._Bucket``).
+INT_NAMES = (*COUNTS, *DELTAS)
+FLOAT_NAMES = SUMS
+#: Windows one part may say it holds (a bound on what a hostile message makes us allocate).
+MAX_PART_ROWS = 1 << 20
 
 
 def is_window_batch(value: bytes | bytearray) -> bool:
@@ -44,20 +52,124 @@ def is_window_batch(value: bytes | bytearray) -> bool:
     return value[: len(MAGIC)] == MAGIC
 
 
+def older_json(message: Mapping[str, Any]) -> bytes:
+    """A decoded batch (:meth:`WindowBatchCodec.decode_batch`) in the JSON form of older
+    workers, which stage 3 still reads: the columns' windows as dicts, under their first
+    source (the fuzzer and the stage-3 benchmark feed both forms)."""
+    parts = {str(src): ws for src, ws in message["parts"].items()}
+    batch = message.get("batch")
+    if batch is not None:
+        parts[str(min(message["sources"]))] = list(batch.windows)
+    plain = {k: v for k, v in message.items() if k not in ("batch", "sources")}
+    return json.dumps({**plain, "parts": parts}).encode()
+
+
+def job_parts(closed: ClosedWindows) -> dict[str, dict[str, Any]]:
+    """Each job's windows in ``closed`` (one source's closed window start) as a
+    ``WindowColumnsPart`` record: job id -> record."""
+    a = closed.accs
+    if not len(a["job"]):
+        return {}
+    order = np.argsort(a["job"], kind="stable")
+    codes = a["job"][order]
+    cuts = (np.flatnonzero(codes[1:] != codes[:-1]) + 1).tolist()
+    ints = np.stack([a[k] for k in INT_NAMES]).astype("<i8", copy=False)
+    floats = np.stack([a[k] for k in FLOAT_NAMES]).astype("<f8", copy=False)
+    row_of = None
+    if closed.xids:
+        row_of = np.full(len(codes), -1, np.int64)
+    out = {}
+    for lo, hi in zip([0, *cuts], [*cuts, len(codes)], strict=True):
+        slots = order[lo:hi]
+        job_id, user, partition, account = closed.jobs[int(codes[lo])]
+        node, uuid = closed.node[slots], a["uuid"][slots]
+        used = np.unique(np.concatenate([node, uuid]))
+        used = used[used >= 0]
+        local_uuid = np.where(uuid >= 0, np.searchsorted(used, uuid), -1)
+        xids = []
+        if row_of is not None:
+            row_of[slots] = np.arange(len(slots))
+            xids = [{"row": int(row_of[s]), "xids": list(x)}
+                    for s, x in sorted(closed.xids.items()) if row_of[s] >= 0 and x]  # fmt: skip
+            row_of[slots] = -1
+        out[job_id] = {
+            "rows": len(slots),
+            "names": [closed.names[c] for c in used.tolist()],
+            "node": np.searchsorted(used, node).astype("<i4").tobytes(),
+            "gpu_index": closed.gpu_index[slots].astype("<i4").tobytes(),
+            "uuid": local_uuid.astype("<i4").tobytes(),
+            "user": user, "partition": partition, "account": account,
+            "int_names": list(INT_NAMES),
+            "ints": ints[:, slots].tobytes(),
+            "float_names": list(FLOAT_NAMES),
+            "floats": floats[:, slots].tobytes(),
+            "xids": xids,
+        }  # fmt: skip
+    return out
+
+
+def _part_size(part: Mapping[str, Any]) -> int:
+    """About the encoded size of a part record (bytes)."""
+    names = sum(len(n) + 2 for n in part["names"])
+    arrays = sum(len(part[k]) for k in ("node", "gpu_index", "uuid", "ints", "floats"))
+    return names + arrays + 16 * len(part["xids"]) + 64
+
+
+def _array(raw: bytes, dtype: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``raw`` as an array of ``shape``; ValueError when its length does not fit."""
+    want = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if len(raw) != want:
+        raise ValueError(f"window columns: {what} holds {len(raw)} bytes, not {want}")
+    return np.frombuffer(raw, dtype).reshape(shape)
+
+
+def _rows(raw: bytes, names: Sequence[str], wanted: Sequence[str], dtype: str, n: int,
+          what: str) -> dict[str, np.ndarray]:  # fmt: skip
+    """The accumulators ``wanted`` from a matrix of one row per name in ``names``."""
+    missing = sorted(set(wanted) - set(names))
+    if missing:
+        raise ValueError(f"window columns: {what} lacks {', '.join(missing)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"window columns: {what} names an accumulator twice")
+    matrix = _array(raw, dtype, (len(names), n), what).astype(dtype.lstrip("<"))
+    at = {name: i for i, name in enumerate(names)}
+    return {name: matrix[at[name]] for name in wanted}
+
+
+def closed_of_part(
+    job: tuple[str, str | None, str | None, str | None], start_ms: int, end_ms: int,
+    part: Mapping[str, Any],
+) -> ClosedWindows:  # fmt: skip
+    """One ``WindowColumnsPart`` of job ``job`` (id, user, partition, account) as the
+    aggregator's closed windows. Raises ValueError for arrays that do not fit each other."""
+    n, names = part["rows"], part["names"]
+    if not 0 < n <= MAX_PART_ROWS:
+        raise ValueError(f"window columns: {n} rows")
+    node = _array(part["node"], "<i4", (n,), "node").astype(np.int64)
+    uuid = _array(part["uuid"], "<i4", (n,), "uuid").astype(np.int64)
+    gpu_index = _array(part["gpu_index"], "<i4", (n,), "gpu_index").astype(np.int64)
+    if node.min() < 0 or node.max() >= len(names) or uuid.min() < -1 or uuid.max() >= len(names):
+        raise ValueError("window columns: a name index out of range")
+    if gpu_index.min() < 0:
+        raise ValueError("window columns: a negative GPU index")
+    accs = _rows(part["ints"], part["int_names"], INT_NAMES, "<i8", n, "ints")
+    accs.update(_rows(part["floats"], part["float_names"], FLOAT_NAMES, "<f8", n, "floats"))
+    accs.update(gid=np.arange(n), job=np.zeros(n, np.int64), uuid=uuid)
+    xids: dict[int, list[int]] = {}
+    for x in part["xids"]:
+        if not 0 <= x["row"] < n:
+            raise ValueError(f"window columns: XIDs of row {x['row']} of {n}")
+        xids.setdefault(x["row"], []).extend(x["xids"])
+    return ClosedWindows(start_ms, end_ms, accs, node, gpu_index, list(names), {0: job}, xids)
+
+
 class WindowBatchCodec:
-    """Encode and decode WindowBatch messages; write scored GpuWindows from their heads."""
+    """Encode and decode WindowBatch messages; write scored GpuWindows."""
 
     def __init__(self) -> None:
         self.windows = AvroCodec("GpuWindow")
         self.batches = AvroCodec("WindowBatch")
         self._header = MAGIC + self.windows.fingerprint
-        wire: dict[str, Any] = registry.strip_logical_types(registry.raw_schema("GpuWindow"))  # type: ignore[assignment]
-        fields: list[dict[str, Any]] = wire["fields"]
-        first = min(i for i, f in enumerate(fields) if f["name"] in STAGE3_FIELDS)
-        #: The names of the tail's fields, in schema order.
-        self.tail_fields: tuple[str, ...] = tuple(f["name"] for f in fields[first:])
-        tail = {"type": "record", "name": "GpuWindowTail", "fields": fields[first:]}
-        self._tail = compile_encoder(tail)
         self._body = self.windows.compiled_decoder
 
     # -- hot stage ------------------------------------------------------------------------------
@@ -66,11 +178,12 @@ class WindowBatchCodec:
         job_id: str,
         window_start_ms: int,
         window_end_ms: int,
-        parts: Mapping[int, Sequence[Mapping[str, Any]]],
+        parts: Mapping[int, Mapping[str, Any]],
         closed_wall_ms: float | None,
     ) -> bytes:
-        """One WindowBatch, whatever its size: ``parts`` is source -> its GpuWindow dicts.
-        Raises EncodeError (naming the field) for a window that does not fit the schema."""
+        """One WindowBatch, whatever its size: ``parts`` is source -> its windows'
+        ``WindowColumnsPart`` (:func:`job_parts`). Raises EncodeError for a part that does not
+        fit the schema."""
         [value] = self.encode_batches(
             job_id, window_start_ms, window_end_ms, parts, closed_wall_ms, max_bytes=1 << 62
         )
@@ -81,7 +194,7 @@ class WindowBatchCodec:
         job_id: str,
         window_start_ms: int,
         window_end_ms: int,
-        parts: Mapping[int, Sequence[Mapping[str, Any]]],
+        parts: Mapping[int, Mapping[str, Any]],
         closed_wall_ms: float | None,
         max_bytes: int = MAX_BATCH_BYTES,
     ) -> list[bytes]:
@@ -89,15 +202,14 @@ class WindowBatchCodec:
         sources each, in source order (stage 3 keeps one pending entry per message under its
         first source, so a source never spans two). A source larger than ``max_bytes`` goes
         alone. Raises EncodeError as :meth:`encode_batch`."""
-        encoded = [(src, self._messages(parts[src])) for src in sorted(parts)]
-        chunks: list[list[tuple[int, list[bytes]]]] = [[]]
+        chunks: list[list[int]] = [[]]
         size = 0
-        for src, windows in encoded:
-            src_bytes = sum(len(w) + 3 for w in windows) + 8  # length prefixes, block counts
+        for src in sorted(parts):
+            src_bytes = _part_size(parts[src])
             if chunks[-1] and size + src_bytes > max_bytes:
                 chunks.append([])
                 size = 0
-            chunks[-1].append((src, windows))
+            chunks[-1].append(src)
             size += src_bytes
         return [
             self.batches.encode(
@@ -106,44 +218,38 @@ class WindowBatchCodec:
                     "window_start_ms": window_start_ms,
                     "window_end_ms": window_end_ms,
                     "closed_wall_ms": closed_wall_ms,
-                    "parts": [{"source": src, "windows": ws} for src, ws in chunk],
+                    "parts": [
+                        {"source": src, "windows": [], "columns": parts[src]} for src in chunk
+                    ],
                 }
             )
             for chunk in chunks
         ]
 
-    def _messages(self, windows: Sequence[Mapping[str, Any]]) -> list[bytes]:
-        """Each window's GpuWindow message: the aggregator's lazy windows from their columns,
-        no dict made (:meth:`~peerwatch.streams.core.window_dicts.LazyWindows.encoded`); other
-        windows, or a value the columns cannot encode, record by record (whose encoder names a
-        field at fault: EncodeError)."""
-        if isinstance(windows, LazyWindows):
-            got = windows.encoded(self._header)
-            if got is not None:
-                return got
-        encode = self.windows.encode
-        return [encode(w) for w in windows]
-
     # -- stage 3 --------------------------------------------------------------------------------
-    def decode_batch(
-        self, value: bytes
-    ) -> tuple[dict[str, Any], dict[int, list[tuple[GpuIdent, bytes | None]]]]:
+    def decode_batch(self, value: bytes) -> dict[str, Any]:
         """A WindowBatch as the message :func:`~peerwatch.streams.core.job_stage.batches_of_message`
-        reads (``parts``: source -> GpuWindow dicts), and per source the (GPU, head) of each of
-        its windows, in order (head None: that window is encoded whole when scored).
+        reads: ``batch`` (one :class:`~peerwatch.streams.core.windows.JobWindowBatch` of every
+        part given as columns, its windows made by the replay's code) with its ``sources``, and
+        ``parts`` (source -> GpuWindow dicts, for the parts of older workers).
 
         Raises CodecError for undecodable bytes and ValueError for a window of another job or
-        window than its batch, or a batch without windows."""
+        window than its batch, arrays that do not fit, or a batch without windows."""
         batch = self.batches.decode(value)
         job_id, start, end = batch["job_id"], batch["window_start_ms"], batch["window_end_ms"]
-        parts: dict[int, list[dict[str, Any]]] = {}
-        heads: dict[int, list[tuple[GpuIdent, bytes | None]]] = {}
-        decode = self._decode_window
+        dicts: dict[int, list[dict[str, Any]]] = {}
+        closed: list[ClosedWindows] = []
+        sources: list[int] = []
         for part in batch["parts"]:
-            src = part["source"]
-            windows, src_heads = parts.setdefault(src, []), heads.setdefault(src, [])
-            for message in part["windows"]:
-                w = decode(message)
+            src, columns = part["source"], part.get("columns")
+            if columns is not None:
+                meta = (job_id, columns["user"], columns["partition"], columns["account"])
+                closed.append(closed_of_part(meta, start, end, columns))
+                sources.append(src)
+                continue
+            got = dicts.setdefault(src, [])
+            for one in part["windows"]:
+                w = self._decode_window(one)
                 if w["job_id"] != job_id or w["window_start_ms"] != start:
                     raise ValueError(
                         f"window batch of job {job_id!r} at {start} holds a window of job "
@@ -152,19 +258,23 @@ class WindowBatchCodec:
                 if w["window_end_ms"] != end:
                     raise ValueError(f"window batch ending at {end}: a window ends at "
                                      f"{w['window_end_ms']}")  # fmt: skip
-                windows.append(w)
-                src_heads.append(((w["node"], w["gpu_index"]), self._head(message, w)))
-        if not parts or not all(parts.values()):
+                got.append(w)
+        if (not closed and not dicts) or not all(dicts.values()):
             raise ValueError("window batch without parts, or a part without windows")
-        message = {
+        message: dict[str, Any] = {
             "kind": "windows", "job_id": job_id, "window_start_ms": start,
-            "window_end_ms": end, "closed_wall_ms": batch["closed_wall_ms"], "parts": parts,
+            "window_end_ms": end, "closed_wall_ms": batch["closed_wall_ms"], "parts": dicts,
         }  # fmt: skip
-        return message, heads
+        if closed:
+            [(job, windows, columns)] = merge_closed(closed).by_job()
+            message["batch"] = JobWindowBatch(job, start, end, windows, columns)
+            message["sources"] = sources
+        return message
 
     def _decode_window(self, message: bytes) -> dict[str, Any]:
-        """One GpuWindow message: the compiled reader straight away for the current schema (the
-        codec's checks around it cost as much as the C reader itself), else the codec."""
+        """One GpuWindow message (an older worker's part): the compiled reader straight away
+        for the current schema (the codec's checks around it cost as much as the C reader
+        itself), else the codec."""
         body = self._body
         if body is None or message[:HEADER_LEN] != self._header:
             return self.windows.decode(message)
@@ -176,25 +286,17 @@ class WindowBatchCodec:
             return self.windows.decode(message)  # raises CorruptRecordError (trailing bytes)
         return window  # type: ignore[no-any-return]
 
-    def _head(self, message: bytes, window: Mapping[str, Any]) -> bytes | None:
-        """The bytes of ``message`` before its tail, None when they cannot be reused (another
-        schema version, or a tail not in canonical form)."""
-        if message[:HEADER_LEN] != self._header:
-            return None
-        try:
-            tail: bytes = self._tail(window)
-        except (TypeError, KeyError, ValueError, OverflowError):
-            return None
-        if not message.endswith(tail):
-            return None
-        return message[: len(message) - len(tail)]
-
-    def scored(self, head: bytes | None, window: GpuWindow) -> bytes:
-        """The GpuWindow message of a scored ``window`` whose received message had ``head``
-        (None: encoded whole). Raises EncodeError for a value that does not fit."""
-        if head is not None:
-            try:
-                return head + self._tail(window)
-            except (TypeError, KeyError, ValueError, OverflowError):
-                pass  # the whole encoding below names the field at fault
-        return self.windows.encode(window)
+    def scored(self, scored: ScoredValues) -> list[bytes]:
+        """The GpuWindow message of each scored window, in order: from the columns when the
+        windows are the aggregator's untouched (no dict made), else each dict with its score.
+        Raises EncodeError for a value that does not fit (naming the field)."""
+        windows = scored.windows
+        if isinstance(windows, LazyWindows):
+            got = windows.scored_messages(self._header, scored.scores, scored.gates)
+            if got is not None:
+                return got
+        encode = self.windows.encode
+        return [
+            encode({**w, "score": score, "gated": gated})
+            for w, score, gated in zip(windows, scored.scores, scored.gates, strict=True)
+        ]

@@ -8,35 +8,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_window_batches import SCENARIO
+from closedgen import closed_windows
 
-from peerwatch.producers.sim import Fleet
-from peerwatch.producers.sim.scenario import parse_scenario
 from peerwatch.schemas import column_encoder as ce
 from peerwatch.schemas.codec import MAGIC, AvroCodec
-from peerwatch.streams.core.allocation import AllocationTable
 from peerwatch.streams.core.window_dicts import LazyWindows, WindowDicts
-from peerwatch.streams.core.windows import ClosedWindows, WindowAggregator
+from peerwatch.streams.core.windows import ClosedWindows
 from peerwatch.streams.live.window_batches import WindowBatchCodec
 
 GPU_WINDOW = AvroCodec("GpuWindow")
 HEADER = MAGIC + GPU_WINDOW.fingerprint
-
-
-def closed_windows() -> list[ClosedWindows]:
-    """The simulated fleet's closed windows (a job, idle GPUs, a clock drop, an XID)."""
-    table = AllocationTable()
-    agg = WindowAggregator(table, 5, 1, idle_jobs=True)
-    out: list[ClosedWindows] = []
-    for tick in Fleet(parse_scenario(SCENARIO)).ticks():
-        for r in tick:
-            if r.stream == "job-events":
-                table.apply_event(r.value)
-            elif r.stream == "samples":
-                agg.add_batch([r.value])
-        if agg.watermark_ms is not None:
-            out += agg.pop_ready(agg.watermark_ms)
-    return out + agg.pop_all()
 
 
 def whole(part: ClosedWindows) -> list[bytes]:
@@ -77,30 +58,27 @@ def test_a_column_of_another_type_falls_back_to_the_dicts() -> None:
     part = part._replace(gpu_index=part.gpu_index.astype(np.float64))  # not an int column
     with pytest.raises(ce.Unfit):
         WindowDicts(part).encoded(HEADER)
-    slots = list(range(len(part.node)))
-    lazy = LazyWindows(WindowDicts(part), slots)
-    assert lazy.encoded(HEADER) is None
-    codec = WindowBatchCodec()
-    every = WindowDicts(part).every()
-    assert codec.encode_batch("7", 0, 5000, {0: lazy}, None) == codec.encode_batch(
-        "7", 0, 5000, {0: [every[s] for s in slots]}, None
-    )
+    n = len(part.node)
+    lazy = LazyWindows(WindowDicts(part), list(range(n)))
+    assert lazy.scored_messages(HEADER, [None] * n, [None] * n) is None
 
 
-def test_a_batch_of_lazy_windows_is_the_batch_of_their_dicts() -> None:
-    """The hot stage hands the aggregator's lazy windows to the batch encoder: the message is
-    the one their dicts give, and no dict was made for it."""
-    codec = WindowBatchCodec()
-    agg_parts = closed_windows()
-    part = next(p for p in agg_parts if p.xids)
+def test_scored_messages_are_the_codecs_bytes_of_the_scored_dicts() -> None:
+    """Stage 3 encodes each released window from the columns with its score and gate: the
+    bytes the codec writes for the dict so scored, in the windows' order, no dict made."""
+    part = odd(next(p for p in closed_windows() if len(p.node) >= 4))
     dicts = WindowDicts(part)
     slots = list(range(len(part.node)))[::-1]  # any order of slots
     lazy = LazyWindows(dicts, slots)
-    got = codec.encode_batch("a", part.start_ms, part.end_ms, {3: lazy}, 1.5)
-    assert dicts._every is None and not lazy._made
-    every = dicts.every()
-    assert got == codec.encode_batch("a", part.start_ms, part.end_ms,
-                                     {3: [every[s] for s in slots]}, 1.5)  # fmt: skip
+    scores = [1.5, None, -0.0, math.inf, *[0.25] * (len(slots) - 4)]
+    gates = [None, "warmup", "jöb_wïde", None, *["no_data"] * (len(slots) - 4)]
+    got = lazy.scored_messages(HEADER, scores, gates)
+    assert dicts._every is None and lazy.untouched
+    every = WindowDicts(part).every()
+    assert got == [GPU_WINDOW.encode({**every[s], "score": sc, "gated": g})
+                   for s, sc, g in zip(slots, scores, gates, strict=True)]  # fmt: skip
+    list(lazy)  # iterated: a caller may have changed a dict
+    assert lazy.scored_messages(HEADER, scores, gates) is None
 
 
 @pytest.mark.parametrize(
@@ -125,13 +103,15 @@ def test_an_int_column_refuses_another_dtype(values: Any) -> None:
 
 def test_a_value_a_field_encoder_refuses_falls_back_to_the_dicts_which_name_it() -> None:
     """A job id that is no string (it cannot come from the allocation table; a guard): the
-    columns give up, and the batch encoder's record path raises EncodeError naming it."""
+    columns give up, and the record path raises EncodeError naming it."""
     from peerwatch.errors import CodecError
+    from peerwatch.streams.core.detector import ScoredValues
 
     part = next(p for p in closed_windows() if len(p.node) >= 4)
     code = next(iter(part.jobs))
     part = part._replace(jobs={**part.jobs, code: (12, *part.jobs[code][1:])})
-    lazy = LazyWindows(WindowDicts(part), list(range(len(part.node))))
-    assert lazy.encoded(HEADER) is None
+    n = len(part.node)
+    lazy = LazyWindows(WindowDicts(part), list(range(n)))
+    assert lazy.scored_messages(HEADER, [None] * n, [None] * n) is None
     with pytest.raises(CodecError, match="job_id"):
-        WindowBatchCodec().encode_batch("7", part.start_ms, part.end_ms, {0: lazy}, None)
+        WindowBatchCodec().scored(ScoredValues(lazy, [None] * n, [None] * n))

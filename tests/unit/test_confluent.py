@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import io
 import json
-import pathlib
 from typing import Any
 
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
 from fastavro import schemaless_writer
+from test_codec import realistic
 
 from peerwatch.errors import CorruptRecordError, EncodeError, ServiceError, UnknownSchemaError
 from peerwatch.schemas import registry
 from peerwatch.schemas.confluent import ConfluentCodec
 
-REALISTIC_JSON = pathlib.Path(__file__).parents[1] / "data" / "records" / "realistic_records.json"
-REALISTIC: dict[str, dict[str, Any]] = json.loads(REALISTIC_JSON.read_text(encoding="utf-8"))
-for _part in REALISTIC["WindowBatch"]["parts"]:  # the windows are hex in the JSON file
-    _part["windows"] = [bytes.fromhex(w) for w in _part["windows"]]
+REALISTIC = realistic()  # the WindowBatch's bytes are hex in the JSON file
 
 
 @pytest.fixture

@@ -9,9 +9,11 @@ import pytest
 from windowgen import SETTINGS_30S, WINDOW_MS, window
 
 from peerwatch.streams.core.allocation import AllocationTable
+from peerwatch.streams.core.detector import ScoredValues
 from peerwatch.streams.core.job_stage import (
     JobReleaser,
     PendingEntry,
+    Release,
     Released,
     batch_of_message,
     batches_of_message,
@@ -22,6 +24,12 @@ from peerwatch.streams.core.windows import JobWindowBatch
 #: node -> samples partition (source). Job "7" has 2 GPUs on each of a and b; c is another job's.
 SOURCE = {"a": 0, "b": 1, "c": 2}
 JOB_7 = {"a": [0, 1], "b": [0, 1]}
+
+
+def scored(r: Release) -> ScoredValues:
+    """A release's scored windows (stage 3 scores them as values)."""
+    assert r.result.scored is not None
+    return r.result.scored
 
 
 def started(job_id: str, allocs: dict[str, list[int]]) -> dict[str, Any]:
@@ -117,9 +125,9 @@ def test_a_message_of_several_sources_gives_one_batch_per_source() -> None:
     a, b = batch(2, "a", [0, 1]), batch(2, "b", [0])
     msg = {"kind": "windows", "job_id": "7", "window_start_ms": 2 * WINDOW_MS,
            "window_end_ms": 3 * WINDOW_MS, "parts": {"0": a.windows, "1": b.windows}}  # fmt: skip
-    assert batches_of_message(msg) == [(a, 0), (b, 1)]
+    assert batches_of_message(msg) == [(a, [0]), (b, [1])]
     single = message(2, "a", [0, 1], 0)
-    assert batches_of_message(single) == [batch_of_message(single)] == [(a, 0)]
+    assert batches_of_message(single) == [(a, [0])] and batch_of_message(single) == (a, 0)
 
 
 @pytest.mark.parametrize(
@@ -142,7 +150,7 @@ def test_a_lagging_source_holds_the_job_back() -> None:
     assert starts(stage.heartbeat(1, WINDOW_MS)) == []  # window 0 waits for the grace too
     got = stage.heartbeat(1, 3 * WINDOW_MS)
     assert starts(got) == [0, 1]
-    assert [len(r.result.windows) for r in got.releases] == [2, 2]
+    assert [len(scored(r).windows) for r in got.releases] == [2, 2]
     assert got.retired == [PendingEntry("7", 0, 0), PendingEntry("7", WINDOW_MS, 0)]
     assert got.saved["7"]["released_ms"] == WINDOW_MS
 
@@ -156,7 +164,7 @@ def test_a_complete_window_goes_before_the_watermark_but_after_older_incomplete_
     stage.fleet().closed(0, 3 * WINDOW_MS)  # the fleet watch's only source closed it
     got = stage.release("7")  # no heartbeat of the job's sources
     assert starts(got) == [0]
-    assert [(w["node"], w["gpu_index"]) for w in got.releases[0].result.windows] == [
+    assert [(w["node"], w["gpu_index"]) for w in scored(got.releases[0]).windows] == [
         ("a", 0), ("a", 1), ("b", 0), ("b", 1)
     ]  # fmt: skip
     assert got.retired == [PendingEntry("7", 0, 0), PendingEntry("7", 0, 1)]
@@ -234,7 +242,7 @@ class Driver:
         for entry in got.retired:
             del self.pending[entry.key]
         self.jobs.update(got.saved)
-        self.out += [(r.window_start_ms, r.result.windows, r.result.findings, r.to_nodes)
+        self.out += [(r.window_start_ms, scored(r).in_place(), r.result.findings, r.to_nodes)
                      for r in got.releases]  # fmt: skip
 
 

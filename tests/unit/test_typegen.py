@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from closedgen import closed_windows
 from fakes import FakeClock, FakeGpu, FakeNvml
 
 from peerwatch.exporters.drain.audit import action_record, resume_record
@@ -24,7 +25,7 @@ from peerwatch.schemas import records, registry, typegen
 from peerwatch.schemas.codec import AvroCodec
 from peerwatch.settings import Settings
 from peerwatch.streams.core.pipeline import FINDING, RECOMMENDATION, WINDOW, run_records
-from peerwatch.streams.live.window_batches import WindowBatchCodec
+from peerwatch.streams.live.window_batches import WindowBatchCodec, job_parts
 
 
 def test_records_module_matches_the_schemas() -> None:
@@ -182,10 +183,9 @@ def built() -> dict[str, list[dict[str, Any]]]:
             out[OUTPUT_RECORD[o.kind]].append(o.value)
     out["HealthCheckResult"].append(_health_result())
     out["NodeNicSample"].append(_nic_sample())
-    window = out["GpuWindow"][0]
-    batch = WindowBatchCodec().encode_batch(
-        window["job_id"], window["window_start_ms"], window["window_end_ms"], {0: [window]}, 1.5
-    )
+    closed = next(c for c in closed_windows() if c.xids)
+    job_id, part = next(iter(job_parts(closed).items()))
+    batch = WindowBatchCodec().encode_batch(job_id, closed.start_ms, closed.end_ms, {0: part}, 1.5)
     out["WindowBatch"].append(AvroCodec("WindowBatch").decode(batch))
     decision = Decision(Outcome.REFUSED, "gpu-a01", 1, False, "x", "rec-1", Refusal.BREAKER_OPEN)
     out["DrainAction"] += [action_record(decision), resume_record("gpu-a01", 2, "operator")]
