@@ -226,7 +226,7 @@ class JobStage:
             have = starts[start]  # empty while batches are held whole
             count = sum(len(b.windows) for b in whole) if whole is not None else len(have)
             complete = ctx.expected_gpus is not None and count >= ctx.expected_gpus
-            if judged is None or start + wms > judged:
+            if not self._judged(start, judged):
                 break  # the fleet watch has not judged the window start yet
             if not complete and start + wms + self.grace_ms > watermark_ms:
                 break
@@ -256,6 +256,19 @@ class JobStage:
         if not starts:
             del self.pending[job_id]
         return out
+
+    def oldest_judged(self, job_id: str, judged_until_ms: int | None) -> bool:
+        """Whether the fleet watch judged the start of the job's oldest pending window
+        (``judged_until_ms``: windows ending at or before it are judged; None: none is); False
+        without a pending window. If not, :meth:`release_job` releases nothing now, whatever
+        the job's context and watermark."""
+        starts = self.pending.get(job_id)
+        if not starts:
+            return False
+        return self._judged(min(starts), judged_until_ms)
+
+    def _judged(self, start_ms: int, judged_until_ms: int | None) -> bool:
+        return judged_until_ms is not None and start_ms + self.settings.window_ms <= judged_until_ms
 
     def prune(self, watermark_ms: int, idle_ms: int) -> None:
         """Forget detector states of jobs with no window for ``idle_ms`` (ended jobs), step
@@ -548,13 +561,23 @@ class JobReleaser:
         return out
 
     def release(self, *job_ids: str) -> Released:
-        """Release what is complete or past its watermark for ``job_ids`` (in that order)."""
+        """Release what is complete or past its watermark for ``job_ids`` (in that order).
+
+        A job whose oldest window the fleet watch has not judged is passed over before its
+        context and watermark (a walk over its nodes' sources) are made: at most heartbeats and
+        verdicts that is nearly every pending job of the channel, and nothing of it releases."""
         out = Released()
         saved_jobs: list[str] = []
+        judged: dict[int, int | None] = {}  # channel -> how far its fleet judged (this call)
         for job_id in job_ids:
+            channel = self.channel_of.get(job_id, FLEET_CHANNEL)
+            fleet = self.decisions(channel)
+            if channel not in judged:  # the fleet watch's is a minimum over every source
+                judged[channel] = fleet.judged_until_ms
+            if not self.stage.oldest_judged(job_id, judged[channel]):
+                continue
             meta = self.jobs.job(job_id)
             ctx = meta.context() if meta is not None else JobContext(job_id=job_id)
-            fleet = self.decisions(self.channel_of.get(job_id, FLEET_CHANNEL))
             got = self.stage.release_job(job_id, self.watermark_ms(job_id), ctx, fleet)
             for start, result in got:
                 out.releases.append(Release(ctx, start, result, self._routes(job_id, result)))

@@ -25,14 +25,25 @@ from peerwatch.streams.core.windows import ClosedWindows
 from peerwatch.streams.live.delivery import OutputDelivery
 from peerwatch.streams.live.window_batches import WindowBatchCodec, job_parts
 
-#: A heartbeat goes to stage 3 at least this often while windows close (or not) (s).
+#: Without a batch's heartbeat, one that says something new goes to stage 3 within this (s).
 HEARTBEAT_EVERY_S = 1.0
+#: An idle heartbeat that would say what the last one said goes out again only this often (s):
+#: each makes every stage-3 channel release over all its pending jobs for nothing, but a stage 3
+#: that forgot its watermarks in a rebalance after the last heartbeat waits for this repeat.
+HEARTBEAT_REPEAT_S = 10.0
 
 
 class ClosedOutput:
     """One batch's closed windows, censuses and watermarks, sent by :meth:`send`."""
 
-    def __init__(self, delivery: OutputDelivery, topic: str, job_partitions: int) -> None:
+    def __init__(
+        self,
+        delivery: OutputDelivery,
+        topic: str,
+        job_partitions: int,
+        monotonic_s: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``monotonic_s``: the clock of the heartbeats' intervals (s)."""
         self.delivery = delivery
         self.topic = topic
         self.job_partitions = job_partitions
@@ -48,7 +59,10 @@ class ClosedOutput:
         self._census: list[dict[str, Any]] = []
         #: Samples partition -> its new closed-until (ms), sent after the batch.
         self.marks: dict[int, int] = {}
+        self.monotonic_s = monotonic_s
         self._heartbeat_due_s = 0.0  # monotonic s of the next heartbeat without closed windows
+        self._repeat_due_s = 0.0  # ... of the next one that says what the last one said
+        self._last_mark = b""  # the last heartbeat sent
 
     def add(
         self,
@@ -99,30 +113,49 @@ class ClosedOutput:
     def heartbeat(
         self, closed_until: Mapping[int, int | None], idle: Callable[[int], dict[int, int]]
     ) -> None:
-        """One JSON ``watermark`` heartbeat to every stage-3 partition: the closed-until of
-        every assigned partition (``closed_until``), not only those that moved (the fleet
-        watches wait for all of them: a restarted stage 3 knows none, and a partition at the
-        end of its input closes nothing more), and ``idle(latest)``'s, for those that hold no
-        node."""
-        for p, until in closed_until.items():
-            if until is not None:
-                self.marks.setdefault(p, until)
-        if not self.marks:
-            return
-        self.marks.update(idle(max(self.marks.values())))
-        marks = {str(p): until for p, until in sorted(self.marks.items())}
-        mark = json.dumps({"kind": "watermark", "marks": marks}).encode()
-        self.marks.clear()
-        self._heartbeat_due_s = time.monotonic() + HEARTBEAT_EVERY_S
-        for q in range(self.job_partitions):
-            self.delivery.send(self.topic, b"~watermark", mark, partition=q)
+        """One JSON ``watermark`` heartbeat to every stage-3 partition (:meth:`_mark`)."""
+        mark = self._mark(closed_until, idle)
+        if mark is not None:
+            self._send_mark(mark)
 
     def heartbeat_when_idle(
         self, closed_until: Mapping[int, int | None], idle: Callable[[int], dict[int, int]]
     ) -> None:
-        """A heartbeat every :data:`HEARTBEAT_EVERY_S` without one: input that came in one
-        batch, a partition found empty after it, or a stage 3 that forgot its watermarks in a
-        rebalance after the last one, must not leave windows waiting for the next input."""
-        if time.monotonic() >= self._heartbeat_due_s:
-            self._heartbeat_due_s = time.monotonic() + HEARTBEAT_EVERY_S
-            self.heartbeat(closed_until, idle)
+        """A heartbeat every :data:`HEARTBEAT_EVERY_S` without one, when it says something new:
+        input that came in one batch, or a partition found empty after it, must not leave
+        windows waiting for the next input. One that says what the last one said goes out
+        every :data:`HEARTBEAT_REPEAT_S` only (a stage 3 that forgot its watermarks)."""
+        now_s = self.monotonic_s()
+        if now_s < self._heartbeat_due_s:
+            return
+        self._heartbeat_due_s = now_s + HEARTBEAT_EVERY_S
+        mark = self._mark(closed_until, idle)
+        if mark is not None and (mark != self._last_mark or now_s >= self._repeat_due_s):
+            self._send_mark(mark)
+
+    def _mark(
+        self, closed_until: Mapping[int, int | None], idle: Callable[[int], dict[int, int]]
+    ) -> bytes | None:
+        """The heartbeat message: the closed-until of every assigned partition
+        (``closed_until``), not only those that moved (the fleet watches wait for all of them: a
+        restarted stage 3 knows none, and a partition at the end of its input closes nothing
+        more), and ``idle(latest)``'s, for those that hold no node. None before any partition
+        closed a window. Empties :attr:`marks`."""
+        for p, until in closed_until.items():
+            if until is not None:
+                self.marks.setdefault(p, until)
+        if not self.marks:
+            return None
+        self.marks.update(idle(max(self.marks.values())))
+        marks = {str(p): until for p, until in sorted(self.marks.items())}
+        self.marks.clear()
+        return json.dumps({"kind": "watermark", "marks": marks}).encode()
+
+    def _send_mark(self, mark: bytes) -> None:
+        """``mark`` to every stage-3 partition."""
+        now_s = self.monotonic_s()
+        self._heartbeat_due_s = now_s + HEARTBEAT_EVERY_S
+        self._repeat_due_s = now_s + HEARTBEAT_REPEAT_S
+        self._last_mark = mark
+        for q in range(self.job_partitions):
+            self.delivery.send(self.topic, b"~watermark", mark, partition=q)

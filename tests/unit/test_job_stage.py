@@ -6,6 +6,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from windowgen import SETTINGS_30S, WINDOW_MS, window
 
 from peerwatch.streams.core.allocation import AllocationTable
@@ -316,3 +318,107 @@ def test_prune_forgets_an_ended_job_entirely_released_window_included() -> None:
     stage.prune(20 * WINDOW_MS, idle_ms)
     assert stage.stage.released == {} and stage.stage.states == {} and stage.channel_of == {}
     assert not stage.seen("7")
+
+
+class CountingTable(AllocationTable):
+    """The allocation table, keeping what stage 3 asked of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    def job(self, job_id: str) -> Any:
+        self.asked.append("job")
+        return super().job(job_id)
+
+    def nodes_of(self, job_id: str) -> list[str]:
+        self.asked.append("nodes_of")
+        return super().nodes_of(job_id)
+
+
+def test_a_job_whose_oldest_window_is_not_judged_is_passed_over_unasked() -> None:
+    """Most heartbeats and verdicts find a channel's jobs waiting for the fleet watch: neither
+    their context nor their watermark (a walk over the job's nodes) is made for nothing."""
+    table = CountingTable()
+    table.apply_event(started("7", JOB_7))
+    table.apply_event(started("8", {"c": [0, 1]}))
+    stage = JobReleaser(SETTINGS_30S, table, partition_of=SOURCE.__getitem__, fleet_sources=3)
+    stage.add(batch(0, "a", [0, 1]), src=0)
+    stage.add(batch(0, "b", [0, 1]), src=1)  # complete
+    job_8 = [{**window("8", 0, 0), "node": "c", "gpu_index": g} for g in (0, 1)]
+    stage.add(JobWindowBatch("8", 0, WINDOW_MS, job_8), src=2, channel=3)  # complete
+    table.asked.clear()
+    far = 20 * WINDOW_MS
+    assert starts(stage.heartbeats({0: far, 1: far})) == []  # source 2 not heard from
+    assert starts(stage.verdict({"until": None, "shifted": {}}, 3)) == []
+    assert starts(stage.release("7", "8")) == []
+    assert table.asked == []
+    assert starts(stage.heartbeat(2, far)) == [0]  # job 7, judged now
+    assert table.asked == ["job", "nodes_of"]
+    assert starts(stage.verdict({"until": far, "shifted": {}}, 3)) == [0]  # job 8
+
+
+def _releaser_pair() -> tuple[JobReleaser, JobReleaser]:
+    """Two releasers of jobs 7 (nodes a, b) and 8 (b, c) over three sources; the second asks
+    :meth:`JobStage.release_job` for every job, as the release did before it passed over
+    the jobs whose oldest window waits for the fleet watch."""
+    pair = []
+    for _ in range(2):
+        table = AllocationTable()
+        table.apply_event(started("7", JOB_7))
+        table.apply_event(started("8", {"b": [2, 3], "c": [0, 1]}))
+        pair.append(JobReleaser(replace(SETTINGS_30S, job_wide_report_min_gpus=1), table,
+                                partition_of=SOURCE.__getitem__, fleet_sources=3,
+                                grace_ms=WINDOW_MS, fan_out_job_wide=True))  # fmt: skip
+        for channel in (0, 3):  # every source heard from: the steps move the marks on
+            pair[-1].heartbeats(dict.fromkeys(range(3), 0), channel)
+    pair[1].stage.oldest_judged = lambda *_: True  # type: ignore[method-assign]
+    return pair[0], pair[1]
+
+
+_NODE_GPUS = {"7": {"a": [0, 1], "b": [0, 1]}, "8": {"b": [2, 3], "c": [0, 1]}}
+_until = st.integers(0, 8).map(lambda k: k * WINDOW_MS)
+_steps = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.sampled_from(["7", "8"]), st.integers(0, 6),
+              st.integers(0, 1), st.booleans(), st.sampled_from([0, 3])),
+    st.tuples(st.just("beat"), st.sampled_from([0, 3]),
+              st.dictionaries(st.integers(0, 2), _until, min_size=1)),
+    st.tuples(st.just("verdict"), _until),
+    st.tuples(st.just("release"), st.sampled_from(["7", "8"])),
+), min_size=8, max_size=40)  # fmt: skip
+
+
+def _step(stage: JobReleaser, step: tuple[Any, ...]) -> Released | None:
+    if step[0] == "add":
+        _, job_id, k, i, slow, channel = step
+        node, gpus = sorted(_NODE_GPUS[job_id].items())[i]
+        ws = [{**window(job_id, 0, k, clk_ratio=0.8 if slow else 0.9), "node": node,
+               "gpu_index": g} for g in gpus]  # fmt: skip
+        b = JobWindowBatch(job_id, k * WINDOW_MS, (k + 1) * WINDOW_MS, ws)
+        stage.add(b, SOURCE[node], channel=channel)
+        return None
+    if step[0] == "beat":
+        return stage.heartbeats(step[2], channel=step[1])
+    if step[0] == "verdict":
+        return stage.verdict({"until": step[1], "shifted": {}}, 3)
+    return stage.release(step[1])
+
+
+def _seen(got: Released | None) -> Any:
+    if got is None:
+        return None
+    releases = [(r.context, r.window_start_ms, r.result.findings, r.result.windows, r.to_nodes)
+                for r in got.releases]  # fmt: skip
+    return releases, got.retired, dict(got.saved), got.fleet
+
+
+@settings(max_examples=150, deadline=None)
+@given(_steps)
+def test_passing_over_unjudged_jobs_releases_what_asking_every_job_released(
+    steps: list[tuple[Any, ...]],
+) -> None:
+    fast, every = _releaser_pair()
+    for step in steps:
+        assert _seen(_step(fast, step)) == _seen(_step(every, step)), step
+    assert fast.stage.pending.keys() == every.stage.pending.keys()
+    assert fast.stage.released == every.stage.released
