@@ -132,40 +132,6 @@ class JobWindowBatch:
     columns: WindowColumns | None = None
 
 
-def merge_closed(parts: Sequence[ClosedWindows]) -> ClosedWindows:
-    """Closed windows of one window start from several parts (sources) as one: each part's
-    node, UUID and job codes renumbered into one table, its rows after the parts before it."""
-    if len(parts) == 1:
-        return parts[0]
-    first = parts[0]
-    names: list[str] = []
-    jobs: dict[int, tuple[str, str | None, str | None, str | None]] = {}
-    code_of: dict[tuple[str, str | None, str | None, str | None], int] = {}
-    nodes, uuids, job_codes, xids = [], [], [], {}
-    rows = 0
-    for p in parts:
-        if p.start_ms != first.start_ms or p.end_ms != first.end_ms:
-            raise ValueError(f"windows of {p.start_ms} merged with windows of {first.start_ms}")
-        shift = len(names)
-        names.extend(p.names)
-        nodes.append(p.node + shift)
-        uuid = p.accs["uuid"]
-        uuids.append(np.where(uuid >= 0, uuid + shift, -1))
-        recode = np.zeros(max(p.jobs, default=-1) + 1, np.int64)
-        for code, meta in p.jobs.items():
-            recode[code] = code_of.setdefault(meta, len(code_of))
-            jobs[recode[code].item()] = meta
-        job_codes.append(recode[p.accs["job"]])
-        xids.update({rows + r: x for r, x in p.xids.items()})
-        rows += len(p.node)
-    accs = {k: np.concatenate([p.accs[k] for p in parts]) for k in first.accs}
-    accs["uuid"], accs["job"] = np.concatenate(uuids), np.concatenate(job_codes)
-    accs["gid"] = np.arange(rows)  # an aggregator's GPU codes mean nothing across parts
-    gpu_index = np.concatenate([p.gpu_index for p in parts])
-    return ClosedWindows(first.start_ms, first.end_ms, accs, np.concatenate(nodes), gpu_index,
-                         names, jobs, xids)  # fmt: skip
-
-
 @dataclass
 class BatchResult:
     """What :meth:`WindowAggregator.add_columns` did not accumulate: row numbers of late and of
@@ -286,6 +252,40 @@ class ClosedWindows(NamedTuple):
             return WindowColumns(keys[lo:hi], reports[lo:hi], fires[lo:hi], sliced)
 
         return cols
+
+
+def merge_closed(parts: Sequence[ClosedWindows]) -> ClosedWindows:
+    """Closed windows of one window start from several parts (sources) as one: each part's
+    node, UUID and job codes renumbered into one table (a name or job once), its rows after the
+    parts before it."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    name_code: dict[str, int] = {}  # one code per name: a node in two parts sorts as one
+    jobs: dict[int, tuple[str, str | None, str | None, str | None]] = {}
+    code_of: dict[str, int] = {}  # job id -> code (its first part's metadata stands)
+    nodes, uuids, job_codes, xids = [], [], [], {}
+    rows = 0
+    for p in parts:
+        if p.start_ms != first.start_ms or p.end_ms != first.end_ms:
+            raise ValueError(f"windows of {p.start_ms} merged with windows of {first.start_ms}")
+        names = np.array([name_code.setdefault(n, len(name_code)) for n in p.names], np.int64)
+        nodes.append(names[p.node])
+        uuid = p.accs["uuid"]
+        uuids.append(np.where(uuid >= 0, names[np.maximum(uuid, 0)], -1))
+        recode = np.zeros(max(p.jobs, default=-1) + 1, np.int64)
+        for code, meta in p.jobs.items():
+            recode[code] = code_of.setdefault(meta[0], len(code_of))
+            jobs.setdefault(recode[code].item(), meta)
+        job_codes.append(recode[p.accs["job"]])
+        xids.update({rows + r: x for r, x in p.xids.items()})
+        rows += len(p.node)
+    accs = {k: np.concatenate([p.accs[k] for p in parts]) for k in first.accs}
+    accs["uuid"], accs["job"] = np.concatenate(uuids), np.concatenate(job_codes)
+    accs["gid"] = np.arange(rows)  # an aggregator's GPU codes mean nothing across parts
+    gpu_index = np.concatenate([p.gpu_index for p in parts])
+    return ClosedWindows(first.start_ms, first.end_ms, accs, np.concatenate(nodes), gpu_index,
+                         list(name_code), jobs, xids)  # fmt: skip
 
 
 class _Bucket:

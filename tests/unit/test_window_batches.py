@@ -225,3 +225,20 @@ def test_stage_3_takes_a_window_in_several_messages_and_restores_them_all() -> N
         for h in (first, again, one)]  # fmt: skip
     assert outs[0] == outs[1] == outs[2]
     assert len(_check_whole(outs[0])) == 12
+
+
+def test_a_closed_window_start_cut_in_parts_and_merged_again_gives_the_same_windows() -> None:
+    """What stage 3 does with several sources' batches of a window (cut, sent, merged): the
+    windows and columns are those of the window start merged in one aggregator."""
+    rng = np.random.default_rng(3)
+    for closed in closed_windows():
+        n = len(closed.node)
+        order = rng.permutation(n)
+        cut = n // 3
+        merged = merge_closed([closed.subset(order[:cut]), closed.subset(order[cut:])])
+        assert merged.xids.keys() == {int(np.flatnonzero(order == s)[0]) for s in closed.xids}
+        want = {job: ([GPU_WINDOW.encode(w) for w in ws], cols.keys)
+                for job, ws, cols in closed.by_job()}  # fmt: skip
+        got = {job: ([GPU_WINDOW.encode(w) for w in ws], cols.keys)
+               for job, ws, cols in merged.by_job()}  # fmt: skip
+        assert got == want
