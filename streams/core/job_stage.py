@@ -44,8 +44,10 @@ from peerwatch.streams.core.model import JOB_WIDE, InvalidRecordError, JobContex
 from peerwatch.streams.core.settings import DetectorSettings
 from peerwatch.streams.core.window_columns import WindowColumns
 from peerwatch.streams.core.window_dicts import LazyWindows
-from peerwatch.streams.core.windows import JobWindowBatch, merge_closed
+from peerwatch.streams.core.windows import ColumnsBatch, JobWindowBatch, merge_closed
 
+#: A window batch stage 3 holds: the aggregator's (replay) or as columns (from the hot stage).
+HeldBatch = JobWindowBatch | ColumnsBatch
 #: A watermark before any event time (a source not heard from yet).
 NEVER_MS = -(1 << 62)
 #: No fleet watch to wait for.
@@ -101,11 +103,11 @@ class JobStage:
         self.steps_late = 0
         #: (job, window start) -> the batches held for it as they came with their columns (the
         #: aggregator's: released as they are, merged, the detector reading their columns)
-        self.whole: dict[tuple[str, int], list[JobWindowBatch]] = {}
+        self.whole: dict[tuple[str, int], list[HeldBatch]] = {}
         #: (job, window start) -> the GPU keys of its batches in ``whole`` (when several)
         self._whole_keys: dict[tuple[str, int], set[str]] = {}
 
-    def add(self, batch: JobWindowBatch) -> bool:
+    def add(self, batch: HeldBatch) -> bool:
         """Hold the windows of ``batch`` (one job, one window, some nodes). A batch for a window
         the job already released (a hot-stage restart re-sending it) is dropped: False."""
         if batch.window_start_ms <= self.released.get(batch.job_id, NEVER_MS):
@@ -116,22 +118,21 @@ class JobStage:
         slot = starts.get(batch.window_start_ms)
         if slot is None:
             slot = starts[batch.window_start_ms] = {}
-            keys = batch.columns.keys if batch.columns is not None else None
-            if keys is not None and len(set(keys)) == len(keys):  # each GPU once: held whole
+            if _whole(batch):  # each GPU once: held whole
                 self.whole[at] = [batch]
                 return True
         elif at in self.whole and _mergeable(batch) and _mergeable(self.whole[at][0]):
             held = self.whole[at]
             seen = self._whole_keys.get(at)
             if seen is None:
-                seen = self._whole_keys[at] = set(held[0].columns.keys)  # type: ignore[union-attr]
-            keys = batch.columns.keys  # type: ignore[union-attr]
+                seen = self._whole_keys[at] = set(_keys(held[0]))
+            keys = _keys(batch)
             if seen.isdisjoint(keys) and len(set(keys)) == len(keys):
                 seen.update(keys)
                 held.append(batch)
                 return True
         self._slot(batch.job_id, batch.window_start_ms)
-        _fill(slot, batch.windows)
+        _fill(slot, _windows(batch))
         return True
 
     def _held(self, job_id: str, start: int) -> list[dict[str, Any]]:
@@ -141,7 +142,7 @@ class JobStage:
             return list(self.pending[job_id][start].values())
         keyed: dict[tuple[str, int], dict[str, Any]] = {}
         for batch in whole:
-            _fill(keyed, batch.windows)
+            _fill(keyed, _windows(batch))
         return list(keyed.values())
 
     def _slot(self, job_id: str, start: int) -> dict[tuple[str, int], dict[str, Any]]:
@@ -149,7 +150,7 @@ class JobStage:
         slot = self.pending[job_id][start]
         self._whole_keys.pop((job_id, start), None)
         for batch in self.whole.pop((job_id, start), ()):
-            _fill(slot, batch.windows)
+            _fill(slot, _windows(batch))
         return slot
 
     def add_step(self, record: Mapping[str, Any]) -> bool:
@@ -224,7 +225,7 @@ class JobStage:
             start = min(starts)
             whole = self.whole.get((job_id, start))
             have = starts[start]  # empty while batches are held whole
-            count = sum(len(b.windows) for b in whole) if whole is not None else len(have)
+            count = sum(map(_count, whole)) if whole is not None else len(have)
             complete = ctx.expected_gpus is not None and count >= ctx.expected_gpus
             if not self._judged(start, judged):
                 break  # the fleet watch has not judged the window start yet
@@ -411,7 +412,7 @@ def batch_of_message(message: Mapping[str, Any]) -> tuple[JobWindowBatch, int]:
     return batch, int(message["src"])
 
 
-def batches_of_message(message: Mapping[str, Any]) -> list[tuple[JobWindowBatch, list[int]]]:
+def batches_of_message(message: Mapping[str, Any]) -> list[tuple[HeldBatch, list[int]]]:
     """The window batches and their sources of a stage 2 -> 3 message, as the hot stage sends
     it and the live driver keeps it in its pending table: one job and window, with ``batch``
     (its windows as the aggregator made them, of every source in ``sources``) and ``parts``
@@ -427,9 +428,11 @@ def batches_of_message(message: Mapping[str, Any]) -> list[tuple[JobWindowBatch,
     job_id, start, end = (
         str(message["job_id"]), int(message["window_start_ms"]), int(message["window_end_ms"])
     )  # fmt: skip
-    out = [(JobWindowBatch(job_id, start, end, list(ws)), [int(src)]) for src, ws in parts.items()]
+    out: list[tuple[HeldBatch, list[int]]] = [
+        (JobWindowBatch(job_id, start, end, list(ws)), [int(src)]) for src, ws in parts.items()
+    ]
     if whole is not None:
-        if not isinstance(whole, JobWindowBatch) or (
+        if not isinstance(whole, ColumnsBatch) or (
             whole.job_id,
             whole.window_start_ms,
             whole.window_end_ms,
@@ -483,7 +486,7 @@ class JobReleaser:
         self._seen: set[str] = set()
 
     # -- input ----------------------------------------------------------------------------------
-    def add(self, batch: JobWindowBatch, src: int | Iterable[int], channel: int = 0) -> bool:
+    def add(self, batch: HeldBatch, src: int | Iterable[int], channel: int = 0) -> bool:
         """Hold a window batch from source ``src`` (or sources: one batch of several);
         nothing is released (:meth:`release`). False when the job already released that window
         (a restarted hot stage re-sent it): the batch is dropped and there is nothing to
@@ -492,7 +495,7 @@ class JobReleaser:
         self.channel_of[batch.job_id] = channel
         return self._hold(batch, [src] if isinstance(src, int) else src)
 
-    def _hold(self, batch: JobWindowBatch, srcs: Iterable[int]) -> bool:
+    def _hold(self, batch: HeldBatch, srcs: Iterable[int]) -> bool:
         if not self.stage.add(batch):
             return False
         self.sources.setdefault((batch.job_id, batch.window_start_ms), set()).update(srcs)
@@ -679,23 +682,62 @@ class JobReleaser:
         return stale
 
 
-def _mergeable(batch: JobWindowBatch) -> bool:
+def _whole(batch: HeldBatch) -> bool:
+    """Whether a window's first batch is held as it came: the aggregator's columns, each GPU
+    once (a batch of dicts is keyed by GPU at once)."""
+    if isinstance(batch, ColumnsBatch):
+        return True  # a GPU given twice is seen when released (:func:`_merged`)
+    keys = batch.columns.keys if batch.columns is not None else None
+    return keys is not None and len(set(keys)) == len(keys)
+
+
+def _mergeable(batch: HeldBatch) -> bool:
     """Whether a batch's windows are the aggregator's, as columns no one changed (merged as
     columns with other such batches of its window)."""
+    if isinstance(batch, ColumnsBatch):
+        return True
     w = batch.windows
     return batch.columns is not None and isinstance(w, LazyWindows) and w.untouched
 
 
-def _merged(batches: list[JobWindowBatch]) -> tuple[Sequence[dict[str, Any]], WindowColumns]:
-    """The windows and columns of a window's batches held whole (several: merged as columns,
-    sorted by GPU as the aggregator sorts them)."""
-    if len(batches) == 1:
-        columns = batches[0].columns
-        assert columns is not None
-        return batches[0].windows, columns
-    parts = [cast(LazyWindows, b.windows).closed() for b in batches]
-    [(_, windows, columns)] = merge_closed(parts).by_job()
-    return windows, columns
+def _keys(batch: HeldBatch) -> list[str]:
+    """The GPU keys of a batch's windows (one held whole)."""
+    if isinstance(batch, ColumnsBatch):
+        return batch.gpu_keys()
+    assert batch.columns is not None
+    return batch.columns.keys
+
+
+def _count(batch: HeldBatch) -> int:
+    """How many windows a batch holds."""
+    return len(batch) if isinstance(batch, ColumnsBatch) else len(batch.windows)
+
+
+def _windows(batch: HeldBatch) -> Sequence[dict[str, Any]]:
+    """A batch's GpuWindow dicts."""
+    return batch.batch().windows if isinstance(batch, ColumnsBatch) else batch.windows
+
+
+def _merged(
+    batches: list[HeldBatch],
+) -> tuple[Sequence[dict[str, Any]], WindowColumns | None]:
+    """The windows and columns of a window's batches held whole, sorted by GPU as the
+    aggregator sorts them: several merged as columns, the windows and columns made once. A GPU
+    given twice in one batch (never by the aggregator): its later window stands, and the
+    detector reads the dicts (no columns)."""
+    first = batches[0]
+    if len(batches) == 1 and isinstance(first, JobWindowBatch):
+        return first.windows, first.columns
+    parts = [b.closed if isinstance(b, ColumnsBatch) else cast(LazyWindows, b.windows).closed()
+             for b in batches]  # fmt: skip
+    start, end = first.window_start_ms, first.window_end_ms
+    made = ColumnsBatch(first.job_id, start, end, merge_closed(parts)).batch()
+    assert made.columns is not None
+    if len(set(made.columns.keys)) == len(made.columns.keys):
+        return made.windows, made.columns
+    keyed: dict[tuple[str, int], dict[str, Any]] = {}
+    _fill(keyed, made.windows)
+    return [keyed[k] for k in sorted(keyed)], None
 
 
 def _fill(slot: dict[tuple[str, int], dict[str, Any]], ws: Sequence[dict[str, Any]]) -> None:

@@ -166,8 +166,15 @@ class SilenceWatch:
         """Held samples before ``now_ms`` noted, later ones held on; the horizon moves there."""
         held, self._held = self._held, []
         self._horizon_ms = now_ms
+        # one pass per string table over all its held samples (a backlog holds many small runs:
+        # passing each again at every check cost more than the rest of the watch)
+        tables: dict[int, tuple[Sequence[str], list[np.ndarray], list[np.ndarray]]] = {}
         for names, codes, ts in held:
-            self._hold_or_note(codes, ts, names)
+            got = tables.setdefault(id(names), (names, [], []))
+            got[1].append(codes)
+            got[2].append(ts)
+        for names, codes, ts in tables.values():
+            self._hold_or_note(np.concatenate(codes), np.concatenate(ts), names)
 
     def _note(self, codes: np.ndarray, top: np.ndarray, names: Sequence[str]) -> None:
         """Each node's (code's) latest time, kept by code until a check needs them by name

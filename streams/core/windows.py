@@ -133,6 +133,37 @@ class JobWindowBatch:
 
 
 @dataclass
+class ColumnsBatch:
+    """One job's windows of one window start as the aggregator's columns (``closed`` holds this
+    job's windows only): what stage 3 receives from the hot stage. The GpuWindow dicts and the
+    detector's columns are made when the window is released (:meth:`batch`), once, after the
+    batches of every source are merged (:func:`merge_closed`)."""
+
+    job_id: str
+    window_start_ms: int
+    window_end_ms: int
+    closed: ClosedWindows
+
+    def __len__(self) -> int:
+        return len(self.closed.node)
+
+    def gpu_keys(self) -> list[str]:
+        """The GPU key (``node/index``) of each window, in slot order."""
+        c = self.closed
+        return cached_gpu_keys(None, c.names, c.node, c.gpu_index)
+
+    def batch(self) -> JobWindowBatch:
+        """The job's windows (sorted by GPU) and their detector columns. Raises ValueError when
+        the columns hold another job's windows."""
+        got = self.closed.by_job()
+        if [job for job, _, _ in got] != [self.job_id]:
+            raise ValueError(f"window columns of job {self.job_id!r} hold other jobs' windows")
+        [(_, windows, columns)] = got
+        return JobWindowBatch(self.job_id, self.window_start_ms, self.window_end_ms, windows,
+                              columns)  # fmt: skip
+
+
+@dataclass
 class BatchResult:
     """What :meth:`WindowAggregator.add_columns` did not accumulate: row numbers of late and of
     invalid samples (the driver dead-letters them)."""

@@ -26,7 +26,7 @@ from peerwatch.schemas.codec import HEADER_LEN, MAGIC, AvroCodec
 from peerwatch.streams.core.detector import ScoredValues
 from peerwatch.streams.core.loops import COUNTS, DELTAS, SUMS
 from peerwatch.streams.core.window_dicts import LazyWindows
-from peerwatch.streams.core.windows import ClosedWindows, JobWindowBatch, merge_closed
+from peerwatch.streams.core.windows import ClosedWindows, ColumnsBatch, merge_closed
 
 #: The GpuWindow fields stage 3 sets.
 STAGE3_FIELDS = ("step_ms", "score", "gated")
@@ -59,7 +59,7 @@ def older_json(message: Mapping[str, Any]) -> bytes:
     parts = {str(src): ws for src, ws in message["parts"].items()}
     batch = message.get("batch")
     if batch is not None:
-        parts[str(min(message["sources"]))] = list(batch.windows)
+        parts[str(min(message["sources"]))] = list(batch.batch().windows)
     plain = {k: v for k, v in message.items() if k not in ("batch", "sources")}
     return json.dumps({**plain, "parts": parts}).encode()
 
@@ -229,8 +229,9 @@ class WindowBatchCodec:
     # -- stage 3 --------------------------------------------------------------------------------
     def decode_batch(self, value: bytes) -> dict[str, Any]:
         """A WindowBatch as the message :func:`~peerwatch.streams.core.job_stage.batches_of_message`
-        reads: ``batch`` (one :class:`~peerwatch.streams.core.windows.JobWindowBatch` of every
-        part given as columns, its windows made by the replay's code) with its ``sources``, and
+        reads: ``batch`` (one :class:`~peerwatch.streams.core.windows.ColumnsBatch` of every
+        part given as columns: the windows are made by the replay's code when released) with
+        its ``sources``, and
         ``parts`` (source -> GpuWindow dicts, for the parts of older workers).
 
         Raises CodecError for undecodable bytes and ValueError for a window of another job or
@@ -265,9 +266,8 @@ class WindowBatchCodec:
             "kind": "windows", "job_id": job_id, "window_start_ms": start,
             "window_end_ms": end, "closed_wall_ms": batch["closed_wall_ms"], "parts": dicts,
         }  # fmt: skip
-        if closed:
-            [(job, windows, columns)] = merge_closed(closed).by_job()
-            message["batch"] = JobWindowBatch(job, start, end, windows, columns)
+        if closed:  # the windows are made when released (once, all sources merged)
+            message["batch"] = ColumnsBatch(job_id, start, end, merge_closed(closed))
             message["sources"] = sources
         return message
 

@@ -45,7 +45,7 @@ def test_a_batch_round_trips_as_the_windows_of_its_sources_sorted_by_gpu() -> No
     message = CODEC.decode_batch(value)
     assert (message["kind"], message["job_id"], message["closed_wall_ms"]) == ("windows", "7", 12.5)
     assert message["sources"] == [1, 4] and message["parts"] == {}
-    batch = message["batch"]
+    batch = message["batch"].batch()  # the windows, made as when released
     want = sorted(WindowDicts(merge_closed([cs[1], cs[4]])).every(),
                   key=lambda w: (w["node"], w["gpu_index"]))  # fmt: skip
     assert list(batch.windows) == want
@@ -61,7 +61,7 @@ def test_stage_3_makes_the_windows_replay_makes_from_the_same_columns() -> None:
         replay = {job: (list(ws), cols) for job, ws, cols in closed.by_job()}
         for job, columns in job_parts(closed).items():
             got = CODEC.decode_batch(CODEC.encode_batch(job, closed.start_ms, closed.end_ms,
-                                                        {0: columns}, None))["batch"]  # fmt: skip
+                                                        {0: columns}, None))["batch"].batch()  # fmt: skip
             windows, cols = replay[job]
             # as bytes: the odd window's NaN is not equal to itself
             assert [GPU_WINDOW.encode(w) for w in got.windows] == [
@@ -198,7 +198,7 @@ def test_a_big_jobs_window_goes_in_messages_of_whole_sources_under_the_limit() -
     for value in values:
         message = CODEC.decode_batch(value)
         seen += message["sources"]
-        nodes = {w["node"] for w in message["batch"].windows}
+        nodes = {w["node"] for w in message["batch"].batch().windows}
         assert nodes == {f"n{s:02d}" for s in message["sources"]}
     assert seen == list(range(12))  # every source once, in order, never split
     [whole] = CODEC.encode_batches("big", 0, 5_000, parts, 7.0, max_bytes=1 << 40)
