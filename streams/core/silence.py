@@ -173,8 +173,8 @@ class SilenceWatch:
             got = tables.setdefault(id(names), (names, [], []))
             got[1].append(codes)
             got[2].append(ts)
-        for names, codes, ts in tables.values():
-            self._hold_or_note(np.concatenate(codes), np.concatenate(ts), names)
+        for names, code_runs, ts_runs in tables.values():
+            self._hold_or_note(np.concatenate(code_runs), np.concatenate(ts_runs), names)
 
     def _note(self, codes: np.ndarray, top: np.ndarray, names: Sequence[str]) -> None:
         """Each node's (code's) latest time, kept by code until a check needs them by name
