@@ -82,11 +82,14 @@ def constant(encoded: bytes) -> Piece:
 def by_code(table: Sequence[bytes], codes: np.ndarray) -> Piece:
     """Row ``i`` holds ``table[codes[i]]`` (each entry already encoded: a string's length and
     bytes, a union's branch)."""
-    lengths = np.array([len(t) for t in table], np.int64)
+    lengths = np.fromiter(map(len, table), np.int64, len(table))
     width = int(lengths.max()) if len(table) else 0
     grid = np.zeros((len(table), max(width, 1)), np.uint8)
-    for i, t in enumerate(table):
-        grid[i, : len(t)] = np.frombuffer(t, np.uint8)
+    # every entry's bytes scattered into its row at once (a table may hold a job's every GPU)
+    flat = np.frombuffer(b"".join(table), np.uint8)
+    rows = np.repeat(np.arange(len(table)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    grid[rows, np.arange(len(flat)) - np.repeat(starts, lengths)] = flat
     return Piece(grid[codes], lengths[codes])
 
 

@@ -115,3 +115,12 @@ def test_a_value_a_field_encoder_refuses_falls_back_to_the_dicts_which_name_it()
     assert lazy.scored_messages(HEADER, [None] * n, [None] * n) is None
     with pytest.raises(CodecError, match="job_id"):
         WindowBatchCodec().scored(ScoredValues(lazy, [None] * n, [None] * n))
+
+
+@pytest.mark.parametrize(
+    "table", [[b"a", b"", b"\x00\x01\x02", b"xyz" * 30], [b""], [bytes(range(256)), b"\x02"]]
+)
+def test_a_column_by_code_holds_each_rows_table_entry(table: list[bytes]) -> None:
+    codes = np.array([len(table) - 1, 0, *range(len(table)), 0], np.int64)
+    got = ce.assemble([ce.by_code(table, codes)], len(codes))
+    assert got == [table[c] for c in codes.tolist()]
