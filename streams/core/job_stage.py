@@ -638,7 +638,8 @@ class JobReleaser:
         a job on, and the changelog tables hold the truth. Each job is restored from them
         (:meth:`restore`) at its next message; watermarks come back with the next heartbeats."""
         stage = self.stage
-        for held in (stage.pending, stage.states, stage.released, stage.steps, stage.whole):
+        for held in (stage.pending, stage.states, stage.released, stage.steps, stage.whole,
+                     stage._whole_keys):  # fmt: skip
             held.clear()
         for mine in (self.watermarks, self.channel_of, self.sources, self._seen, self.fleets):
             mine.clear()

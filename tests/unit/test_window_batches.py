@@ -242,3 +242,17 @@ def test_a_closed_window_start_cut_in_parts_and_merged_again_gives_the_same_wind
         got = {job: ([GPU_WINDOW.encode(w) for w in ws], cols.keys)
                for job, ws, cols in merged.by_job()}  # fmt: skip
         assert got == want
+
+
+def test_after_a_rebalance_a_windows_batches_are_held_as_columns_again() -> None:
+    handler, _, _ = jobs_handler()
+    wms = handler.stage3.stage.settings.window_ms
+    values = CODEC.encode_batches("big", 0, wms, _big_job(2, 4, wms), None, max_bytes=600)
+    for offset, value in enumerate(values):  # held in memory, their offsets not committed
+        handler.handle("b", 0, b"big", value, offset=offset)
+    assert len(handler.stage3.stage._whole_keys) == 1
+    handler.forget()  # partitions revoked: memory forgotten, the batches read again
+    assert handler.stage3.stage._whole_keys == {}
+    for offset, value in enumerate(values):
+        handler.handle("b", 0, b"big", value, offset=offset)
+    assert len(handler.stage3.stage.whole[("big", 0)]) == 2  # not keyed as dicts
