@@ -41,6 +41,10 @@ class Piece(NamedTuple):
     lengths: np.ndarray
 
 
+#: The least zig-zag value that needs k + 1 bytes, for k = 1..9.
+_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], np.uint64)
+
+
 def varints(values: np.ndarray, avro_type: str = "long") -> Piece:
     """Zig-zag varints of integer ``values`` (64 bits: an ``int`` field is written as the
     record encoder writes it, which checks the long range only). Raises Unfit for another
@@ -49,9 +53,7 @@ def varints(values: np.ndarray, avro_type: str = "long") -> Piece:
         raise Unfit(f"{values.dtype} values for an Avro {avro_type}")
     x = values.astype(np.int64)
     u = ((x << 1) ^ (x >> 63)).view(np.uint64)
-    nbytes = np.ones(len(u), np.int64)
-    for k in range(1, 10):
-        nbytes += u >= np.uint64(1 << (7 * k))
+    nbytes = np.searchsorted(_VARINT_STEPS, u, side="right") + 1  # 7 bits per byte
     width = int(nbytes.max()) if len(u) else 1
     shifts = (7 * np.arange(width)).astype(np.uint64)
     groups = ((u[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)  # every row's 7-bit groups
@@ -82,6 +84,8 @@ def constant(encoded: bytes) -> Piece:
 def by_code(table: Sequence[bytes], codes: np.ndarray) -> Piece:
     """Row ``i`` holds ``table[codes[i]]`` (each entry already encoded: a string's length and
     bytes, a union's branch)."""
+    if len(table) == 1:  # one value (a job's fields in its own windows): the same in every row
+        return constant(table[0])
     lengths = np.fromiter(map(len, table), np.int64, len(table))
     width = int(lengths.max()) if len(table) else 0
     grid = np.zeros((len(table), max(width, 1)), np.uint8)
