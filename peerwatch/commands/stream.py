@@ -24,7 +24,9 @@ def register(sub: Any) -> None:
     p.add_argument("--job-grace-s", type=float,
                    help="how long past a window's end a job waits for nodes still missing "
                         "(stream.job_grace_s)")  # fmt: skip
-    p.add_argument("--batch-max", type=int, help="samples per hot-path batch (stream.batch_max)")
+    p.add_argument(
+        "--batch-max", type=int, help="most node records per hot-stage batch (stream.batch_max)"
+    )
     p.add_argument("--app-id", help="consumer group / app id (stream.app_id)")
     p.add_argument("--loglevel", default="info")
     p.add_argument("--counters-file", metavar="FILE",
