@@ -54,8 +54,13 @@ class Partition:
         self.max_ts_ms: int | None = None  # latest valid sample time (the silence clock's)
         self.arrival_wall_s = time.time()  # when its latest samples arrived
 
+    def arrived(self) -> None:
+        """Samples were consumed (before they are taken: a batch may take seconds, and the
+        partition must not look quiet to the NIC join meanwhile)."""
+        self.arrival_wall_s = time.time()
+
     def heard(self, newest_ms: int | None) -> None:
-        """Samples arrived, the newest valid one at ``newest_ms`` (None: none valid)."""
+        """Samples were taken, the newest valid one at ``newest_ms`` (None: none valid)."""
         if newest_ms is None:
             return
         self.max_ts_ms = newest_ms if self.max_ts_ms is None else max(self.max_ts_ms, newest_ms)

@@ -263,6 +263,8 @@ class HotStage:
                 continue
             if m.partition() in self.parts:  # else revoked within this batch
                 by_partition.setdefault(m.partition(), []).append(m)
+        for p in by_partition:
+            self.parts.parts[p].arrived()
         decoded = [(p, batch, *self._decode(p, self.parts.parts[p], batch))
                    for p, batch in sorted(by_partition.items())]  # fmt: skip
         if self.nic is not None:  # NIC samples read up to the batch's times (nic_join)

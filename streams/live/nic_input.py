@@ -171,6 +171,11 @@ class NicInput:
         for p in late:
             self._unwaited_until[p] = until
 
+    def latest_read_ms(self, partition: int) -> int:
+        """The time of the latest sample read from ``partition`` (ms; none yet: earlier than
+        any)."""
+        return self._read_ms.get(partition, _FIRST)
+
     def behind(self, reach_ms: Times) -> list[int]:
         """The assigned partitions that may still hold samples before ``reach_ms`` (ms, per
         partition: :func:`bound`; a partition absent from a mapping is not waited for): their

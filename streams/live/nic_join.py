@@ -12,7 +12,10 @@ to its own samples partition's time:
   the lateness (the windows the batch may close end before), waiting a bounded time for a NIC
   consumer that fetches slower than the samples' (:meth:`NicJoin.before_batch`);
 * the batch is stepped in the in-process runner's parts (the hot stage), each after its
-  partition's NIC samples up to the part's newest time (:meth:`NicJoin.before_part`);
+  partition's NIC samples up to the part's newest time, read on first where the read before the
+  batch stopped short of it (a NIC partition holds at most
+  :data:`~peerwatch.streams.live.nic_input.HOLD_MOST` ahead; a backlog batch may span more)
+  (:meth:`NicJoin.before_part`);
 * without GPU samples at hand, the NIC samples go up to each samples partition's newest time,
   or all of them once that partition is quiet (:meth:`NicJoin.idle`): a node whose GPU samples
   stopped keeps its link rules on arrival.
@@ -91,11 +94,16 @@ class NicJoin:
 
     def before_part(self, p: int, tables: Any) -> None:
         """Before stage 2 takes a part of samples partition ``p``'s batch: its NIC samples up
-        to the part's newest time."""
+        to the part's newest time, read on first where the batch's read stopped short of the
+        part's time less the slack (a backlog batch spans more NIC samples than a partition
+        holds, :data:`~.nic_input.HOLD_MOST`)."""
         newest = newest_time(tables)
         if newest is None:
             return
         self.newest_ms[p] = until = max(self.newest_ms.get(p, newest), newest)
+        if self.nic.latest_read_ms(p) < until - self._slack_ms:
+            self._read(self.bounds(), {p: until - self._slack_ms})
+            return
         samples = self.nic.release(p, until)
         if samples:
             self.on_samples(samples)
