@@ -57,8 +57,12 @@ class StreamSettings:
         lo=0, hi=600,
     )  # fmt: skip
     batch_max: int = setting(
-        2000, "most samples the hot stage aggregates in one batch", lo=1, hi=1000000
-    )
+        25000,
+        "most node records the hot stage takes in one batch: a worker catching up on a backlog "
+        "takes big batches (each closes more windows of more partitions at once: fewer, bigger "
+        "messages to stage 3); one keeping up takes what came within batch_within_s",
+        lo=1, hi=1000000,
+    )  # fmt: skip
     batch_within_s: float = setting(
         0.2, "longest wait to fill a hot-stage batch (s)", lo=0.001, hi=60
     )
