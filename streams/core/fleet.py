@@ -564,8 +564,10 @@ class FleetWatch:
         }  # fmt: skip
 
     def restore(self, data: dict[str, Any]) -> None:
-        """The memory of :meth:`to_dict` back (waiting censuses and marks come again with the
-        sources' next messages), every value checked: nothing is kept of a damaged one.
+        """The memory of :meth:`to_dict` back (marks come again with the sources' next
+        heartbeats; waiting censuses are read again: live, no offset past a census not judged
+        yet is committed, :meth:`~peerwatch.streams.live.handlers.JobsHandler.commit_floor`),
+        every value checked: nothing is kept of a damaged one.
         Raises KeyError, ValueError, TypeError or AttributeError for another value."""
         partitions = {str(n): _partition_of(p) for n, p in data["partitions"].items()}
         last = data["last_start_ms"]

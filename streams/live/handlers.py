@@ -159,7 +159,12 @@ class JobsHandler:
     ``hold_s`` (``stream.pending_hold_s``). Most batches are released by the heartbeat or
     verdict that follows them and never reach the changelog (writing each there, and a
     tombstone after it, cost about a tenth of the worker's CPU); a crash meanwhile re-reads the
-    message from the committed offset. Without an offset, a pending batch is written at once."""
+    message from the committed offset. Without an offset, a pending batch is written at once.
+
+    Censuses waiting to be judged (channel FLEET_CHANNEL) hold that channel's commit floor the
+    same way, until the fleet watch judged their window start: the watch keeps only what it
+    judged in ``job_table``, so a rebalance or a crash before the judgement reads them again
+    (else the next owner judges that start without them: another decision than replay's)."""
 
     def __init__(
         self,
@@ -204,6 +209,8 @@ class JobsHandler:
         self._fleet_restored: set[int] = set()
         #: Pending batches in memory only, their offsets not to be committed (see the class).
         self.held: dict[PendingEntry, HeldBatch] = {}
+        #: Window start -> the offset of its first census on FLEET_CHANNEL, while not judged.
+        self.census_offsets: dict[int, int] = {}
 
     def forget(self) -> None:
         """Partitions were revoked (a rebalance; faust's eager protocol revokes them all): forget
@@ -219,6 +226,7 @@ class JobsHandler:
         # Their offsets were not committed (faust commits before it tells of a revocation):
         # whoever gets their partitions reads them again.
         self.held.clear()
+        self.census_offsets.clear()
 
     def fleet(self, channel: int) -> FleetWatch | FleetVerdicts:
         """The fleet watch (channel FLEET_CHANNEL) or the verdicts of another channel, recovered
@@ -311,6 +319,12 @@ class JobsHandler:
         """The lowest window-batches offset of ``channel`` held in memory only: no offset past it
         may be committed (None: no limit)."""
         offsets = [h.offset for h in self.held.values() if h.channel == channel]
+        if channel == FLEET_CHANNEL and self.census_offsets:
+            watch = self.stage3.fleets.get(FLEET_CHANNEL)
+            waiting = watch.waiting if isinstance(watch, FleetWatch) else {}
+            for start in [s for s in self.census_offsets if s not in waiting]:  # judged
+                del self.census_offsets[start]
+            offsets += self.census_offsets.values()
         return min(offsets) if offsets else None
 
     def handle(
@@ -345,8 +359,11 @@ class JobsHandler:
             if not isinstance(census, dict):
                 raise TypeError(f"census of type {type(census).__name__}")
             seen = {str(n): SourceCensus.from_json(c) for n, c in census.items()}
-            self.fleet(partition)
-            self.stage3.census(int(b["src"]), int(b["start"]), int(b["end"]), seen)
+            watch = self.fleet(partition)
+            start = int(b["start"])
+            self.stage3.census(int(b["src"]), start, int(b["end"]), seen)
+            if offset is not None and isinstance(watch, FleetWatch) and start in watch.waiting:
+                self.census_offsets.setdefault(start, offset)  # read again until judged
             return []
         if b.get("kind") == NETWORK_KIND:  # a job's ports over a window, before its batches
             self.network.add(b)

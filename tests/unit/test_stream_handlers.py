@@ -656,3 +656,50 @@ def test_a_broken_census_is_refused_as_a_record_error(census: Any) -> None:
     with pytest.raises(RECORD_ERRORS):
         handler.handle("b", 0, b"~census", json.dumps(msg).encode())
     assert not handler.stage3.fleet().waiting
+
+
+def test_a_census_not_judged_yet_holds_the_commit_floor_and_is_read_again_after_a_rebalance() -> (
+    None
+):
+    """The fleet watch keeps only what it judged in the job table, so a census it holds
+    waiting (another source has not closed that window start yet) must be read again after a
+    rebalance: its offset holds the judging channel's commit floor until the start is judged.
+    Before, the offset was committed past it and the next owner judged that start on 40 of the
+    80 capped GPUs, where replay, and the same worker without the rebalance, saw 80."""
+    import json
+
+    from peerwatch.streams.core.fleet import SourceCensus
+
+    capped = SourceCensus(40, 40, 0, (0.9,) * 40).to_json()
+
+    def census(src: int) -> bytes:
+        return json.dumps({"kind": "census", "src": src, "start": 0, "end": 5000,
+                           "census": {"gpu": capped}}).encode()  # fmt: skip
+
+    def marks(*srcs: int) -> bytes:
+        return json.dumps({"kind": "watermark", "marks": {str(s): 5000 for s in srcs}}).encode()
+
+    handler, _, _ = jobs_handler()
+    handler.stage3.fleet_sources = 2
+    handler.handle("b", 0, b"~census", census(0), offset=7)
+    handler.handle("b", 0, b"~watermark", marks(0), offset=8)
+    assert handler.commit_floor(0) == 7  # not judged: source 1 has not closed the start
+    handler.forget()  # a rebalance: nothing past offset 7 was committed, so it comes again
+    assert handler.commit_floor(0) is None
+    handler.handle("b", 0, b"~census", census(0), offset=7)
+    handler.handle("b", 0, b"~watermark", marks(0), offset=8)
+    handler.handle("b", 0, b"~census", census(1), offset=9)
+    out = handler.handle("b", 0, b"~watermark", marks(0, 1), offset=10)
+    (finding,) = [AvroCodec("StragglerFinding").decode(o.value) for o in out
+                  if o.topic == "stragglers"]  # fmt: skip
+    assert (finding["status"], finding["windows_considered"]) == ("FLEET_WIDE", 80)
+    assert handler.commit_floor(0) is None  # judged: the floor lifts
+    # what the next owner decided when the census was committed past and not read again
+    lost, _, _ = jobs_handler()
+    lost.stage3.fleet_sources = 2
+    lost.handle("b", 0, b"~census", census(0), offset=7)
+    lost.forget()
+    lost.handle("b", 0, b"~census", census(1), offset=9)
+    out = lost.handle("b", 0, b"~watermark", marks(0, 1), offset=10)
+    assert [AvroCodec("StragglerFinding").decode(o.value)["windows_considered"] for o in out
+            if o.topic == "stragglers"] == [40]  # fmt: skip
