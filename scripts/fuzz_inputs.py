@@ -709,7 +709,8 @@ def _hot_stage(
 
     from peerwatch.settings import Settings, with_overrides
     from peerwatch.streams.live.counters import StreamCounters
-    from peerwatch.streams.live.hot_stage import HotStage, HotTopics
+    from peerwatch.streams.live.hot_spec import HotTopics
+    from peerwatch.streams.live.hot_stage import HotStage
 
     class NoCommits:
         def committed(self, partitions: list[Any], timeout: float) -> list[Any]:

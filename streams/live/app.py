@@ -51,7 +51,7 @@ from peerwatch.streams.live.commit_floor import hold_commits
 from peerwatch.streams.live.counters import StreamCounters
 from peerwatch.streams.live.handlers import RECORD_ERRORS, JobsHandler, PolicyHandler
 from peerwatch.streams.live.hot_process import HotProcess
-from peerwatch.streams.live.hot_stage import HotSpec, HotTopics, samples_partition
+from peerwatch.streams.live.hot_spec import HotSpec, HotTopics, samples_partition
 from peerwatch.streams.live.json_table import JsonTable, counting
 from peerwatch.streams.live.window_output import WindowOutput
 from peerwatch.topics import TopicSpec, catalogue

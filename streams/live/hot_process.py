@@ -32,7 +32,7 @@ from typing import Any
 
 from peerwatch import gc_tuning
 from peerwatch.streams.live.counters import StreamCounters
-from peerwatch.streams.live.hot_stage import HotSpec
+from peerwatch.streams.live.hot_spec import HotSpec
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -59,20 +58,12 @@ from peerwatch.streams.live.closed_output import ClosedOutput
 from peerwatch.streams.live.delivery import OutputDelivery
 from peerwatch.streams.live.hot_clocks import HotClocks
 from peerwatch.streams.live.hot_partitions import Partition, Partitions
+from peerwatch.streams.live.hot_spec import HotTopics
 from peerwatch.streams.live.job_event_sync import JobEventSync
 from peerwatch.streams.live.nic_input import NicInput
 from peerwatch.streams.live.nic_join import NicJoin
 
 log = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def samples_partition(node: str, partitions: int) -> int:
-    """The samples partition of ``node``: Kafka's default keyed partitioner (murmur2), which the
-    producers (librdkafka ``murmur2_random``) and faust (aiokafka) both use."""
-    from aiokafka.partitioner import murmur2
-
-    return int(murmur2(node.encode()) & 0x7FFFFFFF) % partitions
 
 
 def _admin_client(settings: Settings) -> Any:
@@ -82,39 +73,6 @@ def _admin_client(settings: Settings) -> Any:
     from peerwatch.kafka_config import admin_config
 
     return AdminClient(admin_config(settings.kafka))
-
-
-@dataclass(frozen=True)
-class HotTopics:
-    samples: str
-    job_events: str
-    batches: str
-    deadletter: str
-    job_partitions: int
-    #: The public findings topic (Avro, key job) and the internal one the policy reads (JSON,
-    #: key node).
-    findings: str = ""
-    node_findings: str = ""
-    #: The NIC samples topic (NodeNicSample, key node); "" reads none.
-    nic_samples: str = ""
-
-
-@dataclass(frozen=True)
-class HotSpec:
-    """Everything a worker's hot stage is built from (picklable: a hot process gets it)."""
-
-    settings: Settings
-    app_id: str
-    topics: HotTopics
-    #: Partitions of the samples topic (the producers' partitioner, for the silence watch).
-    node_partitions: int
-
-    def build(self, counters: Any) -> HotStage:
-        """The hot stage, counting into ``counters``."""
-        return HotStage(
-            self.settings, self.app_id, self.topics, counters,
-            partition_of=functools.partial(samples_partition, partitions=self.node_partitions),
-        )  # fmt: skip
 
 
 class HotStage:

@@ -31,7 +31,7 @@ from peerwatch.schemas.codec import AvroCodec, decode_any
 from peerwatch.settings import KafkaSettings, Settings, expand
 from peerwatch.streams.core.pipeline import WINDOW, Pipeline
 from peerwatch.streams.core.settings import DetectorSettings, StreamSettings
-from peerwatch.streams.live.hot_stage import samples_partition
+from peerwatch.streams.live.hot_spec import samples_partition
 from peerwatch.streams.tools.bench_run import WorkerProcess, produce_raw, read_topic, wait_stable
 from peerwatch.topic_admin import ensure_topics
 from peerwatch.topics import JOB_WINDOWS, SAMPLES, TopicSpec, catalogue

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from peerwatch.settings import KafkaSettings
-from peerwatch.streams.live.hot_stage import samples_partition
+from peerwatch.streams.live.hot_spec import samples_partition
 from peerwatch.topics import NODE_PARTITIONS
 
 from .live_replay import (

@@ -28,7 +28,8 @@ from peerwatch.streams.core.network_jobs import JobPorts, job_ports_messages
 from peerwatch.streams.core.pipeline import Pipeline
 from peerwatch.streams.live import nic_input
 from peerwatch.streams.live.counters import StreamCounters
-from peerwatch.streams.live.hot_stage import HotStage, HotTopics
+from peerwatch.streams.live.hot_spec import HotTopics
+from peerwatch.streams.live.hot_stage import HotStage
 
 
 class Producer:
