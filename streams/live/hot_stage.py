@@ -34,6 +34,7 @@ samples must not look healthy.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -41,7 +42,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,24 @@ def _admin_client(settings: Settings) -> Any:
     from peerwatch.kafka_config import admin_config
 
     return AdminClient(admin_config(settings.kafka))
+
+
+#: A step of the hot stage's stop that takes longer than this is logged (s): a worker whose
+#: hot stage stops slowly is killed (:class:`~.hot_process.HotProcess`), and its partitions then
+#: wait for the group's session timeout.
+SLOW_STOP_STEP_S = 5.0
+
+
+@contextlib.contextmanager
+def _slow_step(what: str) -> Iterator[None]:
+    """Log ``what`` when it takes longer than :data:`SLOW_STOP_STEP_S`."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        took = time.monotonic() - started
+        if took > SLOW_STOP_STEP_S:
+            log.warning("hot stage stop: %s took %.1f s", what, took)
 
 
 class HotStage:
@@ -177,15 +196,20 @@ class HotStage:
                 self.output.heartbeat_when_idle(self._closed_until(), self._idle_marks)
                 self.delivery.producer.poll(0)
                 self.delivery.resend_refused()
-            self.parts.commit(list(self.parts))
-            if self.nic is not None:
-                self.nic.nic.commit()
+            with _slow_step("final commit"):
+                self.parts.commit(list(self.parts))
+                if self.nic is not None:
+                    self.nic.nic.commit()
         finally:
-            self.delivery.producer.flush(10)
-            self._consumer.close()
-            self.jobs.close()
+            with _slow_step("flush"):
+                self.delivery.producer.flush(10)
+            with _slow_step("samples consumer close (leaves its group)"):
+                self._consumer.close()
+            with _slow_step("job-events consumer close"):
+                self.jobs.close()
             if self.nic is not None:
-                self.nic.nic.close()
+                with _slow_step("NIC consumer close (leaves its group)"):
+                    self.nic.nic.close()
 
     # -- assignment ----------------------------------------------------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
